@@ -1,0 +1,184 @@
+"""Service-gain functions: the one definition used by scheduling, metrics and evaluation.
+
+* **TDG** — PROSERVE's Token-level Deadline-aware Gain (Eq. 3): token i of request r earns
+  ``w_r(i) = w_p * w_tier`` (i = 1) or ``w_d * w_tier`` (i > 1) if it is emitted strictly before
+  ``deadline_{r,i} = arrival + TTFT_SLO + (i - 1) * TPOT_SLO``. With ``first_token_buffered=False``
+  the footnote-2 variant applies: ``deadline_{r,i} = arrival + min(TTFT_r, TTFT_SLO) +
+  (i - 1) * TPOT_SLO`` (an early first token pulls every later deadline forward).
+* **Goodput** — JITServe/Tempo: a latency-sensitive request earns one unit per output token
+  emitted by its due time; a deadline-sensitive one earns ``w_in * L_in + w_out * L_out`` only if
+  it finishes by its deadline. Tempo's graded decay ``min(1, (SLO / actual) ** alpha)`` replaces
+  the all-or-nothing rule when ``decay_alpha`` is given.
+* **SLO attainment** — strict: TTFT < TTFT_SLO and mean TPOT < TPOT_SLO (and finish < deadline).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from priority.request import SLO, Request
+
+FloatArray = npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True, slots=True)
+class GainWeights:
+    """First-token vs decode-token weights (w_p, w_d in PROSERVE Eq. 3).
+
+    PROSERVE sets ``w_p : w_d`` to the dataset's mean input:output length ratio;
+    :meth:`from_lengths` does that.
+    """
+
+    first_token: float = 1.0
+    decode_token: float = 1.0
+
+    @classmethod
+    def from_lengths(cls, mean_prompt_tokens: float, mean_output_tokens: float) -> GainWeights:
+        if mean_prompt_tokens <= 0 or mean_output_tokens <= 0:
+            raise ValueError("mean lengths must be positive")
+        return cls(first_token=mean_prompt_tokens / mean_output_tokens, decode_token=1.0)
+
+    def token_value(self, tier_weight: float, index: int) -> float:
+        """w_r(i) for the ``index``-th (1-based) output token."""
+        return tier_weight * (self.first_token if index == 1 else self.decode_token)
+
+
+def token_deadlines(
+    arrival_s: float,
+    slo: SLO,
+    num_tokens: int,
+    *,
+    first_token_buffered: bool = True,
+    first_token_s: float | None = None,
+) -> FloatArray:
+    """Absolute due times of output tokens 1..num_tokens."""
+    index = np.arange(num_tokens, dtype=np.float64)  # i - 1
+    due = np.full(num_tokens, math.inf)
+    if slo.ttft_s is not None and slo.tpot_s is not None:
+        ttft = slo.ttft_s
+        if not first_token_buffered and first_token_s is not None:
+            ttft = min(first_token_s - arrival_s, slo.ttft_s)
+        due = ttft + index * slo.tpot_s
+    if slo.deadline_s is not None:
+        due = np.minimum(due, slo.deadline_s)
+    return arrival_s + due
+
+
+def ideal_tdg(tier_weight: float, num_tokens: int, weights: GainWeights) -> float:
+    """Gain if every one of ``num_tokens`` output tokens is on time."""
+    if num_tokens <= 0:
+        return 0.0
+    return tier_weight * (weights.first_token + (num_tokens - 1) * weights.decode_token)
+
+
+def tdg(
+    arrival_s: float,
+    slo: SLO,
+    tier_weight: float,
+    token_times: Sequence[float] | FloatArray,
+    weights: GainWeights,
+    *,
+    first_token_buffered: bool = True,
+) -> float:
+    """PROSERVE's f_TDG(r) for the tokens emitted at ``token_times`` (strict ``<``)."""
+    times = np.asarray(token_times, dtype=np.float64)
+    n = times.size
+    if n == 0:
+        return 0.0
+    due = token_deadlines(
+        arrival_s, slo, n, first_token_buffered=first_token_buffered, first_token_s=float(times[0])
+    )
+    on_time = times < due
+    gain = weights.first_token * float(on_time[0]) + weights.decode_token * float(
+        np.count_nonzero(on_time[1:])
+    )
+    return tier_weight * gain
+
+
+def ttft_s(arrival_s: float, token_times: Sequence[float] | FloatArray) -> float:
+    return float(token_times[0]) - arrival_s if len(token_times) else math.inf
+
+
+def mean_tpot_s(token_times: Sequence[float] | FloatArray) -> float:
+    """Mean time per output token after the first; 0 for single-token responses."""
+    n = len(token_times)
+    if n < 2:
+        return 0.0
+    return (float(token_times[-1]) - float(token_times[0])) / (n - 1)
+
+
+def slo_attained(
+    arrival_s: float, slo: SLO, token_times: Sequence[float] | FloatArray, *, finished: bool = True
+) -> bool:
+    """Standard SLO attainment, strict: TTFT and mean TPOT below their SLOs, finish before deadline."""
+    if not finished or len(token_times) == 0:
+        return False
+    if slo.ttft_s is not None and not ttft_s(arrival_s, token_times) < slo.ttft_s:
+        return False
+    if slo.tpot_s is not None and not mean_tpot_s(token_times) < slo.tpot_s:
+        return False
+    return not (
+        slo.deadline_s is not None and not float(token_times[-1]) - arrival_s < slo.deadline_s
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class GoodputWeights:
+    """JITServe's ``R(k) = w_in * L_in + w_out * L_out`` (Tempo uses 1:2, its artifact 1:8)."""
+
+    input_token: float = 0.0
+    output_token: float = 1.0
+
+
+def token_goodput(
+    arrival_s: float,
+    slo: SLO,
+    prompt_tokens: int,
+    token_times: Sequence[float] | FloatArray,
+    *,
+    finished: bool = True,
+    weights: GoodputWeights = GoodputWeights(),  # noqa: B008 - frozen, immutable default
+    decay_alpha: float | None = None,
+) -> float:
+    """JITServe token goodput of one request.
+
+    Latency-sensitive (streaming SLO): each output token emitted by its due time counts
+    ``weights.output_token`` (and the prompt counts ``weights.input_token`` once the first token
+    is on time). Deadline-sensitive: the whole ``R(k)`` counts if the request finished by its
+    deadline; with ``decay_alpha`` it is scaled by Tempo's ``min(1, (SLO/actual) ** alpha)``.
+    """
+    times = np.asarray(token_times, dtype=np.float64)
+    if times.size == 0:
+        return 0.0
+    if slo.is_streaming:
+        due = token_deadlines(arrival_s, slo, times.size)
+        on_time = times <= due
+        value = weights.output_token * float(np.count_nonzero(on_time))
+        if on_time[0]:
+            value += weights.input_token * prompt_tokens
+        return value
+    assert slo.deadline_s is not None
+    if not finished:
+        return 0.0
+    full = weights.input_token * prompt_tokens + weights.output_token * times.size
+    latency = float(times[-1]) - arrival_s
+    if decay_alpha is None:
+        return full if latency <= slo.deadline_s else 0.0
+    return full * min(1.0, (slo.deadline_s / max(latency, 1e-12)) ** decay_alpha)
+
+
+def request_tdg(request: Request, weights: GainWeights, *, first_token_buffered: bool = True) -> float:
+    """TDG of a request from its recorded token times."""
+    return tdg(
+        request.arrival_s,
+        request.slo,
+        request.weight,
+        request.token_times,
+        weights,
+        first_token_buffered=first_token_buffered,
+    )

@@ -1,0 +1,250 @@
+"""The engine-level policy contract.
+
+A policy sees the engine's running requests (holding KV blocks) and waiting requests (holding
+none: new, or preempted for recompute) plus the engine's limits, and returns the step's plan:
+which requests run and how many tokens each computes, and which running requests are preempted.
+The same objects run in the simulator, in the emulated engines and inside vLLM's scheduler.
+
+Semantics the executors implement:
+
+* a scheduled request computes ``tokens`` more tokens this step; when that completes its
+  ``num_tokens`` it samples one output token at the end of the step;
+* a running request that is neither scheduled nor preempted keeps its KV and waits;
+* a preempted request frees all its KV and recomputes from scratch later (vLLM's recompute);
+* a scheduled waiting request is admitted (becomes running).
+
+:class:`BatchBuilder` enforces the limits (token budget, max sequences, free KV blocks and,
+optionally, a latency budget through the shared estimator) so every policy respects them the
+same way and none can exceed them.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from priority.estimator import BatchLatencyEstimator
+from priority.request import Request
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineLimits:
+    """Per-step limits of one engine instance (vLLM's names)."""
+
+    token_budget: int
+    """``max_num_batched_tokens``: tokens computed in one step, all requests together."""
+    max_num_seqs: int
+    """Requests holding KV (running) after the step."""
+    block_size: int
+    """Tokens per KV block."""
+    num_free_blocks: int
+    """Free KV blocks before this step's allocations."""
+
+
+@dataclass(slots=True)
+class SchedulerInput:
+    now: float
+    running: list[Request]
+    waiting: list[Request]
+    limits: EngineLimits
+
+
+@dataclass(slots=True)
+class StepPlan:
+    scheduled: list[tuple[Request, int]] = field(default_factory=list)
+    """``(request, tokens)`` in batch order; each request at most once, tokens >= 1."""
+    preempted: list[Request] = field(default_factory=list)
+    """Running requests whose KV is freed this step (they recompute later)."""
+    time_budget_s: float | None = None
+    """The policy's latency budget for this step, if it uses one (exported as a metric)."""
+    num_urgent: int = 0
+    """SlideBatching's URGENT count (0 for other policies); exported as a metric."""
+    repeatable: bool = False
+    """The policy asserts that, if no request arrives, finishes or changes phase, it would plan
+    the same all-decode batch again on the next steps. Executors may then fast-forward several
+    decode steps without calling the policy (the simulator does, to run hour-long traces)."""
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(tokens for _, tokens in self.scheduled)
+
+
+class SchedulingPolicy(ABC):
+    """Base class of every engine-level policy."""
+
+    name: ClassVar[str]
+    uses_oracle_length: ClassVar[bool] = False
+    """True when the policy reads ``Request.true_output_tokens`` (simulation-only baselines)."""
+
+    def __init__(self, estimator: BatchLatencyEstimator) -> None:
+        self.estimator = estimator
+
+    @abstractmethod
+    def schedule(self, inp: SchedulerInput) -> StepPlan:
+        """Plan one engine step."""
+
+    def on_step_end(self, plan: StepPlan, now: float) -> None:  # noqa: B027 - optional hook
+        """Called after the planned step executed and tokens were emitted (stateful policies)."""
+
+
+class BatchBuilder:
+    """Accumulates one step's batch while enforcing the engine's limits.
+
+    Every policy fills its batch through :meth:`add`, so token budget, max sequences, KV blocks
+    and (when given) the latency budget are enforced in one place.
+    """
+
+    __slots__ = (
+        "_scheduled_ids",
+        "block_size",
+        "estimator",
+        "free_blocks",
+        "min_prefill_chunk",
+        "num_seqs",
+        "plan",
+        "time_budget_s",
+        "time_used_s",
+        "tokens_left",
+        "max_num_seqs",
+    )
+
+    def __init__(
+        self,
+        inp: SchedulerInput,
+        *,
+        estimator: BatchLatencyEstimator | None = None,
+        time_budget_s: float | None = None,
+        min_prefill_chunk: int = 1,
+    ) -> None:
+        limits = inp.limits
+        self.tokens_left = limits.token_budget
+        self.max_num_seqs = limits.max_num_seqs
+        self.num_seqs = len(inp.running)
+        self.block_size = limits.block_size
+        self.free_blocks = limits.num_free_blocks
+        self.estimator = estimator
+        self.time_budget_s = time_budget_s
+        self.time_used_s = estimator.t_c if (estimator is not None and time_budget_s) else 0.0
+        self.min_prefill_chunk = min_prefill_chunk
+        self.plan = StepPlan(time_budget_s=time_budget_s)
+        self._scheduled_ids: set[str] = set()
+
+    # ---- queries --------------------------------------------------------------------------
+
+    def is_scheduled(self, request: Request) -> bool:
+        return request.request_id in self._scheduled_ids
+
+    @property
+    def full(self) -> bool:
+        """No more tokens (or time) can be added to this step."""
+        if self.tokens_left <= 0:
+            return True
+        return self.time_budget_s is not None and self.time_used_s >= self.time_budget_s
+
+    def blocks_needed(self, request: Request, tokens: int) -> int:
+        total = cdiv(request.num_computed_tokens + tokens, self.block_size)
+        return max(0, total - request.num_kv_blocks)
+
+    def kv_fit_tokens(self, request: Request) -> int:
+        """How many more tokens' KV fit in the request's blocks plus the free blocks."""
+        capacity = (request.num_kv_blocks + self.free_blocks) * self.block_size
+        return capacity - request.num_computed_tokens
+
+    def grantable(self, request: Request, want: int) -> int:
+        """Tokens :meth:`add` would grant now (0 if the request cannot join the batch)."""
+        if request.request_id in self._scheduled_ids or want <= 0:
+            return 0
+        if request.num_kv_blocks == 0 and self.num_seqs >= self.max_num_seqs:
+            return 0
+        tokens = min(want, self.tokens_left, request.num_uncomputed_tokens, self.kv_fit_tokens(request))
+        if tokens <= 0:
+            return 0
+        if self.time_budget_s is not None and self.estimator is not None:
+            left = self.time_budget_s - self.time_used_s
+            if tokens == 1 and request.num_uncomputed_tokens == 1:
+                if self.estimator.decode_time(request.num_computed_tokens) > left:
+                    return 0
+            else:
+                tokens = self.estimator.max_chunk(request.num_computed_tokens, left, tokens)
+        if tokens < request.num_uncomputed_tokens and tokens < self.min_prefill_chunk:
+            return 0  # a uselessly small chunk that does not finish the prefill
+        return tokens
+
+    # ---- mutations ------------------------------------------------------------------------
+
+    def add(self, request: Request, want: int | None = None) -> int:
+        """Schedule up to ``want`` tokens (default: all it needs); returns tokens granted."""
+        if want is None:
+            want = request.num_uncomputed_tokens
+        tokens = self.grantable(request, want)
+        if tokens <= 0:
+            return 0
+        self._commit(request, tokens)
+        return tokens
+
+    def add_exact(self, request: Request, tokens: int) -> int:
+        """Schedule exactly ``tokens`` ignoring the latency budget (still checks hard limits).
+
+        Used when a policy insists on a minimum step (e.g. one decode token) regardless of time.
+        """
+        saved = self.time_budget_s
+        self.time_budget_s = None
+        try:
+            granted = self.grantable(request, tokens)
+        finally:
+            self.time_budget_s = saved
+        if granted <= 0:
+            return 0
+        self._commit(request, granted)
+        return granted
+
+    def _commit(self, request: Request, tokens: int) -> None:
+        self.free_blocks -= self.blocks_needed(request, tokens)
+        self.tokens_left -= tokens
+        if request.num_kv_blocks == 0:
+            self.num_seqs += 1
+        if self.estimator is not None and self.time_budget_s is not None:
+            self.time_used_s += self.estimator.request_time(tokens, request.num_computed_tokens)
+        self._scheduled_ids.add(request.request_id)
+        self.plan.scheduled.append((request, tokens))
+
+    def preempt(self, request: Request) -> None:
+        """Free a running, not-yet-scheduled request's KV (recompute preemption)."""
+        if request.num_kv_blocks == 0:
+            raise ValueError(f"{request.request_id} holds no KV and cannot be preempted")
+        if request.request_id in self._scheduled_ids:
+            raise ValueError(f"{request.request_id} is already scheduled this step")
+        self.free_blocks += request.num_kv_blocks
+        self.num_seqs -= 1
+        self._scheduled_ids.add(request.request_id)  # never schedule it again this step
+        self.plan.preempted.append(request)
+
+    def add_preempting(
+        self, request: Request, want: int | None, victims: Iterable[Request]
+    ) -> int:
+        """:meth:`add`, preempting ``victims`` (lowest priority first) while KV is what blocks it.
+
+        Victims already scheduled (or the request itself) are skipped; preemption stops as soon
+        as the request fits, so no more KV is freed than needed.
+        """
+        if want is None:
+            want = request.num_uncomputed_tokens
+        granted = self.add(request, want)
+        if granted > 0:
+            return granted
+        needed_tokens = min(want, request.num_uncomputed_tokens, self.tokens_left)
+        if needed_tokens <= 0:
+            return 0
+        for victim in victims:
+            if self.kv_fit_tokens(request) >= needed_tokens:
+                break
+            if victim is request or victim.num_kv_blocks == 0 or self.is_scheduled(victim):
+                continue
+            self.preempt(victim)
+        return self.add(request, want)

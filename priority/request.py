@@ -1,0 +1,142 @@
+"""The request model shared by the simulator, the emulated engines and the engine plugins.
+
+Token accounting follows vLLM's: a request owns ``num_tokens = prompt_tokens + num_output_tokens``
+tokens, of which ``num_computed_tokens`` have their KV computed. It still needs
+``num_tokens - num_computed_tokens`` tokens of compute; when that is 1 it is *decoding*, when it
+is more it is *prefilling* (a fresh prompt, or the recompute of a preempted request). Completing
+the compute of all its tokens samples one new output token.
+
+All times are seconds. ``arrival_s`` is the gateway arrival time on the engine's clock; deadlines
+are measured from it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+@dataclass(frozen=True, slots=True)
+class SLO:
+    """Latency objectives of one request.
+
+    A *streaming* (latency-sensitive) request has ``ttft_s`` and ``tpot_s``: token i is due at
+    ``ttft_s + (i - 1) * tpot_s`` after arrival (PROSERVE Eq. 3). A *deadline-sensitive* request
+    has only ``deadline_s``: every token is due by the end-to-end deadline. Both may be set; then
+    each token is due at the earlier of the two.
+    """
+
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+    deadline_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.ttft_s is None and self.deadline_s is None:
+            raise ValueError("an SLO needs ttft_s (streaming) or deadline_s (end-to-end)")
+        if (self.ttft_s is None) != (self.tpot_s is None):
+            raise ValueError("ttft_s and tpot_s go together")
+        for name in ("ttft_s", "tpot_s", "deadline_s"):
+            value = getattr(self, name)
+            if value is not None and not (value > 0 and math.isfinite(value)):
+                raise ValueError(f"{name} must be a positive finite number, got {value!r}")
+
+    @property
+    def is_streaming(self) -> bool:
+        return self.ttft_s is not None
+
+    def token_due_s(self, index: int) -> float:
+        """Due time of the ``index``-th output token (1-based), relative to arrival."""
+        due = math.inf
+        if self.ttft_s is not None and self.tpot_s is not None:
+            due = self.ttft_s + (index - 1) * self.tpot_s
+        if self.deadline_s is not None:
+            due = min(due, self.deadline_s)
+        return due
+
+    @property
+    def time_unit_s(self) -> float:
+        """The natural SLO unit: TPOT for streaming, the deadline otherwise (starvation scale)."""
+        if self.tpot_s is not None:
+            return self.tpot_s
+        assert self.deadline_s is not None
+        return self.deadline_s
+
+
+class RequestStatus(Enum):
+    WAITING = "waiting"  # not holding KV: new, or preempted (to be recomputed)
+    RUNNING = "running"  # holding KV blocks on an engine
+    FINISHED = "finished"
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    """One inference request and its scheduling state on an engine.
+
+    ``true_output_tokens`` exists only in simulation (the oracle length); policies that claim
+    not to use it must read ``predicted_output_tokens`` or ``max_output_tokens`` instead.
+    """
+
+    request_id: str
+    arrival_s: float
+    prompt_tokens: int
+    slo: SLO
+    weight: float = 1.0
+    tier: str = "default"
+    tenant: str = "default"
+    max_output_tokens: int = 4096
+    true_output_tokens: int | None = None
+    predicted_output_tokens: int | None = None
+
+    status: RequestStatus = RequestStatus.WAITING
+    num_computed_tokens: int = 0
+    num_output_tokens: int = 0
+    num_kv_blocks: int = 0
+    num_preemptions: int = 0
+    tokens_since_resume: int = 0
+    token_times: list[float] = field(default_factory=list)
+    first_scheduled_s: float | None = None
+    finished_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.prompt_tokens < 1:
+            raise ValueError(f"prompt_tokens must be >= 1, got {self.prompt_tokens}")
+        if self.max_output_tokens < 1:
+            raise ValueError(f"max_output_tokens must be >= 1, got {self.max_output_tokens}")
+        if self.weight <= 0:
+            raise ValueError(f"weight must be > 0, got {self.weight}")
+
+    @property
+    def num_tokens(self) -> int:
+        return self.prompt_tokens + self.num_output_tokens
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def is_prefill(self) -> bool:
+        """True while more than one token needs compute (fresh prompt or recompute)."""
+        return self.num_uncomputed_tokens > 1
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is RequestStatus.FINISHED
+
+    @property
+    def target_output_tokens(self) -> int:
+        """How many tokens the request will produce: the oracle in simulation, else the cap."""
+        if self.true_output_tokens is not None:
+            return min(self.true_output_tokens, self.max_output_tokens)
+        return self.max_output_tokens
+
+    @property
+    def expected_output_tokens(self) -> int:
+        """The length a non-oracle policy may assume: the prediction, else the cap."""
+        if self.predicted_output_tokens is not None:
+            return max(self.predicted_output_tokens, self.num_output_tokens + 1)
+        return self.max_output_tokens
+
+    def next_token_deadline_s(self) -> float:
+        """Absolute due time of the next output token."""
+        return self.arrival_s + self.slo.token_due_s(self.num_output_tokens + 1)

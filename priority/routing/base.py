@@ -1,0 +1,103 @@
+"""The router contract: pick the engine instance(s) for a request.
+
+Routers keep gateway-side state about each instance from the events the caller reports
+(dispatch, first token, finish, scraped metrics), so the same objects serve the simulator and the
+gateway. PROSERVE's GoRouting needs exactly this state: each instance's queued prefills with the
+time they were last updated, and its count of decoding requests.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+
+from priority.estimator import BatchLatencyEstimator
+from priority.profiles import Profile
+from priority.request import Request
+
+
+class InstanceRole(Enum):
+    COLOCATED = "colocated"  # prefill and decode on the same instance
+    PREFILL = "prefill"  # PD-disaggregated prefill-only instance
+    DECODE = "decode"  # PD-disaggregated decode-only instance
+
+
+@dataclass(slots=True)
+class InstanceView:
+    """What a router knows about one instance."""
+
+    index: int
+    name: str
+    profile: Profile
+    estimator: BatchLatencyEstimator
+    role: InstanceRole = InstanceRole.COLOCATED
+    healthy: bool = True
+    prefill_queue: dict[str, Request] = field(default_factory=dict)
+    """Dispatched requests whose first token has not been seen (PROSERVE's PrefillQueueMap)."""
+    queue_updated_s: float = 0.0
+    """When ``prefill_queue`` last changed (for lag compensation)."""
+    num_decoding: int = 0
+    """Requests past their first token and not finished (n_d)."""
+    num_free_kv_blocks: int | None = None
+    """Last reported free KV blocks (decode-instance choice in PD-disaggregation)."""
+
+    @property
+    def num_outstanding(self) -> int:
+        return len(self.prefill_queue) + self.num_decoding
+
+
+@dataclass(frozen=True, slots=True)
+class RouteDecision:
+    instance: int
+    """Co-located instance, or the prefill instance under PD-disaggregation."""
+    decode_instance: int | None = None
+    """Decode instance under PD-disaggregation, else None."""
+    expected_gain: float | None = None
+    """The router's estimate of the gain this placement adds (GoRouting's Delta), if any."""
+
+
+class Router(ABC):
+    name: str = "router"
+
+    def __init__(self, instances: Sequence[InstanceView]) -> None:
+        if not instances:
+            raise ValueError("a router needs at least one instance")
+        self.instances = list(instances)
+
+    def candidates(self, role: InstanceRole) -> list[InstanceView]:
+        return [i for i in self.instances if i.healthy and i.role is role]
+
+    @abstractmethod
+    def route(self, request: Request, now: float) -> RouteDecision:
+        """Choose where ``request`` runs. Must not mutate state (see :meth:`on_dispatch`)."""
+
+    # ---- state updates reported by the caller -----------------------------------------------
+
+    def on_dispatch(self, request: Request, decision: RouteDecision, now: float) -> None:
+        inst = self.instances[decision.instance]
+        inst.prefill_queue[request.request_id] = request
+        inst.queue_updated_s = now
+
+    def on_first_token(self, request: Request, decision: RouteDecision, now: float) -> None:
+        inst = self.instances[decision.instance]
+        if inst.prefill_queue.pop(request.request_id, None) is not None:
+            inst.queue_updated_s = now
+        target = decision.decode_instance if decision.decode_instance is not None else decision.instance
+        self.instances[target].num_decoding += 1
+
+    def on_finish(
+        self, request: Request, decision: RouteDecision, now: float, *, saw_first_token: bool
+    ) -> None:
+        inst = self.instances[decision.instance]
+        if inst.prefill_queue.pop(request.request_id, None) is not None:
+            inst.queue_updated_s = now
+        if saw_first_token:
+            target = (
+                decision.decode_instance if decision.decode_instance is not None else decision.instance
+            )
+            self.instances[target].num_decoding = max(0, self.instances[target].num_decoding - 1)
+
+    def on_kv_report(self, index: int, num_free_kv_blocks: int) -> None:
+        self.instances[index].num_free_kv_blocks = num_free_kv_blocks
