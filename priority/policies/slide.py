@@ -1,0 +1,214 @@
+"""SlideBatching — PROSERVE Algorithm 1 (PD co-located, and the PD-disaggregated prefill variant).
+
+Per step, for every request that needs compute (running or waiting):
+
+* ``exec``    = T~_pd(r): estimated time of its next piece of work (one decode step, or its whole
+  remaining prefill), without the per-batch overhead t_c;
+* ``remain``  = due time of its next output token − now (TDG deadlines, Eq. 3);
+* ``density`` = w_r(next token) / exec.
+
+The latency budget is ``t_budget = max(t_min, η)`` where ``t_min`` is the smallest ``remain``
+among requests that can still make their deadline in this batch (xLLM's refinement: hopeless
+requests must not shrink everybody's batch). A request is URGENT when ``remain < γ·φ``; URGENT
+requests go first by density (descending), NORMAL ones by remain (ascending). The batch is then
+filled in that order until the latency budget is spent, chunking the last prefill to fit
+(GETMAXCHUNK, in closed form through the estimator). Load-judgment functions:
+
+* ``φ_a`` (Eq. 8, PROSERVE's reported setting): ``t_budget/(t_budget−t_c) · Σ_Q exec``;
+* ``φ_c`` (Eq. 9): the same sum, but only up to r's position in the remain-sorted queue;
+* ``φ_p`` (PD-disaggregated prefill instances): ``Σ_Q exec + |Q|·t_c``.
+
+Choices the paper leaves open (values from JD's xLLM where it has them):
+
+* ``γ = 1.0``; ``η = 0.65 × the smallest TPOT SLO`` in the queue;
+* when no request can make its deadline, ``t_budget = max(η, largest TPOT SLO)``, the upper end
+  of the range the paper says the budget moves in;
+* prefill chunks shorter than ``min_chunk_tokens`` (50) are not scheduled unless they finish
+  the prompt;
+* starvation prevention: a request overdue by more than ``starve_threshold`` × its SLO unit
+  (TTFT before the first token, TPOT after) is always URGENT, ahead of the rest, most overdue
+  first;
+* KV exhaustion preempts running requests from the tail of the order (recompute);
+* if nothing fits the budget, the head of the order still gets one minimal piece of work, so the
+  engine never idles with work queued.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import ClassVar, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from priority.estimator import BatchLatencyEstimator
+from priority.gain import GainWeights
+from priority.policies.base import BatchBuilder, SchedulerInput, SchedulingPolicy, StepPlan
+from priority.request import Request
+
+LoadJudgment = Literal["a", "c", "p"]
+
+NO_SLO = math.inf
+
+
+def _slo_columns(requests: list[Request]) -> npt.NDArray[np.float64]:
+    """Per-request (arrival, ttft, tpot, deadline, weight) as a float matrix (inf = unset)."""
+    rows = [
+        (
+            r.arrival_s,
+            r.slo.ttft_s if r.slo.ttft_s is not None else NO_SLO,
+            r.slo.tpot_s if r.slo.tpot_s is not None else 0.0,
+            r.slo.deadline_s if r.slo.deadline_s is not None else NO_SLO,
+            r.weight,
+            r.num_computed_tokens,
+            r.prompt_tokens + r.num_output_tokens,
+            r.num_output_tokens,
+        )
+        for r in requests
+    ]
+    return np.array(rows, dtype=np.float64).reshape(len(requests), 8)
+
+
+class SlideBatchingPolicy(SchedulingPolicy):
+    name: ClassVar[str] = "slide"
+
+    def __init__(
+        self,
+        estimator: BatchLatencyEstimator,
+        *,
+        gain_weights: GainWeights | None = None,
+        gamma: float = 1.0,
+        eta_factor: float = 0.65,
+        eta_s: float | None = None,
+        phi: LoadJudgment = "a",
+        min_chunk_tokens: int = 50,
+        starvation_prevention: bool = True,
+        starve_threshold: float = 1.0,
+    ) -> None:
+        super().__init__(estimator)
+        if gamma <= 0:
+            raise ValueError(f"gamma must be > 0, got {gamma}")
+        if phi not in ("a", "c", "p"):
+            raise ValueError(f"phi must be 'a', 'c' or 'p', got {phi!r}")
+        self.gain_weights = gain_weights or GainWeights()
+        self.gamma = gamma
+        self.eta_factor = eta_factor
+        self.eta_s = eta_s
+        self.phi = phi
+        self.min_chunk_tokens = min_chunk_tokens
+        self.starvation_prevention = starvation_prevention
+        self.starve_threshold = starve_threshold
+
+    # ---- Algorithm 1, lines 1-13 -----------------------------------------------------------
+
+    def order(self, inp: SchedulerInput) -> tuple[list[Request], float, int]:
+        """The step's admission order, its latency budget and the number of URGENT requests."""
+        requests = [r for r in inp.running if r.num_uncomputed_tokens > 0] + inp.waiting
+        if not requests:
+            return [], self.eta_s or 0.0, 0
+        cols = _slo_columns(requests)
+        arrival, ttft, tpot, deadline, weight = cols[:, 0], cols[:, 1], cols[:, 2], cols[:, 3], cols[:, 4]
+        computed = cols[:, 5].astype(np.int64)
+        num_tokens = cols[:, 6].astype(np.int64)
+        outputs = cols[:, 7]
+        est = self.estimator
+        t_c = est.t_c
+
+        exec_s = est.request_times(num_tokens - computed, computed)
+        due = np.minimum(ttft + outputs * tpot, deadline)
+        remain = arrival + due - inp.now
+        first = outputs == 0
+        value = weight * np.where(first, self.gain_weights.first_token, self.gain_weights.decode_token)
+        density = value / np.maximum(exec_s, 1e-12)
+
+        tpot_set = tpot[tpot > 0]
+        if self.eta_s is not None:
+            eta = self.eta_s
+        elif tpot_set.size:
+            eta = self.eta_factor * float(tpot_set.min())
+        else:
+            eta = t_c * 2.0
+        feasible = remain >= exec_s + t_c
+        if feasible.any():
+            budget = max(float(remain[feasible].min()), eta)
+        else:
+            budget = max(eta, float(tpot_set.max()) if tpot_set.size else eta)
+
+        phi = self._load_judgment(exec_s, remain, budget, t_c)
+        urgent = remain < self.gamma * phi
+        if self.starvation_prevention:
+            unit = np.where(first | (tpot <= 0), np.minimum(ttft, deadline), tpot)
+            starved = -remain > self.starve_threshold * unit
+        else:
+            starved = np.zeros(len(requests), dtype=bool)
+        urgent |= starved
+
+        # Sort keys: starved (most overdue first), URGENT (density desc), NORMAL (remain asc).
+        group = np.where(starved, 0, np.where(urgent, 1, 2))
+        key = np.where(starved, remain, np.where(urgent, -density, remain))
+        idx = np.lexsort((key, group))
+        ordered = [requests[i] for i in idx]
+        return ordered, budget, int(np.count_nonzero(urgent))
+
+    def _load_judgment(
+        self,
+        exec_s: npt.NDArray[np.float64],
+        remain: npt.NDArray[np.float64],
+        budget: float,
+        t_c: float,
+    ) -> npt.NDArray[np.float64] | float:
+        if self.phi == "p":
+            return float(exec_s.sum()) + exec_s.size * t_c
+        if budget <= t_c:
+            return math.inf  # no room for work in a batch: everything is at risk
+        scale = budget / (budget - t_c)
+        if self.phi == "a":
+            return scale * float(exec_s.sum())
+        by_remain = np.argsort(remain, kind="stable")
+        cumulative = np.empty_like(exec_s)
+        cumulative[by_remain] = np.cumsum(exec_s[by_remain])
+        return scale * cumulative
+
+    # ---- Algorithm 1, lines 14-19 ----------------------------------------------------------
+
+    def schedule(self, inp: SchedulerInput) -> StepPlan:
+        ordered, budget, num_urgent = self.order(inp)
+        builder = BatchBuilder(
+            inp,
+            estimator=self.estimator,
+            time_budget_s=budget,
+            min_prefill_chunk=self.min_chunk_tokens,
+        )
+        builder.plan.num_urgent = num_urgent
+        if not ordered:
+            return builder.plan
+        cheapest = self.estimator.decode_time(0)
+        victims = [r for r in reversed(ordered) if r.num_kv_blocks > 0]
+        for request in ordered:
+            if builder.full or builder.time_budget_s - builder.time_used_s < cheapest:  # type: ignore[operator]
+                break
+            builder.add_preempting(request, None, victims)
+        if not builder.plan.scheduled:
+            self._ensure_progress(builder, ordered, victims)
+        plan = builder.plan
+        plan.repeatable = (
+            not inp.waiting
+            and not plan.preempted
+            and len(plan.scheduled) == len(inp.running)
+            and all(tokens == 1 and r.num_uncomputed_tokens == 1 for r, tokens in plan.scheduled)
+            and builder.time_used_s <= 0.9 * budget
+        )
+        return plan
+
+    def _ensure_progress(
+        self, builder: BatchBuilder, ordered: list[Request], victims: list[Request]
+    ) -> None:
+        """Give the first request that can run one minimal piece of work, ignoring the budget."""
+        for request in ordered:
+            want = 1 if request.num_uncomputed_tokens == 1 else max(
+                1, min(self.min_chunk_tokens, request.num_uncomputed_tokens)
+            )
+            builder.time_budget_s = None
+            granted = builder.add_preempting(request, want, victims)
+            if granted:
+                return
