@@ -133,7 +133,7 @@ class BatchLatencyEstimator:
     # ---- inverse queries -----------------------------------------------------------------
 
     def max_chunk(self, l_kv: int, budget_s: float, limit: int) -> int:
-        """Largest prefill chunk ``l_q <= limit`` over ``l_kv`` cached tokens that fits ``budget_s``.
+        """Largest chunk ``l_q <= limit`` over ``l_kv`` cached tokens that fits ``budget_s``.
 
         The prefill model is a quadratic in ``l_q`` with non-negative coefficients, so the
         answer is the positive root, floored (GETMAXCHUNK in closed form instead of a search).

@@ -115,7 +115,7 @@ def mean_tpot_s(token_times: Sequence[float] | FloatArray) -> float:
 def slo_attained(
     arrival_s: float, slo: SLO, token_times: Sequence[float] | FloatArray, *, finished: bool = True
 ) -> bool:
-    """Standard SLO attainment, strict: TTFT and mean TPOT below their SLOs, finish before deadline."""
+    """Strict SLO attainment: TTFT and mean TPOT below their SLOs, finish before the deadline."""
     if not finished or len(token_times) == 0:
         return False
     if slo.ttft_s is not None and not ttft_s(arrival_s, token_times) < slo.ttft_s:
@@ -142,7 +142,7 @@ def token_goodput(
     token_times: Sequence[float] | FloatArray,
     *,
     finished: bool = True,
-    weights: GoodputWeights = GoodputWeights(),  # noqa: B008 - frozen, immutable default
+    weights: GoodputWeights = GoodputWeights(),
     decay_alpha: float | None = None,
 ) -> float:
     """JITServe token goodput of one request.
@@ -172,7 +172,9 @@ def token_goodput(
     return full * min(1.0, (slo.deadline_s / max(latency, 1e-12)) ** decay_alpha)
 
 
-def request_tdg(request: Request, weights: GainWeights, *, first_token_buffered: bool = True) -> float:
+def request_tdg(
+    request: Request, weights: GainWeights, *, first_token_buffered: bool = True
+) -> float:
     """TDG of a request from its recorded token times."""
     return tdg(
         request.arrival_s,

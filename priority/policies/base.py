@@ -105,13 +105,13 @@ class BatchBuilder:
         "block_size",
         "estimator",
         "free_blocks",
+        "max_num_seqs",
         "min_prefill_chunk",
         "num_seqs",
         "plan",
         "time_budget_s",
         "time_used_s",
         "tokens_left",
-        "max_num_seqs",
     )
 
     def __init__(
@@ -162,7 +162,9 @@ class BatchBuilder:
             return 0
         if request.num_kv_blocks == 0 and self.num_seqs >= self.max_num_seqs:
             return 0
-        tokens = min(want, self.tokens_left, request.num_uncomputed_tokens, self.kv_fit_tokens(request))
+        tokens = min(
+            want, self.tokens_left, request.num_uncomputed_tokens, self.kv_fit_tokens(request)
+        )
         if tokens <= 0:
             return 0
         if self.time_budget_s is not None and self.estimator is not None:
@@ -231,7 +233,8 @@ class BatchBuilder:
         """:meth:`add`, preempting ``victims`` (lowest priority first) while KV is what blocks it.
 
         Victims already scheduled (or the request itself) are skipped; preemption stops as soon
-        as the request fits, so no more KV is freed than needed.
+        as the request fits, so no more KV is freed than needed. ``victims`` is consumed lazily,
+        one victim at a time, so a policy may share one iterator across calls.
         """
         if want is None:
             want = request.num_uncomputed_tokens
@@ -241,8 +244,10 @@ class BatchBuilder:
         needed_tokens = min(want, request.num_uncomputed_tokens, self.tokens_left)
         if needed_tokens <= 0:
             return 0
-        for victim in victims:
-            if self.kv_fit_tokens(request) >= needed_tokens:
+        pending = iter(victims)
+        while self.kv_fit_tokens(request) < needed_tokens:
+            victim = next(pending, None)
+            if victim is None:
                 break
             if victim is request or victim.num_kv_blocks == 0 or self.is_scheduled(victim):
                 continue

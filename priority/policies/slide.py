@@ -36,6 +36,7 @@ Choices the paper leaves open (values from JD's xLLM where it has them):
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from typing import ClassVar, Literal
 
 import numpy as np
@@ -44,30 +45,10 @@ import numpy.typing as npt
 from priority.estimator import BatchLatencyEstimator
 from priority.gain import GainWeights
 from priority.policies.base import BatchBuilder, SchedulerInput, SchedulingPolicy, StepPlan
+from priority.policies.columns import ARRIVAL, DEADLINE, PROMPT, TPOT, TTFT, WEIGHT, RequestColumns
 from priority.request import Request
 
 LoadJudgment = Literal["a", "c", "p"]
-
-NO_SLO = math.inf
-
-
-def _slo_columns(requests: list[Request]) -> npt.NDArray[np.float64]:
-    """Per-request (arrival, ttft, tpot, deadline, weight) as a float matrix (inf = unset)."""
-    rows = [
-        (
-            r.arrival_s,
-            r.slo.ttft_s if r.slo.ttft_s is not None else NO_SLO,
-            r.slo.tpot_s if r.slo.tpot_s is not None else 0.0,
-            r.slo.deadline_s if r.slo.deadline_s is not None else NO_SLO,
-            r.weight,
-            r.num_computed_tokens,
-            r.prompt_tokens + r.num_output_tokens,
-            r.num_output_tokens,
-        )
-        for r in requests
-    ]
-    return np.array(rows, dtype=np.float64).reshape(len(requests), 8)
-
 
 class SlideBatchingPolicy(SchedulingPolicy):
     name: ClassVar[str] = "slide"
@@ -98,19 +79,19 @@ class SlideBatchingPolicy(SchedulingPolicy):
         self.min_chunk_tokens = min_chunk_tokens
         self.starvation_prevention = starvation_prevention
         self.starve_threshold = starve_threshold
+        self._columns = RequestColumns()
 
     # ---- Algorithm 1, lines 1-13 -----------------------------------------------------------
 
     def order(self, inp: SchedulerInput) -> tuple[list[Request], float, int]:
         """The step's admission order, its latency budget and the number of URGENT requests."""
-        requests = [r for r in inp.running if r.num_uncomputed_tokens > 0] + inp.waiting
+        requests = inp.running + inp.waiting  # a running request always needs compute
         if not requests:
             return [], self.eta_s or 0.0, 0
-        cols = _slo_columns(requests)
-        arrival, ttft, tpot, deadline, weight = cols[:, 0], cols[:, 1], cols[:, 2], cols[:, 3], cols[:, 4]
-        computed = cols[:, 5].astype(np.int64)
-        num_tokens = cols[:, 6].astype(np.int64)
-        outputs = cols[:, 7]
+        static, computed, outputs = self._columns.gather(requests)
+        arrival, ttft, tpot = static[:, ARRIVAL], static[:, TTFT], static[:, TPOT]
+        deadline, weight = static[:, DEADLINE], static[:, WEIGHT]
+        num_tokens = static[:, PROMPT].astype(np.int64) + outputs
         est = self.estimator
         t_c = est.t_c
 
@@ -118,7 +99,8 @@ class SlideBatchingPolicy(SchedulingPolicy):
         due = np.minimum(ttft + outputs * tpot, deadline)
         remain = arrival + due - inp.now
         first = outputs == 0
-        value = weight * np.where(first, self.gain_weights.first_token, self.gain_weights.decode_token)
+        gw = self.gain_weights
+        value = weight * np.where(first, gw.first_token, gw.decode_token)
         density = value / np.maximum(exec_s, 1e-12)
 
         tpot_set = tpot[tpot > 0]
@@ -183,7 +165,7 @@ class SlideBatchingPolicy(SchedulingPolicy):
         if not ordered:
             return builder.plan
         cheapest = self.estimator.decode_time(0)
-        victims = [r for r in reversed(ordered) if r.num_kv_blocks > 0]
+        victims = (r for r in reversed(ordered) if r.num_kv_blocks > 0)
         for request in ordered:
             if builder.full or builder.time_budget_s - builder.time_used_s < cheapest:  # type: ignore[operator]
                 break
@@ -201,7 +183,7 @@ class SlideBatchingPolicy(SchedulingPolicy):
         return plan
 
     def _ensure_progress(
-        self, builder: BatchBuilder, ordered: list[Request], victims: list[Request]
+        self, builder: BatchBuilder, ordered: list[Request], victims: Iterator[Request]
     ) -> None:
         """Give the first request that can run one minimal piece of work, ignoring the budget."""
         for request in ordered:

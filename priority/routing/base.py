@@ -58,6 +58,13 @@ class RouteDecision:
     """The router's estimate of the gain this placement adds (GoRouting's Delta), if any."""
 
 
+def _decode_target(decision: RouteDecision) -> int:
+    """Where the request decodes: its decode instance under PD-disaggregation, else in place."""
+    if decision.decode_instance is not None:
+        return decision.decode_instance
+    return decision.instance
+
+
 class Router(ABC):
     name: str = "router"
 
@@ -84,8 +91,7 @@ class Router(ABC):
         inst = self.instances[decision.instance]
         if inst.prefill_queue.pop(request.request_id, None) is not None:
             inst.queue_updated_s = now
-        target = decision.decode_instance if decision.decode_instance is not None else decision.instance
-        self.instances[target].num_decoding += 1
+        self.instances[_decode_target(decision)].num_decoding += 1
 
     def on_finish(
         self, request: Request, decision: RouteDecision, now: float, *, saw_first_token: bool
@@ -94,9 +100,7 @@ class Router(ABC):
         if inst.prefill_queue.pop(request.request_id, None) is not None:
             inst.queue_updated_s = now
         if saw_first_token:
-            target = (
-                decision.decode_instance if decision.decode_instance is not None else decision.instance
-            )
+            target = _decode_target(decision)
             self.instances[target].num_decoding = max(0, self.instances[target].num_decoding - 1)
 
     def on_kv_report(self, index: int, num_free_kv_blocks: int) -> None:
