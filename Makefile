@@ -1,0 +1,36 @@
+# The two set-up commands of the README: `make run` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+OUT ?= out
+
+# The main job on the embedded default: the policy comparison on a bundled Azure trace sample,
+# two A100 and two Ascend 910B instances behind GoRouting.
+RUN_ARGS ?= --trace azure_conv_20min --profile a100-qwen2-7b,910b-qwen2-7b --instances 4 \
+	--router goroute --policy vllm-fcfs,vllm-priority,sarathi-fcfs,fairbatching,wvtc,slide \
+	--rate-scale 1.0 --duration 600 --seed 0 --json $(OUT)/sim.json --plot $(OUT)/sim.png
+
+.PHONY: run test lint install install-dev
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+install: $(BIN)/python
+	$(BIN)/pip install -q -e .
+
+install-dev: $(BIN)/python
+	$(BIN)/pip install -q -e '.[dev]'
+	# CPU torch for the profiling script's tests (a local wheel on these machines).
+	$(BIN)/pip install -q torch==2.13.0 || echo "torch unavailable: profiling tests will skip"
+
+run: install
+	mkdir -p $(OUT)
+	$(BIN)/tiergate sim $(RUN_ARGS)
+
+lint: install-dev
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
+test: install-dev
+	$(BIN)/python -m pytest

@@ -1,0 +1,18 @@
+"""The ``tiergate`` command line."""
+
+from __future__ import annotations
+
+import typer
+
+from priority.cli.profile import profile_app
+from priority.cli.sim import sim
+
+app = typer.Typer(
+    help="tiergate: SLO-aware, multi-priority LLM serving — simulator, profiles and tools.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+app.command("sim")(sim)
+app.add_typer(profile_app, name="profile")
+
+__all__ = ["app"]

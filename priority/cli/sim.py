@@ -1,0 +1,234 @@
+"""``tiergate sim``: replay a trace through the cluster simulator under several policies.
+
+Every policy (and every load level) in one invocation replays the identical workload: the
+workload is built once per load from ``--seed`` and each run gets fresh request objects.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from priority.policies import POLICY_NAMES
+from priority.profiles import load_profile
+from priority.routing import ROUTER_NAMES
+from priority.sim import ClusterConfig, build_workload, load_trace, simulate, summarize
+
+console = Console(stderr=True)
+
+
+def _split(value: str) -> list[str]:
+    return [item.strip() for item in value.split(",") if item.strip()]
+
+
+def _floats(value: str | None, option: str) -> list[float]:
+    if value is None:
+        return []
+    try:
+        numbers = [float(item) for item in _split(value)]
+    except ValueError:
+        raise typer.BadParameter(
+            f"expected comma-separated numbers, got {value!r}", param_hint=option
+        ) from None
+    if not numbers or any(n <= 0 for n in numbers):
+        raise typer.BadParameter("every value must be > 0", param_hint=option)
+    return numbers
+
+
+@dataclass(frozen=True)
+class LoadLevel:
+    rate_scale: float | None
+    rps: float | None
+
+    @property
+    def label(self) -> str:
+        return f"{self.rate_scale:g}x" if self.rate_scale is not None else f"{self.rps:g} req/s"
+
+
+def sim(
+    trace: Annotated[
+        str,
+        typer.Option(
+            help="Trace CSV path, or a named trace: azure_conv, azure_code, mooncake_conv, "
+            "arxiv, azure_conv_20min."
+        ),
+    ],
+    profile: Annotated[
+        str,
+        typer.Option(help="Profile name(s), comma-separated; assigned round-robin to instances."),
+    ],
+    instances: Annotated[int, typer.Option(min=1, help="Number of engine instances.")] = 1,
+    router: Annotated[str, typer.Option(help=f"Router: {', '.join(ROUTER_NAMES)}.")] = "goroute",
+    policy: Annotated[
+        str, typer.Option(help=f"Policy name(s), comma-separated: {', '.join(POLICY_NAMES)}.")
+    ] = "slide",
+    rate_scale: Annotated[
+        str | None,
+        typer.Option(
+            "--rate-scale",
+            help="Multiply the trace's native rate (comma-separated list sweeps loads).",
+        ),
+    ] = None,
+    rps: Annotated[
+        str | None,
+        typer.Option(
+            help="Rescale arrivals to this many requests/s (comma-separated list sweeps loads)."
+        ),
+    ] = None,
+    duration: Annotated[
+        float | None,
+        typer.Option(
+            min=0.001, help="Only requests arriving in the first S seconds (after scaling)."
+        ),
+    ] = None,
+    seed: Annotated[
+        int, typer.Option(help="Seed of the workload (tiers, SLOs) and the simulation.")
+    ] = 0,
+    prefill_instances: Annotated[
+        int,
+        typer.Option(
+            "--pd-prefill",
+            min=0,
+            help="PD-disaggregation: this many instances are prefill-only, the rest "
+            "decode-only (0 = co-located).",
+        ),
+    ] = 0,
+    noise: Annotated[
+        float, typer.Option(min=0.0, help="Log-normal sigma of step-time noise.")
+    ] = 0.0,
+    json_out: Annotated[
+        Path | None, typer.Option("--json", help="Write results as JSON here.")
+    ] = None,
+    plot: Annotated[
+        Path | None, typer.Option(help="Draw TDG ratio and SLO attainment vs load (PNG).")
+    ] = None,
+) -> None:
+    """Simulate a cluster on a trace and compare engine policies (TDG, SLO attainment, goodput)."""
+    policies = _split(policy)
+    for name in policies:
+        if name not in POLICY_NAMES:
+            raise typer.BadParameter(
+                f"unknown policy {name!r}; known: {', '.join(POLICY_NAMES)}", param_hint="--policy"
+            )
+    if router not in ROUTER_NAMES:
+        raise typer.BadParameter(
+            f"unknown router {router!r}; known: {', '.join(ROUTER_NAMES)}", param_hint="--router"
+        )
+    if (rate_scale is None) == (rps is None):
+        raise typer.BadParameter(
+            "give exactly one of --rate-scale or --rps", param_hint="--rate-scale/--rps"
+        )
+    if prefill_instances and not 0 < prefill_instances < instances:
+        raise typer.BadParameter(
+            "--pd-prefill must leave at least one decode instance", param_hint="--pd-prefill"
+        )
+    try:
+        profiles = [load_profile(name) for name in _split(profile)]
+    except KeyError as exc:
+        raise typer.BadParameter(str(exc.args[0]), param_hint="--profile") from None
+    if not profiles:
+        raise typer.BadParameter("at least one profile is required", param_hint="--profile")
+    levels = [LoadLevel(x, None) for x in _floats(rate_scale, "--rate-scale")] + [
+        LoadLevel(None, x) for x in _floats(rps, "--rps")
+    ]
+    try:
+        table = load_trace(trace)
+    except (OSError, ValueError, KeyError) as exc:
+        raise typer.BadParameter(str(exc), param_hint="--trace") from None
+
+    config = ClusterConfig(
+        profiles=[profiles[i % len(profiles)] for i in range(instances)],
+        router=router,
+        policy=policies[0],
+        noise_sigma=noise,
+        seed=seed,
+        num_prefill_instances=prefill_instances,
+    )
+    results: list[dict[str, Any]] = []
+    with Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        TextColumn("{task.percentage:>5.1f}%"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    ) as progress:
+        for level in levels:
+            workload = build_workload(
+                table,
+                rate_scale=level.rate_scale,
+                rps=level.rps,
+                duration_s=duration,
+                seed=seed,
+                reference_profile=profiles[0],
+            )
+            horizon = max(workload.span_s, 1e-9)
+            for name in policies:
+                task = progress.add_task(f"{name} @ {level.label}", total=horizon)
+                run = simulate(
+                    workload,
+                    config.with_policy(name),
+                    progress=lambda t, task=task, h=horizon: progress.update(
+                        task, completed=min(t, h)
+                    ),
+                )
+                progress.remove_task(task)
+                summary = summarize(run, workload)
+                summary = {"policy": name, "router": router, **summary}
+                if level.rate_scale is not None:
+                    summary["rate_scale"] = level.rate_scale
+                else:
+                    summary["rps"] = level.rps
+                summary["sim_wall_s"] = round(run.wall_time_s, 3)
+                results.append(summary)
+
+    _print_table(results, multi_load=len(levels) > 1)
+    if json_out is not None:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps({"results": results}, indent=2) + "\n")
+        console.print(f"wrote {json_out}")
+    if plot is not None:
+        from priority.sim.plot import plot_gain_vs_load
+
+        plot_gain_vs_load(results, plot, title=f"{trace} · {instances}× {profile} · {router}")
+        console.print(f"wrote {plot}")
+
+
+def _print_table(results: list[dict[str, Any]], *, multi_load: bool) -> None:
+    table = Table(title="tiergate sim")
+    columns = [
+        "load",
+        "policy",
+        "TDG ratio",
+        "SLO att.",
+        "goodput tok",
+        "TTFT p50/p99 s",
+        "TPOT p50/p99 ms",
+        "finished",
+    ]
+    for col in columns:
+        table.add_column(col, justify="left" if col in ("policy", "load") else "right")
+    for r in results:
+        load = f"{r['rate_scale']:g}x" if "rate_scale" in r else f"{r['rps']:g}/s"
+        tiers = "  ".join(
+            f"{name}:{t['tdg_ratio']:.3f}" for name, t in sorted(r["per_tier"].items())
+        )
+        table.add_row(
+            load,
+            r["policy"],
+            f"{r['tdg_ratio']:.3f}  ({tiers})",
+            f"{r['slo_attainment']:.3f}",
+            f"{r['goodput_tokens']:.0f}",
+            f"{r['ttft_p50_s']:.2f}/{r['ttft_p99_s']:.2f}",
+            f"{1e3 * r['tpot_p50_s']:.0f}/{1e3 * r['tpot_p99_s']:.0f}",
+            f"{r['finished']}/{r['submitted']}",
+        )
+    Console().print(table)
+    del multi_load
