@@ -71,6 +71,11 @@ class Router(ABC):
     def __init__(self, instances: Sequence[InstanceView]) -> None:
         if not instances:
             raise ValueError("a router needs at least one instance")
+        for position, inst in enumerate(instances):
+            if inst.index != position:
+                raise ValueError(
+                    f"instance {inst.name!r} has index {inst.index} but sits at position {position}"
+                )
         self.instances = list(instances)
 
     def candidates(self, role: InstanceRole) -> list[InstanceView]:

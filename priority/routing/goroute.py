@@ -1,0 +1,296 @@
+"""GoRouting (PROSERVE §4.3, Algorithm 2): route to the instance that adds the most gain.
+
+For each healthy prefill-capable instance p the router estimates, in seconds of p's own
+estimator (so A100 and 910B instances compare in the same units):
+
+* ``w(r)``: prefill work of request r on p, without per-batch overhead: the estimator's prefill
+  time of r's prompt cut into chunks of ``profile.engine.max_num_batched_tokens`` (each chunk
+  over the tokens before it as ``l_kv``); ``k(r)`` chunks. The router cannot see partial
+  progress, so queued requests count their whole prompt; lag compensation covers the rest.
+* ``phi(S)``, the conservative drain time of a set S of queued prefills:
+
+  - PD prefill instance (phi_p): ``sum w(r) + t_c * sum k(r)`` — one request per batch, each
+    chunk one batch, so a lone request costs exactly :meth:`Profile.zero_load_ttft_s`;
+  - co-located instance (phi_a, Eq. 8): ``t_b / (t_b - t_c) * sum w(r)`` with
+    ``t_b = min(smallest remaining time to a first-token deadline in S that is not yet past,
+    smallest TPOT SLO in S)``, floored at ``max(eta * smallest TPOT SLO, 2 * t_c)`` (xLLM's
+    eta floor; the ``2 t_c`` floor keeps the factor finite, at most 2, when requests are
+    overdue or have no TPOT SLO).
+
+* ``Exec(p)    = max(0, phi(Q_p) - lag_p) + n_d * b_d``  with ``lag_p = max(0, now - ts_p)``
+* ``Exec(p, r) = Exec(p) + phi(Q_p + r) - phi(Q_p)``
+
+  Lag compensation subtracts the time since the queue was last updated from the queued work
+  only: prefills that ran meanwhile have progressed, the new request has not. ``n_d * b_d``
+  (``b_d`` = the estimator's decode-step constant, beta included) is the decode interference of
+  the instance's decoding requests, added once as in the paper (0 on PD prefill instances,
+  which decode nothing).
+
+* ``Gain(S, t) = sum over r in S of w_r(1) * [t < arrival_r + due_r(1)]`` — every request in S
+  is assumed to get its first token only when the whole set drains (the conservative,
+  request-agnostic view of phi_a/phi_p), earning its first-token value
+  ``GainWeights.token_value(weight, 1)`` if that is before its TTFT deadline.
+* ``Delta_p = Gain(Q_p + r, now + Exec(p, r)) - Gain(Q_p, now + Exec(p))``: the request's own
+  first-token value if it makes its deadline, minus the value of queued requests it pushes past
+  theirs — so it can be negative.
+
+Algorithm 2 then picks among ``C = {p : Delta_p >= alpha * Delta_max}`` when ``Delta_max > 0``:
+the least-loaded instance of ``L = {Exec(p) < mu * TTFT}`` if any (don't leave an idle instance
+idle), else the *busiest* of ``C - H`` with ``H = {Exec(p, r) > lambda * TTFT}`` (pack a safe
+instance, keep light ones free for future long or high-priority requests), else the least
+loaded of C. ``TTFT`` is the request's first-token due time (its deadline for end-to-end SLOs).
+When ``Delta_max <= 0`` no instance meets the SLO (and ``alpha * Delta_max`` would be meaningless:
+with a negative maximum it exceeds every Delta), so the choice is random — by default among the
+instances where the request harms the queued requests least (``Delta_p == Delta_max``), which is
+Algorithm 2's uniform RandomSelect whenever no placement harms anyone.
+
+``route`` changes no routing state; it only draws from the random generator (fallback branch)
+and memoizes each queue's summary (sorted deadlines, value suffix sums, total work), which the
+``on_*`` callbacks drop when that queue changes. Per decision the cost is then O(log |Q|) per
+instance; prompt work is cached per (profile coefficients, chunk size, prompt length).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from priority.estimator import BatchLatencyEstimator, LatencyCoefficients
+from priority.gain import GainWeights
+from priority.request import Request
+from priority.routing.base import InstanceRole, InstanceView, RouteDecision, Router
+from priority.routing.simple import pick_decode_instance, prefill_candidates
+
+DEFAULT_ALPHA = 0.9
+"""Candidates are instances within 10% of the best gain: same-gain instances (the common case,
+every instance meets the SLO) all qualify, while an instance where the request would push a
+queued request past its deadline drops out."""
+DEFAULT_MU = 0.2
+"""An instance whose queue drains within a fifth of the TTFT SLO is effectively idle."""
+DEFAULT_LAMBDA = 0.8
+"""Packing stops once the request would wait 80% of its TTFT SLO: the last 20% absorbs
+estimator error and arrivals the router has not seen yet. Needs ``mu < lambda``."""
+DEFAULT_ETA = 0.65
+"""Floor of the co-located batch budget as a fraction of the smallest TPOT SLO (xLLM's eta)."""
+
+_RELATIVE_TIE = 1e-9
+
+
+@lru_cache(maxsize=1 << 16)
+def raw_prefill_work(
+    coefficients: LatencyCoefficients, chunk_tokens: int, prompt_tokens: int
+) -> tuple[float, int]:
+    """Uncorrected (beta = 1) prefill time of a prompt in chunks, and the number of chunks.
+
+    Cached: it depends only on the profile and the prompt length, never on the queue.
+    """
+    estimator = BatchLatencyEstimator(coefficients)
+    total, done, chunks = 0.0, 0, 0
+    while done < prompt_tokens:
+        l_q = min(chunk_tokens, prompt_tokens - done)
+        total += estimator.prefill_time(l_q, done)
+        done += l_q
+        chunks += 1
+    return total, chunks
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceEstimate:
+    """GoRouting's view of one instance for one request (seconds; gains in TDG units)."""
+
+    index: int
+    exec_s: float
+    """Exec(p): time to drain the queued prefills, lag-compensated, plus decode interference."""
+    exec_with_s: float
+    """Exec(p, req): the same with the request added."""
+    gain_before: float
+    gain_after: float
+
+    @property
+    def delta(self) -> float:
+        return self.gain_after - self.gain_before
+
+
+@dataclass(frozen=True, slots=True)
+class _QueueSummary:
+    """Everything GoRouting needs from one instance's queue; rebuilt only when the queue changes."""
+
+    deadlines: list[float]
+    """First-token deadlines, ascending."""
+    value_suffix: list[float]
+    """``value_suffix[i]`` = total first-token value of the requests with deadlines[i:]."""
+    raw_work: float
+    chunks: int
+    min_tpot_s: float
+
+    def min_remaining_s(self, now: float) -> float:
+        """Time to the earliest first-token deadline not yet past (inf if none)."""
+        first_live = bisect.bisect_right(self.deadlines, now)
+        return self.deadlines[first_live] - now if first_live < len(self.deadlines) else math.inf
+
+
+class GoRouter(Router):
+    """PROSERVE's gain-oriented router for co-located and PD-disaggregated fleets."""
+
+    name = "goroute"
+
+    def __init__(
+        self,
+        instances: Sequence[InstanceView],
+        *,
+        weights: GainWeights | None = None,
+        alpha: float = DEFAULT_ALPHA,
+        mu: float = DEFAULT_MU,
+        lambda_: float = DEFAULT_LAMBDA,
+        eta: float = DEFAULT_ETA,
+        rng: np.random.Generator | None = None,
+        seed: int | None = None,
+        avoid_harm_on_fallback: bool = True,
+    ) -> None:
+        super().__init__(instances)
+        if not 0.0 < alpha <= 1.0:
+            raise ValueError(f"alpha must be in (0, 1], got {alpha}")
+        if not 0.0 <= mu < lambda_:
+            raise ValueError(f"need 0 <= mu < lambda, got mu={mu}, lambda={lambda_}")
+        if not 0.0 <= eta <= 1.0:
+            raise ValueError(f"eta must be in [0, 1], got {eta}")
+        if rng is not None and seed is not None:
+            raise ValueError("pass rng or seed, not both")
+        self.weights = weights if weights is not None else GainWeights()
+        self.alpha = alpha
+        self.mu = mu
+        self.lambda_ = lambda_
+        self.eta = eta
+        self.rng = rng if rng is not None else np.random.default_rng(seed)
+        self.avoid_harm_on_fallback = avoid_harm_on_fallback
+        # Memo of each queue's summary, keyed by a fingerprint of the queue; the callbacks also
+        # drop it, which catches changes that leave length and timestamp alike.
+        self._summaries: dict[int, tuple[tuple[int, int, float], _QueueSummary]] = {}
+
+    # ---- Algorithm 2 ----------------------------------------------------------------------
+
+    def route(self, request: Request, now: float) -> RouteDecision:
+        """Algorithm 2. Pure apart from the random draw of the fallback branch."""
+        estimates = [
+            self.estimate(inst, request, now) for inst in prefill_candidates(self.instances)
+        ]
+        chosen = self._select(estimates, request)
+        return RouteDecision(
+            instance=chosen.index,
+            decode_instance=pick_decode_instance(self.instances),
+            expected_gain=chosen.delta,
+        )
+
+    def _select(self, estimates: list[InstanceEstimate], request: Request) -> InstanceEstimate:
+        deltas = [e.delta for e in estimates]
+        delta_max = max(deltas)
+        if delta_max <= 0.0:
+            pool = estimates
+            if self.avoid_harm_on_fallback:
+                tie = _RELATIVE_TIE * max(1.0, abs(delta_max))
+                pool = [e for e in estimates if e.delta >= delta_max - tie]
+            return pool[int(self.rng.integers(len(pool)))]
+        threshold = self.alpha * delta_max
+        candidates = [e for e in estimates if e.delta >= threshold]
+        ttft = request.slo.token_due_s(1)
+        light = [e for e in candidates if e.exec_s < self.mu * ttft]
+        if light:
+            return min(light, key=lambda e: (e.exec_s, e.index))
+        safe = [e for e in candidates if not e.exec_with_s > self.lambda_ * ttft]
+        if safe:
+            return min(safe, key=lambda e: (-e.exec_s, e.index))
+        return min(candidates, key=lambda e: (e.exec_s, e.index))
+
+    # ---- EstimateGain / EstimateExec ------------------------------------------------------
+
+    def estimate(self, instance: InstanceView, request: Request, now: float) -> InstanceEstimate:
+        """Exec and gain of ``instance`` without and with ``request`` (see the module docstring)."""
+        est = instance.estimator
+        beta, t_c = est.beta, est.t_c
+        summary = self._summary(instance)
+        req_raw, req_chunks = raw_prefill_work(
+            est.coefficients, instance.profile.engine.max_num_batched_tokens, request.prompt_tokens
+        )
+        req_deadline = request.arrival_s + request.slo.token_due_s(1)
+
+        if instance.role is InstanceRole.PREFILL:
+            phi_before = beta * summary.raw_work + t_c * summary.chunks
+            phi_after = phi_before + beta * req_raw + t_c * req_chunks
+        else:
+            req_tpot = request.slo.tpot_s if request.slo.tpot_s is not None else math.inf
+            remain = summary.min_remaining_s(now)
+            factor_before = self._batch_factor(remain, summary.min_tpot_s, t_c)
+            phi_before = factor_before * beta * summary.raw_work
+            if req_deadline > now:
+                remain = min(remain, req_deadline - now)
+            tpot_after = min(summary.min_tpot_s, req_tpot)
+            phi_after = (
+                self._batch_factor(remain, tpot_after, t_c) * beta * (summary.raw_work + req_raw)
+            )
+
+        lag = max(0.0, now - instance.queue_updated_s)
+        exec_s = max(0.0, phi_before - lag) + instance.num_decoding * est.decode_time(0)
+        exec_with_s = exec_s + (phi_after - phi_before)
+
+        done_before, done_after = now + exec_s, now + exec_with_s
+        gain_before = summary.value_suffix[bisect.bisect_right(summary.deadlines, done_before)]
+        gain_after = summary.value_suffix[bisect.bisect_right(summary.deadlines, done_after)]
+        if done_after < req_deadline:
+            gain_after += self.weights.token_value(request.weight, 1)
+        return InstanceEstimate(instance.index, exec_s, exec_with_s, gain_before, gain_after)
+
+    def _batch_factor(self, remain_s: float, min_tpot_s: float, t_c: float) -> float:
+        """Eq. 8's ``t_b / (t_b - t_c)``: wall time per second of prefill work at budget t_b."""
+        floor = 2.0 * t_c
+        if math.isfinite(min_tpot_s):
+            floor = max(floor, self.eta * min_tpot_s)
+        budget = max(min(remain_s, min_tpot_s), floor)
+        if not math.isfinite(budget) or budget <= t_c:  # no deadline in sight, or t_c == 0
+            return 1.0
+        return budget / (budget - t_c)
+
+    def _summary(self, instance: InstanceView) -> _QueueSummary:
+        queue = instance.prefill_queue
+        key = (id(queue), len(queue), instance.queue_updated_s)
+        cached = self._summaries.get(instance.index)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        chunk_tokens = instance.profile.engine.max_num_batched_tokens
+        coefficients = instance.estimator.coefficients
+        rows = []
+        raw_work, chunks, min_tpot = 0.0, 0, math.inf
+        for r in queue.values():
+            raw, k = raw_prefill_work(coefficients, chunk_tokens, r.prompt_tokens)
+            raw_work += raw
+            chunks += k
+            if r.slo.tpot_s is not None:
+                min_tpot = min(min_tpot, r.slo.tpot_s)
+            rows.append((r.arrival_s + r.slo.token_due_s(1), self.weights.token_value(r.weight, 1)))
+        rows.sort()
+        suffix = [0.0] * (len(rows) + 1)
+        for i in range(len(rows) - 1, -1, -1):
+            suffix[i] = suffix[i + 1] + rows[i][1]
+        summary = _QueueSummary([d for d, _ in rows], suffix, raw_work, chunks, min_tpot)
+        self._summaries[instance.index] = (key, summary)
+        return summary
+
+    # ---- state updates: drop the memo of the queue that changed ----------------------------
+
+    def on_dispatch(self, request: Request, decision: RouteDecision, now: float) -> None:
+        super().on_dispatch(request, decision, now)
+        self._summaries.pop(decision.instance, None)
+
+    def on_first_token(self, request: Request, decision: RouteDecision, now: float) -> None:
+        super().on_first_token(request, decision, now)
+        self._summaries.pop(decision.instance, None)
+
+    def on_finish(
+        self, request: Request, decision: RouteDecision, now: float, *, saw_first_token: bool
+    ) -> None:
+        super().on_finish(request, decision, now, saw_first_token=saw_first_token)
+        self._summaries.pop(decision.instance, None)

@@ -1,0 +1,88 @@
+"""Load-balancing baselines (Round-Robin, Min-Load) and the instance choices every router shares.
+
+Both baselines ignore SLOs and gains; they exist to be compared with GoRouting (PROSERVE uses
+Min-Load as its multi-node baseline). Under PD-disaggregation every router picks the decode
+instance the same way, :func:`pick_decode_instance`: the one with the most free KV blocks, since
+decode instances are memory-bound and do not interfere with prefills (PROSERVE §4.3).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from priority.request import Request
+from priority.routing.base import InstanceRole, InstanceView, RouteDecision, Router
+
+PREFILL_ROLES = (InstanceRole.COLOCATED, InstanceRole.PREFILL)
+"""Roles that can take a new request's prefill."""
+
+
+class NoHealthyInstanceError(RuntimeError):
+    """No healthy instance can take the request (the caller should reject or retry it)."""
+
+
+def prefill_candidates(instances: Sequence[InstanceView]) -> list[InstanceView]:
+    """Healthy instances that can run a prefill (co-located or PD prefill), in index order."""
+    found = [i for i in instances if i.healthy and i.role in PREFILL_ROLES]
+    if not found:
+        raise NoHealthyInstanceError("no healthy co-located or prefill instance")
+    return found
+
+
+def pick_decode_instance(instances: Sequence[InstanceView]) -> int | None:
+    """The decode instance for a PD-disaggregated request; None when there are no DECODE roles.
+
+    Most free KV blocks first (an instance that has not reported counts as fewest), then fewest
+    decoding requests, then lowest index.
+    """
+    decode = [i for i in instances if i.role is InstanceRole.DECODE]
+    if not decode:
+        return None
+    healthy = [i for i in decode if i.healthy]
+    if not healthy:
+        raise NoHealthyInstanceError("no healthy decode instance")
+    best = min(
+        healthy,
+        key=lambda i: (
+            -(i.num_free_kv_blocks if i.num_free_kv_blocks is not None else -1),
+            i.num_decoding,
+            i.index,
+        ),
+    )
+    return best.index
+
+
+class RoundRobinRouter(Router):
+    """Cycle over healthy prefill-capable instances, skipping unhealthy ones.
+
+    The cursor advances in :meth:`on_dispatch` (to just after the instance dispatched to), so
+    :meth:`route` stays pure: routing the same request twice without dispatching gives the same
+    answer. Keying the cursor on instance indices, not on a position in the healthy list, keeps
+    the cycle stable when an instance goes down or comes back.
+    """
+
+    name = "round-robin"
+
+    def __init__(self, instances: Sequence[InstanceView]) -> None:
+        super().__init__(instances)
+        self._cursor = 0
+
+    def route(self, request: Request, now: float) -> RouteDecision:
+        candidates = prefill_candidates(self.instances)
+        chosen = next((i for i in candidates if i.index >= self._cursor), candidates[0])
+        return RouteDecision(chosen.index, pick_decode_instance(self.instances))
+
+    def on_dispatch(self, request: Request, decision: RouteDecision, now: float) -> None:
+        super().on_dispatch(request, decision, now)
+        self._cursor = decision.instance + 1
+
+
+class MinLoadRouter(Router):
+    """Fewest outstanding requests (queued prefills + decoding), ties to the lowest index."""
+
+    name = "min-load"
+
+    def route(self, request: Request, now: float) -> RouteDecision:
+        candidates = prefill_candidates(self.instances)
+        chosen = min(candidates, key=lambda i: (i.num_outstanding, i.index))
+        return RouteDecision(chosen.index, pick_decode_instance(self.instances))
