@@ -1,0 +1,1 @@
+"""CUDA-side tools: batch-latency profiling of a Llama/Qwen-style decoder (needs torch)."""

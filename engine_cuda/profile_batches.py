@@ -1,0 +1,381 @@
+"""Time real forward passes of a Llama/Qwen-style decoder over a grid of batch compositions.
+
+    python -m engine_cuda.profile_batches --model qwen2-7b --device cuda -o qwen2-7b.csv
+    python -m engine_cuda.profile_batches --model config.json --device cpu --grid small -o t.csv
+
+The model (RMSNorm, RoPE, GQA attention, SwiGLU MLP, untied LM head) is built from a config
+(a Hugging Face ``config.json`` or a preset name) with random weights, so nothing is
+downloaded. Every batch mixes prefill chunks (``l_q`` new tokens over ``l_kv`` cached ones: a
+KV-cache prefix is present) and decode requests (one token over ``l_kv`` cached ones), as a
+chunked-prefill engine schedules them. The output is the profile-table CSV that
+``tiergate profile fit`` reads.
+
+Attention, kept simple and honest:
+
+- all tokens of the batch go through each GEMM together (as in vLLM);
+- each prefill chunk writes its K/V into a per-batch cache tensor and runs one
+  ``scaled_dot_product_attention`` call over ``l_kv + l_q`` keys (causal for a fresh prompt,
+  an explicit offset-causal mask over a prefix);
+- all decodes run as one padded SDPA call over the longest decode context, with a key-padding
+  mask; padding waste grows with the spread of decode lengths (paged kernels have none).
+
+Timing: ``--warmup`` untimed runs, then the median of ``--repeats`` runs; on CUDA each run is
+bracketed by ``torch.cuda.synchronize()`` and ``time.perf_counter()``; on CPU, perf_counter.
+torch is imported lazily so the package imports without it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from priority.profiles.table import BatchRow, write_rows
+
+if TYPE_CHECKING:
+    import torch
+
+Batch = tuple[tuple[tuple[int, int], ...], tuple[int, ...]]
+
+
+@dataclass(frozen=True, slots=True)
+class DecoderConfig:
+    hidden: int
+    layers: int
+    q_heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int
+    vocab: int
+    rope_theta: float = 10000.0
+    rms_eps: float = 1e-6
+    qkv_bias: bool = False
+
+    @classmethod
+    def from_hf(cls, cfg: dict[str, Any]) -> DecoderConfig:
+        """From a Hugging Face ``config.json`` (Llama/Qwen2/Qwen3 keys)."""
+        heads = int(cfg["num_attention_heads"])
+        return cls(
+            hidden=int(cfg["hidden_size"]),
+            layers=int(cfg["num_hidden_layers"]),
+            q_heads=heads,
+            kv_heads=int(cfg.get("num_key_value_heads", heads)),
+            head_dim=int(cfg.get("head_dim") or cfg["hidden_size"] // heads),
+            ffn=int(cfg["intermediate_size"]),
+            vocab=int(cfg["vocab_size"]),
+            rope_theta=float(cfg.get("rope_theta", 10000.0)),
+            rms_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            qkv_bias=bool(cfg.get("attention_bias", cfg.get("model_type") == "qwen2")),
+        )
+
+
+PRESETS = {
+    "tiny": DecoderConfig(64, 2, 4, 2, 16, 128, 256),
+    "qwen2-7b": DecoderConfig(3584, 28, 28, 4, 128, 18944, 152064, 1e6, qkv_bias=True),
+    "qwen3-8b": DecoderConfig(4096, 36, 32, 8, 128, 12288, 151936, 1e6),
+    "qwen3-32b": DecoderConfig(5120, 64, 64, 8, 128, 25600, 151936, 1e6),
+    "llama3.1-8b": DecoderConfig(4096, 32, 32, 8, 128, 14336, 128256, 5e5, 1e-5),
+}
+
+
+def load_config(name_or_path: str) -> DecoderConfig:
+    if name_or_path in PRESETS:
+        return PRESETS[name_or_path]
+    path = Path(name_or_path)
+    if not path.is_file():
+        raise SystemExit(
+            f"unknown model {name_or_path!r}: not a preset ({', '.join(PRESETS)}) "
+            "nor a config.json file"
+        )
+    data = json.loads(path.read_text())
+    if "hidden_size" in data:
+        return DecoderConfig.from_hf(data)
+    return DecoderConfig(**data)
+
+
+def batch_grid(kind: str) -> list[Batch]:
+    """Pure prefill (fresh and over a prefix), pure decode, and mixed batches."""
+    lq: tuple[int, ...]
+    lkv: tuple[int, ...]
+    dec_b: tuple[int, ...]
+    dec_kv: tuple[int, ...]
+    mixed: list[Batch]
+    multi: list[Batch]
+    if kind == "small":
+        lq, lkv = (16, 128, 512), (0, 256)
+        dec_b, dec_kv = (1, 4, 16), (64, 512)
+        mixed = [(((128, 0),), (256,) * 4), (((64, 256),), (64, 512, 128))]
+        multi = [(((64, 0), (128, 0)), ())]
+    elif kind == "full":
+        lq, lkv = (16, 64, 128, 256, 512, 1024, 2048, 4096), (0, 512, 2048, 4096)
+        dec_b, dec_kv = (1, 2, 4, 8, 16, 32, 64, 128, 256), (128, 512, 1024, 2048, 4096)
+        mixed = [
+            (((q, kv),), (d,) * b)
+            for q in (256, 1024, 2048)
+            for kv in (0, 2048)
+            for b in (8, 32, 128)
+            for d in (512, 2048)
+        ]
+        no_decode: tuple[int, ...] = ()
+        multi = [(((512, 0),) * n, no_decode) for n in (2, 4)]
+        multi.append((((1024, 0), (256, 1024)), no_decode))
+    else:
+        raise ValueError(f"unknown grid {kind!r} (small or full)")
+    grid: list[Batch] = [(((q, kv),), ()) for q in lq for kv in lkv]
+    grid += [((), (kv,) * b) for b in dec_b for kv in dec_kv]
+    return grid + mixed + multi
+
+
+class Decoder:
+    """Random-weight decoder; ``forward`` runs one engine step of a mixed batch."""
+
+    def __init__(self, cfg: DecoderConfig, device: str, dtype: torch.dtype, seed: int = 0) -> None:
+        import torch
+
+        self.cfg, self.device, self.dtype = cfg, device, dtype
+        gen = torch.Generator(device="cpu").manual_seed(seed)
+
+        def w(*shape: int) -> torch.Tensor:
+            t = torch.randn(*shape, generator=gen, dtype=torch.float32) / math.sqrt(shape[-1])
+            return t.to(device=device, dtype=dtype)
+
+        c = cfg
+        qkv = (c.q_heads + 2 * c.kv_heads) * c.head_dim
+        self.embed = w(c.vocab, c.hidden)
+        self.layers: list[dict[str, Any]] = [
+            {
+                "ln1": torch.ones(c.hidden, device=device, dtype=dtype),
+                "ln2": torch.ones(c.hidden, device=device, dtype=dtype),
+                "qkv": w(qkv, c.hidden),
+                "qkv_b": w(qkv) if c.qkv_bias else None,
+                "o": w(c.hidden, c.q_heads * c.head_dim),
+                "gate_up": w(2 * c.ffn, c.hidden),
+                "down": w(c.hidden, c.ffn),
+            }
+            for _ in range(c.layers)
+        ]
+        self.norm = torch.ones(c.hidden, device=device, dtype=dtype)
+        self.lm_head = w(c.vocab, c.hidden)
+        half = c.head_dim // 2
+        self.inv_freq = 1.0 / (
+            c.rope_theta ** (torch.arange(half, device=device, dtype=torch.float32) / half)
+        )
+
+    def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        import torch
+
+        var = x.float().pow(2).mean(-1, keepdim=True)
+        return (x.float() * torch.rsqrt(var + self.cfg.rms_eps)).to(x.dtype) * weight
+
+    def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        import torch
+
+        x1, x2 = x.chunk(2, dim=-1)
+        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+    def prepare(self, batch: Batch) -> dict[str, Any]:
+        """Inputs, positions, masks and a random KV cache for ``batch`` (not timed)."""
+        import torch
+
+        c, dev = self.cfg, self.device
+        prefill, decode = batch
+        n_tok = sum(q for q, _ in prefill) + len(decode)
+        positions = [torch.arange(kv, kv + q) for q, kv in prefill]
+        positions.append(torch.tensor(decode, dtype=torch.long))
+        pos = torch.cat(positions).to(dev)
+        ang = pos[:, None].float() * self.inv_freq[None, :]
+        cos, sin = ang.cos().to(self.dtype)[:, None, :], ang.sin().to(self.dtype)[:, None, :]
+        seqs = len(prefill) + len(decode)
+        max_len = max([kv + q for q, kv in prefill] + [kv + 1 for kv in decode])
+        shape = (seqs, c.kv_heads, max_len, c.head_dim)
+        k_cache = torch.randn(shape, device=dev, dtype=self.dtype)
+        v_cache = torch.randn(shape, device=dev, dtype=self.dtype)
+        masks: list[torch.Tensor | None] = []
+        for q, kv in prefill:
+            if kv == 0:
+                masks.append(None)
+            else:
+                keys = torch.arange(kv + q, device=dev)
+                queries = torch.arange(kv, kv + q, device=dev)
+                masks.append(keys[None, :] <= queries[:, None])
+        dec_mask = None
+        if decode:
+            dec_len = max(decode) + 1
+            lens = torch.tensor(decode, device=dev)
+            dec_mask = (torch.arange(dec_len, device=dev)[None, :] <= lens[:, None])[:, None, None]
+        ids = torch.randint(0, c.vocab, (n_tok,), device=dev)
+        last = torch.tensor(
+            [sum(q for q, _ in prefill[: i + 1]) - 1 for i in range(len(prefill))]
+            + [sum(q for q, _ in prefill) + i for i in range(len(decode))],
+            device=dev,
+        )
+        return {
+            "ids": ids,
+            "cos": cos,
+            "sin": sin,
+            "k": k_cache,
+            "v": v_cache,
+            "masks": masks,
+            "dec_mask": dec_mask,
+            "last": last,
+            "batch": batch,
+        }
+
+    def forward(self, inp: dict[str, Any]) -> torch.Tensor:
+        import torch
+        import torch.nn.functional as F
+
+        c = self.cfg
+        prefill, decode = inp["batch"]
+        k_cache, v_cache = inp["k"], inp["v"]
+        x = self.embed[inp["ids"]]
+        q_dim, kv_dim = c.q_heads * c.head_dim, c.kv_heads * c.head_dim
+        n_pre = len(prefill)
+        for layer in self.layers:
+            h = self._rms(x, layer["ln1"])
+            qkv = F.linear(h, layer["qkv"], layer["qkv_b"])
+            q, k, v = qkv.split((q_dim, kv_dim, kv_dim), dim=-1)
+            q = self._rope(q.view(-1, c.q_heads, c.head_dim), inp["cos"], inp["sin"])
+            k = self._rope(k.view(-1, c.kv_heads, c.head_dim), inp["cos"], inp["sin"])
+            v = v.view(-1, c.kv_heads, c.head_dim)
+            outs = []
+            start = 0
+            for i, (l_q, l_kv) in enumerate(prefill):
+                sl = slice(start, start + l_q)
+                k_cache[i, :, l_kv : l_kv + l_q] = k[sl].transpose(0, 1)
+                v_cache[i, :, l_kv : l_kv + l_q] = v[sl].transpose(0, 1)
+                mask = inp["masks"][i]
+                o = F.scaled_dot_product_attention(
+                    q[sl].transpose(0, 1)[None],
+                    k_cache[i : i + 1, :, : l_kv + l_q],
+                    v_cache[i : i + 1, :, : l_kv + l_q],
+                    attn_mask=mask,
+                    is_causal=mask is None,
+                    enable_gqa=True,
+                )
+                outs.append(o[0].transpose(0, 1).reshape(l_q, q_dim))
+                start += l_q
+            if decode:
+                rows = torch.arange(n_pre, n_pre + len(decode), device=x.device)
+                cols = torch.tensor(decode, device=x.device)
+                k_cache[rows, :, cols] = k[start:]
+                v_cache[rows, :, cols] = v[start:]
+                dec_len = max(decode) + 1
+                o = F.scaled_dot_product_attention(
+                    q[start:][:, :, None],
+                    k_cache[n_pre:, :, :dec_len],
+                    v_cache[n_pre:, :, :dec_len],
+                    attn_mask=inp["dec_mask"],
+                    enable_gqa=True,
+                )
+                outs.append(o.reshape(len(decode), q_dim))
+            x = x + F.linear(torch.cat(outs), layer["o"])
+            h = self._rms(x, layer["ln2"])
+            gate, up = F.linear(h, layer["gate_up"]).chunk(2, dim=-1)
+            x = x + F.linear(F.silu(gate) * up, layer["down"])
+        return F.linear(self._rms(x[inp["last"]], self.norm), self.lm_head)
+
+
+def time_batch(model: Decoder, batch: Batch, *, warmup: int, repeats: int) -> float:
+    """Median seconds of one forward pass of ``batch`` (synchronised on CUDA)."""
+    import torch
+
+    cuda = model.device.startswith("cuda")
+    inp = model.prepare(batch)
+    times = []
+    with torch.inference_mode():
+        for i in range(warmup + repeats):
+            if cuda:
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            model.forward(inp)
+            if cuda:
+                torch.cuda.synchronize()
+            if i >= warmup:
+                times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def profile(
+    cfg: DecoderConfig,
+    grid: Sequence[Batch],
+    *,
+    device: str,
+    dtype: str,
+    warmup: int = 2,
+    repeats: int = 5,
+    model_name: str = "",
+) -> list[BatchRow]:
+    import torch
+
+    torch_dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}[
+        dtype
+    ]
+    model = Decoder(cfg, device, torch_dtype)
+    dev_name = torch.cuda.get_device_name(device) if device.startswith("cuda") else "cpu"
+    meta = {
+        "source": "engine_cuda.profile_batches",
+        "device": dev_name,
+        "dtype": dtype,
+        "model": model_name,
+        "torch": torch.__version__,
+    }
+    rows = []
+    for batch in grid:
+        seconds = time_batch(model, batch, warmup=warmup, repeats=repeats)
+        rows.append(BatchRow(batch[0], batch[1], seconds, meta=meta))
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--model", required=True, help=f"preset ({', '.join(PRESETS)}) or config.json"
+    )
+    parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
+    parser.add_argument(
+        "--dtype",
+        default=None,
+        choices=["bfloat16", "float16", "float32"],
+        help="default: bfloat16 on cuda, float32 on cpu",
+    )
+    parser.add_argument("--grid", default="small", choices=["small", "full"])
+    parser.add_argument(
+        "--layers",
+        type=int,
+        default=None,
+        help="build only N layers (the times are then an N-layer model's)",
+    )
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("-o", "--output", type=Path, required=True)
+    args = parser.parse_args(argv)
+
+    import torch
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = args.dtype or ("bfloat16" if device.startswith("cuda") else "float32")
+    cfg = load_config(args.model)
+    if args.layers is not None:
+        cfg = replace(cfg, layers=args.layers)
+    rows = profile(
+        cfg,
+        batch_grid(args.grid),
+        device=device,
+        dtype=dtype,
+        warmup=args.warmup,
+        repeats=args.repeats,
+        model_name=args.model,
+    )
+    write_rows(args.output, rows)
+    print(f"wrote {len(rows)} rows to {args.output}")
+
+
+if __name__ == "__main__":
+    main()

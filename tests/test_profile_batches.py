@@ -1,0 +1,88 @@
+"""engine_cuda.profile_batches on CPU with a tiny config: CSV format and fit round trip."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from priority.profiles import load_profile
+from priority.profiles.fit import fit_profile
+from priority.profiles.table import COLUMNS, read_rows
+
+torch = pytest.importorskip("torch")
+
+from engine_cuda import profile_batches as pb  # noqa: E402
+
+
+def test_cli_writes_a_fittable_profile_table(tmp_path: Path) -> None:
+    out = tmp_path / "tiny.csv"
+    pb.main(
+        [
+            "--model",
+            "tiny",
+            "--device",
+            "cpu",
+            "--grid",
+            "small",
+            "--warmup",
+            "1",
+            "--repeats",
+            "1",
+            "-o",
+            str(out),
+        ]
+    )
+    header = out.read_text().splitlines()[0].split(",")
+    assert tuple(header[:4]) == COLUMNS
+    rows = read_rows(out)
+    grid = pb.batch_grid("small")
+    assert [(r.prefill, r.decode_kv) for r in rows] == grid
+    assert all(r.latency_s > 0 for r in rows)
+    assert all(r.meta["device"] == "cpu" and r.meta["dtype"] == "float32" for r in rows)
+    # The grid covers pure prefill over a cached prefix, pure decode and mixed batches.
+    assert any(r.prefill and r.prefill[0][1] > 0 and not r.decode_kv for r in rows)
+    assert any(r.decode_kv and not r.prefill for r in rows)
+    assert any(r.decode_kv and r.prefill for r in rows)
+
+    profile = fit_profile(rows, name="tiny-cpu", hardware="cpu", model="tiny")
+    assert profile.fit["rows"] == len(rows)
+    assert profile.estimator().batch_time(decode_kv=[64]) > 0
+    profile.save(tmp_path / "tiny.json")
+    assert load_profile(tmp_path / "tiny.json").coefficients == profile.coefficients
+
+
+def test_config_from_hf_json(tmp_path: Path) -> None:
+    cfg = {
+        "model_type": "qwen2",
+        "hidden_size": 32,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "intermediate_size": 64,
+        "vocab_size": 100,
+        "rope_theta": 1e6,
+    }
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    parsed = pb.load_config(str(path))
+    assert (parsed.head_dim, parsed.kv_heads, parsed.qkv_bias) == (8, 2, True)
+    rows = pb.profile(
+        parsed, [(((8, 4),), (3, 5))], device="cpu", dtype="float32", warmup=0, repeats=1
+    )
+    assert len(rows) == 1 and rows[0].latency_s > 0
+
+
+def test_prefix_mask_is_offset_causal() -> None:
+    model = pb.Decoder(pb.PRESETS["tiny"], "cpu", torch.float32)
+    inp = model.prepare((((2, 3), (4, 0)), (1, 6)))
+    mask = inp["masks"][0]
+    # Query i of a 2-token chunk after 3 cached tokens sees keys 0..3+i.
+    assert mask.tolist() == [[True] * 4 + [False], [True] * 5]
+    assert inp["masks"][1] is None  # fresh prompt: plain causal
+    # Decode request with 1 cached token sees 2 keys (cache + itself) of the padded 7.
+    assert inp["dec_mask"][0, 0, 0].tolist() == [True, True] + [False] * 5
+    logits = model.forward(inp)
+    assert logits.shape == (4, pb.PRESETS["tiny"].vocab)
+    assert torch.isfinite(logits).all()
