@@ -13,13 +13,14 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from priority.policies import POLICY_NAMES
 from priority.profiles import load_profile
 from priority.routing import ROUTER_NAMES
-from priority.sim import ClusterConfig, build_workload, load_trace, simulate, summarize
+from priority.sim import ClusterConfig, PdConfig, build_workload, load_trace
+from priority.sim.compare import compare_policies
 
 console = Console(stderr=True)
 
@@ -140,16 +141,16 @@ def sim(
     ]
     try:
         table = load_trace(trace)
-    except (OSError, ValueError, KeyError) as exc:
+    except (OSError, ValueError) as exc:
         raise typer.BadParameter(str(exc), param_hint="--trace") from None
 
     config = ClusterConfig(
         profiles=[profiles[i % len(profiles)] for i in range(instances)],
-        router=router,
         policy=policies[0],
+        router=router,
         noise_sigma=noise,
         seed=seed,
-        num_prefill_instances=prefill_instances,
+        pd=PdConfig(num_prefill=prefill_instances) if prefill_instances else None,
     )
     results: list[dict[str, Any]] = []
     with Progress(
@@ -159,35 +160,37 @@ def sim(
         TimeElapsedColumn(),
         console=console,
         transient=True,
-    ) as progress:
+    ) as bar:
         for level in levels:
-            workload = build_workload(
-                table,
-                rate_scale=level.rate_scale,
-                rps=level.rps,
-                duration_s=duration,
-                seed=seed,
-                reference_profile=profiles[0],
-            )
-            horizon = max(workload.span_s, 1e-9)
-            for name in policies:
-                task = progress.add_task(f"{name} @ {level.label}", total=horizon)
-                run = simulate(
-                    workload,
-                    config.with_policy(name),
-                    progress=lambda t, task=task, h=horizon: progress.update(
-                        task, completed=min(t, h)
-                    ),
+            try:
+                workload = build_workload(
+                    table,
+                    rate_scale=level.rate_scale,
+                    rps=level.rps,
+                    duration_s=duration,
+                    seed=seed,
+                    reference_profile=profiles[0],
                 )
-                progress.remove_task(task)
-                summary = summarize(run, workload)
-                summary = {"policy": name, "router": router, **summary}
+            except ValueError as exc:
+                raise typer.BadParameter(str(exc), param_hint="--trace") from None
+            task = bar.add_task(f"{level.label}", total=len(policies))
+
+            def advance(
+                name: str, fraction: float, task: TaskID = task, label: str = level.label
+            ) -> None:
+                bar.update(
+                    task,
+                    description=f"{name} @ {label}",
+                    completed=policies.index(name) + fraction,
+                )
+
+            for summary in compare_policies(workload, config, policies, progress=advance):
                 if level.rate_scale is not None:
                     summary["rate_scale"] = level.rate_scale
                 else:
                     summary["rps"] = level.rps
-                summary["sim_wall_s"] = round(run.wall_time_s, 3)
                 results.append(summary)
+            bar.remove_task(task)
 
     _print_table(results, multi_load=len(levels) > 1)
     if json_out is not None:

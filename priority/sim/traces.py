@@ -89,18 +89,23 @@ def shared_data_dir() -> Path:
     )
 
 
+BUNDLED_TRACES: dict[str, str] = {"azure_conv_20min": "azure_conv_20min.csv"}
+"""Traces shipped inside the package (``priority/sim/data``), usable without the shared data."""
+
+
 def resolve_trace(name_or_path: str | Path) -> Path:
-    """A named trace (``azure_conv``, ``azure_code``, ``mooncake_conv``, ``arxiv``) or a path."""
+    """A bundled trace (``azure_conv_20min``), a named shared-data trace or a CSV path."""
     path = Path(name_or_path)
     if path.suffix == ".csv" or path.exists():
         if not path.is_file():
             raise FileNotFoundError(f"trace file {path} does not exist")
         return path
     name = str(name_or_path)
+    if name in BUNDLED_TRACES:
+        return Path(__file__).resolve().parent / "data" / BUNDLED_TRACES[name]
     if name not in NAMED_TRACES:
-        raise ValueError(
-            f"unknown trace {name!r}: give a CSV path or one of {', '.join(NAMED_TRACES)}"
-        )
+        known = ", ".join([*BUNDLED_TRACES, *NAMED_TRACES])
+        raise ValueError(f"unknown trace {name!r}: give a CSV path or one of {known}")
     return shared_data_dir() / "traces" / NAMED_TRACES[name]
 
 
