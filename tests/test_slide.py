@@ -91,15 +91,29 @@ def test_larger_budget_admits_a_prefill_chunk() -> None:
     assert granted["P2"] in (174, 175)
 
 
-def test_starved_request_goes_first() -> None:
+def test_starved_request_follows_the_urgent_decodes() -> None:
     inp = scenario()
-    # P3 is 3 s past its TTFT deadline: overdue by more than 1x its TTFT SLO
-    starving = waiting("P3", prompt=60, remain=-3.0, weight=1.0)
-    inp.waiting.append(starving)
+    # P3: 3 s past its TTFT deadline (more than 1x its TTFT SLO) with a long, low-density prompt;
+    # P4: an URGENT short prompt of a high tier (density 2*5/.06 = 167).
+    inp.waiting.append(waiting("P3", prompt=2000, remain=-3.0, weight=1.0))
+    inp.waiting.append(waiting("P4", prompt=60, remain=0.1, weight=2.0))
     ordered, _, _ = policy().order(inp)
-    assert ordered[0] is starving
-    ordered_off, _, _ = policy(starvation_prevention=False).order(inp)
-    assert ordered_off[0] is not starving
+    assert [r.request_id for r in ordered][:4] == ["D2", "D1", "P3", "P4"]
+    # without the guard: Algorithm 1's pure density order. P3's 2 s prompt lifts phi_a to
+    # ~2.8 s, so every request is URGENT and P3 (density 5/2.0 = 2.5) comes last.
+    ordered_off, _, urgent = policy(starvation_prevention=False).order(inp)
+    assert urgent == 6
+    assert [r.request_id for r in ordered_off] == ["D2", "P4", "D1", "P1", "P2", "P3"]
+
+
+def test_starvation_guard_takes_a_bounded_share_of_the_step() -> None:
+    inp = scenario()
+    inp.waiting.append(waiting("P3", prompt=2000, remain=-3.0, weight=1.0))
+    plan = policy(eta_s=1.0, starve_share=0.1).schedule(inp)
+    granted = {r.request_id: n for r, n in plan.scheduled}
+    # 10% of a 1 s budget at 1 ms/token -> 100 tokens (99 after float rounding)
+    assert granted["P3"] in (99, 100)
+    assert policy().max_starved_per_step == 1
 
 
 def test_kv_exhaustion_preempts_from_the_tail() -> None:

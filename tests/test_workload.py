@@ -87,7 +87,7 @@ def test_override_columns_win_per_row_and_blanks_fall_back(tmp_path: Path) -> No
     default_ttft = 5.0 * PROFILE.zero_load_ttft_s(100)
     assert (specs[0].tenant, specs[0].tier, specs[0].weight) == ("acme", "gold", 5.0)
     assert specs[0].slo.ttft_s == pytest.approx(default_ttft) and specs[0].slo.tpot_s == 0.1
-    assert (specs[1].tier, specs[1].weight, specs[1].tenant) == ("low", 1.0, "default")
+    assert (specs[1].tier, specs[1].weight, specs[1].tenant) == ("low", 1.0, "low")  # tier = tenant
     assert specs[1].slo.ttft_s == pytest.approx(0.3) and specs[1].slo.tpot_s == pytest.approx(0.04)
     assert specs[2].tier in ("high", "low")
     assert specs[2].weight == {"high": 2.0, "low": 1.0}[specs[2].tier]

@@ -131,7 +131,8 @@ class BatchBuilder:
         self.estimator = estimator
         self.time_budget_s = time_budget_s
         self.time_used_s = estimator.t_c if (estimator is not None and time_budget_s) else 0.0
-        self.min_prefill_chunk = min_prefill_chunk
+        # a minimum chunk above the token budget could never be met: the engine would stall
+        self.min_prefill_chunk = min(min_prefill_chunk, limits.token_budget)
         self.plan = StepPlan(time_budget_s=time_budget_s)
         self._scheduled_ids: set[str] = set()
 

@@ -143,13 +143,16 @@ class SlideBatchingPolicy(SchedulingPolicy):
         self._starved = frozenset(requests[int(i)].request_id for i in np.flatnonzero(starved))
         urgent |= starved
 
-        # Groups: URGENT decodes (density desc), starved (most overdue first), other URGENT
-        # (density desc), NORMAL (remain asc). Decodes lead so that promoting a starved prefill
-        # never stalls the streams already running (xLLM's order).
-        decode = ~first & (computed == num_tokens - 1)
-        group = np.where(
-            urgent & decode & ~starved, 0, np.where(starved, 1, np.where(urgent, 2, 3))
-        )
+        # Algorithm 1: URGENT (density desc), then NORMAL (remain asc). With a starved request,
+        # xLLM's order: URGENT decodes, the starved (most overdue first), the other URGENT, so
+        # promoting a starved prefill never stalls the streams already running.
+        if starved.any():
+            decode = ~first & (computed == num_tokens - 1)
+            group = np.where(
+                urgent & decode & ~starved, 0, np.where(starved, 1, np.where(urgent, 2, 3))
+            )
+        else:
+            group = np.where(urgent, 0, 3)
         key = np.where(starved, remain, np.where(urgent, -density, remain))
         idx = np.lexsort((key, group))
         ordered = [requests[i] for i in idx]

@@ -336,7 +336,9 @@ def _assemble(
             weight = mix_weight if mix_weight is not None else weight
         if trace.weight is not None and not math.isnan(trace.weight[row]):
             weight = float(trace.weight[row])
-        tenant = "default"
+        # Without a tenant column each tier acts as one tenant: PROSERVE evaluates Weighted VTC
+        # with the priority classes as its clients.
+        tenant = tier_name
         if trace.tenant is not None and trace.tenant[row] is not None:
             tenant = str(trace.tenant[row])
 
