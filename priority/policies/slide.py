@@ -22,7 +22,8 @@ Choices the paper leaves open (values from JD's xLLM where it has them):
 
 * ``γ = 1.0``; ``η = 0.65 × the smallest TPOT SLO`` in the queue;
 * when no request can make its deadline, ``t_budget = max(η, largest TPOT SLO)``, the upper end
-  of the range the paper says the budget moves in;
+  of the range the paper says the budget moves in; and the budget always leaves room for the
+  cheapest piece of work after the batch overhead ``t_c`` (else no batch could form);
 * prefill chunks shorter than ``min_chunk_tokens`` (50) are not scheduled unless they finish
   the prompt;
 * starvation prevention: of the requests overdue by more than ``starve_threshold`` × their
@@ -129,6 +130,8 @@ class SlideBatchingPolicy(SchedulingPolicy):
             budget = max(float(remain[feasible].min()), eta)
         else:
             budget = max(eta, float(tpot_set.max()) if tpot_set.size else eta)
+        # A batch always costs t_c: a budget at or below it could hold no work at all.
+        budget = max(budget, t_c + max(float(exec_s.min()), 1e-9))
 
         phi = self._load_judgment(exec_s, remain, budget, t_c)
         urgent = remain < self.gamma * phi

@@ -37,7 +37,9 @@ PolicyFactory = Callable[[BatchLatencyEstimator], SchedulingPolicy]
 RouterFactory = Callable[..., Router]
 """Called as ``factory(instances, **router_params)``; a :class:`Router` subclass is one."""
 
-_LANDING, _STEP_END = 0, 1
+_LANDING, _STEP_END, _WAKE = 0, 1, 2
+"""Event kinds; at equal times landings and step ends come before wake-ups, so an idle instance
+starts its step only after every arrival and event of that instant reached it."""
 
 
 class WorkloadLike(Protocol):
@@ -211,6 +213,7 @@ class _Simulation:
         self.transfer = config.pd.transfer if config.pd is not None else None
         self.heap: list[tuple[float, int, int, int, Any]] = []
         self.seq = 0
+        self.waking: set[int] = set()
         self.placement: dict[str, RouteDecision] = {}
         self.rejected: list[Request] = []
         self.done = 0
@@ -232,6 +235,10 @@ class _Simulation:
                 self.now = t
                 if kind == _STEP_END:
                     self._step_end(index, payload, t)
+                elif kind == _WAKE:
+                    self.waking.discard(index)
+                    if self.engines[index].in_flight is None:
+                        self._start(index, t)
                 else:
                     self._land(index, payload, t)
             if self.progress is not None and n and self.done >= next_report * n:
@@ -304,7 +311,10 @@ class _Simulation:
         engine = self.engines[index]
         step = engine.in_flight
         if step is None:
-            self._start(index, now)
+            # start once everything else at this instant (e.g. simultaneous arrivals) is in
+            if index not in self.waking:
+                self.waking.add(index)
+                self._push(now, _WAKE, index, None)
             return
         old_end = step.end_s
         new_end = engine.interrupt(now)

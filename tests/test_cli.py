@@ -1,0 +1,123 @@
+"""The ``tiergate sim`` contract other tools depend on: flags, JSON schema, errors."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from priority.cli import app
+
+RESULT_KEYS = {
+    "policy",
+    "router",
+    "tdg_ratio",
+    "slo_attainment",
+    "goodput_tokens",
+    "goodput_requests",
+    "ttft_p50_s",
+    "ttft_p99_s",
+    "tpot_p50_s",
+    "tpot_p99_s",
+    "submitted",
+    "finished",
+    "per_tier",
+}
+TIER_KEYS = {"weight", "tdg_ratio", "slo_attainment", "submitted"}
+BASE = [
+    "sim",
+    "--trace",
+    "azure_conv_20min",
+    "--profile",
+    "a100-qwen2-7b,910b-qwen2-7b",
+    "--instances",
+    "2",
+    "--router",
+    "goroute",
+    "--duration",
+    "15",
+    "--seed",
+    "3",
+]
+runner = CliRunner()
+
+
+def plain(output: str) -> str:
+    """CLI output without rich's panel borders and line wrapping."""
+    return " ".join(re.sub(r"[│╭╮╰╯─]", " ", output).split())
+
+
+def run_json(tmp_path: Path, *extra: str) -> list[dict[str, object]]:
+    out = tmp_path / "out.json"
+    result = runner.invoke(app, [*BASE, *extra, "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    return json.loads(out.read_text())["results"]
+
+
+def test_json_schema_and_shared_workload(tmp_path: Path) -> None:
+    results = run_json(tmp_path, "--policy", "vllm-fcfs,slide", "--rate-scale", "1.5")
+    assert [r["policy"] for r in results] == ["vllm-fcfs", "slide"]
+    for r in results:
+        assert set(r) >= RESULT_KEYS
+        assert r["router"] == "goroute"
+        assert 0.0 <= r["tdg_ratio"] <= 1.0 and 0.0 <= r["slo_attainment"] <= 1.0
+        assert set(r["per_tier"]) == {"high", "low"}
+        for tier in r["per_tier"].values():
+            assert set(tier) >= TIER_KEYS
+        assert r["per_tier"]["high"]["weight"] == 2.0 and r["per_tier"]["low"]["weight"] == 1.0
+        assert sum(t["submitted"] for t in r["per_tier"].values()) == r["submitted"]
+    # every policy in one run replays the identical workload
+    assert results[0]["submitted"] == results[1]["submitted"]
+    assert (
+        results[0]["per_tier"]["high"]["submitted"] == results[1]["per_tier"]["high"]["submitted"]
+    )
+
+
+def test_seed_reproduces_and_load_sweep(tmp_path: Path) -> None:
+    first = run_json(tmp_path, "--policy", "sarathi-priority", "--rps", "4,8")
+    again = run_json(tmp_path, "--policy", "sarathi-priority", "--rps", "4,8")
+    strip = [{k: v for k, v in r.items() if k != "sim_wall_s"} for r in first]
+    assert strip == [{k: v for k, v in r.items() if k != "sim_wall_s"} for r in again]
+    assert [r["rps"] for r in first] == [4.0, 8.0]
+    assert first[1]["submitted"] > first[0]["submitted"]
+
+
+def test_plot_is_written(tmp_path: Path) -> None:
+    png = tmp_path / "gain.png"
+    result = runner.invoke(
+        app, [*BASE, "--policy", "slide", "--rate-scale", "0.5,1", "--plot", str(png)]
+    )
+    assert result.exit_code == 0, result.output
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--policy", "nope", "--rate-scale", "1"], "unknown policy 'nope'"),
+        (["--policy", "slide", "--router", "x", "--rate-scale", "1"], "unknown router 'x'"),
+        (["--policy", "slide"], "exactly one of --rate-scale or --rps"),
+        (["--policy", "slide", "--rate-scale", "1", "--rps", "2"], "exactly one"),
+        (["--policy", "slide", "--rate-scale", "-1"], "must be > 0"),
+        (["--policy", "slide", "--rate-scale", "abc"], "comma-separated numbers"),
+        (["--policy", "slide", "--rate-scale", "1", "--pd-prefill", "2"], "decode instance"),
+    ],
+)
+def test_bad_input_gets_a_clear_error(args: list[str], message: str) -> None:
+    result = runner.invoke(app, [*BASE, *args])
+    assert result.exit_code == 2
+    assert message in plain(result.output)
+
+
+def test_unknown_profile_and_trace() -> None:
+    result = runner.invoke(
+        app, ["sim", "--trace", "azure_conv_20min", "--profile", "tpu-x", "--rate-scale", "1"]
+    )
+    assert result.exit_code == 2 and "unknown profile 'tpu-x'" in plain(result.output)
+    result = runner.invoke(
+        app, ["sim", "--trace", "/nonexistent.csv", "--profile", "a100-qwen2-7b", "--rps", "1"]
+    )
+    assert result.exit_code == 2 and "does not exist" in plain(result.output)
