@@ -5,10 +5,10 @@ BIN := $(VENV)/bin
 OUT ?= out
 
 # The main job on the embedded default: the policy comparison on a bundled Azure trace sample,
-# two A100 and two Ascend 910B instances behind GoRouting.
+# two A100 and two Ascend 910B instances behind GoRouting, below, near and past capacity.
 RUN_ARGS ?= --trace azure_conv_20min --profile a100-qwen2-7b,910b-qwen2-7b --instances 4 \
-	--router goroute --policy vllm-fcfs,vllm-priority,sarathi-fcfs,fairbatching,wvtc,slide \
-	--rate-scale 1.0 --duration 600 --seed 0 --json $(OUT)/sim.json --plot $(OUT)/sim.png
+	--router goroute --policy vllm-fcfs,vllm-priority,sarathi-priority,fairbatching,wvtc,slide \
+	--rate-scale 2,4,5 --duration 300 --seed 0 --json $(OUT)/sim.json --plot $(OUT)/sim.png
 
 .PHONY: run test lint install install-dev
 
