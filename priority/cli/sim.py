@@ -192,7 +192,7 @@ def sim(
                 results.append(summary)
             bar.remove_task(task)
 
-    _print_table(results, multi_load=len(levels) > 1)
+    _print_table(results)
     if json_out is not None:
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps({"results": results}, indent=2) + "\n")
@@ -204,34 +204,26 @@ def sim(
         console.print(f"wrote {plot}")
 
 
-def _print_table(results: list[dict[str, Any]], *, multi_load: bool) -> None:
-    table = Table(title="tiergate sim")
-    columns = [
-        "load",
-        "policy",
-        "TDG ratio",
-        "SLO att.",
-        "goodput tok",
-        "TTFT p50/p99 s",
-        "TPOT p50/p99 ms",
-        "finished",
-    ]
-    for col in columns:
+def _print_table(results: list[dict[str, Any]]) -> None:
+    tiers = sorted({name for r in results for name in r["per_tier"]})
+    table = Table(title="tiergate sim: TDG ratio = priority-weighted on-time tokens / ideal")
+    headers = ["load", "policy", "TDG", *(f"TDG {t}" for t in tiers), "SLO att."]
+    headers += ["TTFT p50/p99 s", "TPOT p50/p99 ms", "finished"]
+    for col in headers:
         table.add_column(col, justify="left" if col in ("policy", "load") else "right")
     for r in results:
         load = f"{r['rate_scale']:g}x" if "rate_scale" in r else f"{r['rps']:g}/s"
-        tiers = "  ".join(
-            f"{name}:{t['tdg_ratio']:.3f}" for name, t in sorted(r["per_tier"].items())
-        )
+        per_tier = [
+            f"{r['per_tier'][t]['tdg_ratio']:.3f}" if t in r["per_tier"] else "-" for t in tiers
+        ]
         table.add_row(
             load,
             r["policy"],
-            f"{r['tdg_ratio']:.3f}  ({tiers})",
+            f"{r['tdg_ratio']:.3f}",
+            *per_tier,
             f"{r['slo_attainment']:.3f}",
-            f"{r['goodput_tokens']:.0f}",
             f"{r['ttft_p50_s']:.2f}/{r['ttft_p99_s']:.2f}",
             f"{1e3 * r['tpot_p50_s']:.0f}/{1e3 * r['tpot_p99_s']:.0f}",
             f"{r['finished']}/{r['submitted']}",
         )
-    Console().print(table)
-    del multi_load
+    Console(width=max(Console().width, 120)).print(table)
