@@ -3,10 +3,11 @@
     python -m engine_cuda.profile_batches --model qwen2-7b --device cuda -o qwen2-7b.csv
     python -m engine_cuda.profile_batches --model config.json --device cpu --grid small -o t.csv
 
-The model (RMSNorm, RoPE, GQA attention, SwiGLU MLP, untied LM head) is built from a config
-(a Hugging Face ``config.json`` or a preset name) with random weights, so nothing is
-downloaded. Every batch mixes prefill chunks (``l_q`` new tokens over ``l_kv`` cached ones: a
-KV-cache prefix is present) and decode requests (one token over ``l_kv`` cached ones), as a
+The model (RMSNorm, RoPE, GQA attention, SwiGLU MLP, untied LM head) is built from a
+:class:`~priority.models.ModelShape` (a preset name or a Hugging Face ``config.json``, read by
+:func:`~priority.models.load_model_shape`) with random weights, so nothing is downloaded.
+Every batch mixes prefill chunks (``l_q`` new tokens over ``l_kv`` cached ones: a KV-cache
+prefix is present) and decode requests (one token over ``l_kv`` cached ones), as a
 chunked-prefill engine schedules them. The output is the profile-table CSV that
 ``tiergate profile fit`` reads.
 
@@ -27,76 +28,21 @@ torch is imported lazily so the package imports without it.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from priority.models import PRESETS, ModelShape, load_model_shape
 from priority.profiles.table import BatchRow, write_rows
 
 if TYPE_CHECKING:
     import torch
 
 Batch = tuple[tuple[tuple[int, int], ...], tuple[int, ...]]
-
-
-@dataclass(frozen=True, slots=True)
-class DecoderConfig:
-    hidden: int
-    layers: int
-    q_heads: int
-    kv_heads: int
-    head_dim: int
-    ffn: int
-    vocab: int
-    rope_theta: float = 10000.0
-    rms_eps: float = 1e-6
-    qkv_bias: bool = False
-
-    @classmethod
-    def from_hf(cls, cfg: dict[str, Any]) -> DecoderConfig:
-        """From a Hugging Face ``config.json`` (Llama/Qwen2/Qwen3 keys)."""
-        heads = int(cfg["num_attention_heads"])
-        return cls(
-            hidden=int(cfg["hidden_size"]),
-            layers=int(cfg["num_hidden_layers"]),
-            q_heads=heads,
-            kv_heads=int(cfg.get("num_key_value_heads", heads)),
-            head_dim=int(cfg.get("head_dim") or cfg["hidden_size"] // heads),
-            ffn=int(cfg["intermediate_size"]),
-            vocab=int(cfg["vocab_size"]),
-            rope_theta=float(cfg.get("rope_theta", 10000.0)),
-            rms_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-            qkv_bias=bool(cfg.get("attention_bias", cfg.get("model_type") == "qwen2")),
-        )
-
-
-PRESETS = {
-    "tiny": DecoderConfig(64, 2, 4, 2, 16, 128, 256),
-    "qwen2-7b": DecoderConfig(3584, 28, 28, 4, 128, 18944, 152064, 1e6, qkv_bias=True),
-    "qwen3-8b": DecoderConfig(4096, 36, 32, 8, 128, 12288, 151936, 1e6),
-    "qwen3-32b": DecoderConfig(5120, 64, 64, 8, 128, 25600, 151936, 1e6),
-    "llama3.1-8b": DecoderConfig(4096, 32, 32, 8, 128, 14336, 128256, 5e5, 1e-5),
-}
-
-
-def load_config(name_or_path: str) -> DecoderConfig:
-    if name_or_path in PRESETS:
-        return PRESETS[name_or_path]
-    path = Path(name_or_path)
-    if not path.is_file():
-        raise SystemExit(
-            f"unknown model {name_or_path!r}: not a preset ({', '.join(PRESETS)}) "
-            "nor a config.json file"
-        )
-    data = json.loads(path.read_text())
-    if "hidden_size" in data:
-        return DecoderConfig.from_hf(data)
-    return DecoderConfig(**data)
 
 
 def batch_grid(kind: str) -> list[Batch]:
@@ -135,7 +81,7 @@ def batch_grid(kind: str) -> list[Batch]:
 class Decoder:
     """Random-weight decoder; ``forward`` runs one engine step of a mixed batch."""
 
-    def __init__(self, cfg: DecoderConfig, device: str, dtype: torch.dtype, seed: int = 0) -> None:
+    def __init__(self, cfg: ModelShape, device: str, dtype: torch.dtype, seed: int = 0) -> None:
         import torch
 
         self.cfg, self.device, self.dtype = cfg, device, dtype
@@ -146,7 +92,7 @@ class Decoder:
             return t.to(device=device, dtype=dtype)
 
         c = cfg
-        qkv = (c.q_heads + 2 * c.kv_heads) * c.head_dim
+        qkv = c.q_dim + 2 * c.kv_dim
         self.embed = w(c.vocab, c.hidden)
         self.layers: list[dict[str, Any]] = [
             {
@@ -154,7 +100,7 @@ class Decoder:
                 "ln2": torch.ones(c.hidden, device=device, dtype=dtype),
                 "qkv": w(qkv, c.hidden),
                 "qkv_b": w(qkv) if c.qkv_bias else None,
-                "o": w(c.hidden, c.q_heads * c.head_dim),
+                "o": w(c.hidden, c.q_dim),
                 "gate_up": w(2 * c.ffn, c.hidden),
                 "down": w(c.hidden, c.ffn),
             }
@@ -235,7 +181,7 @@ class Decoder:
         prefill, decode = inp["batch"]
         k_cache, v_cache = inp["k"], inp["v"]
         x = self.embed[inp["ids"]]
-        q_dim, kv_dim = c.q_heads * c.head_dim, c.kv_heads * c.head_dim
+        q_dim, kv_dim = c.q_dim, c.kv_dim
         n_pre = len(prefill)
         for layer in self.layers:
             h = self._rms(x, layer["ln1"])
@@ -303,7 +249,7 @@ def time_batch(model: Decoder, batch: Batch, *, warmup: int, repeats: int) -> fl
 
 
 def profile(
-    cfg: DecoderConfig,
+    cfg: ModelShape,
     grid: Sequence[Batch],
     *,
     device: str,
@@ -361,7 +307,10 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = args.dtype or ("bfloat16" if device.startswith("cuda") else "float32")
-    cfg = load_config(args.model)
+    try:
+        cfg = load_model_shape(args.model)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from exc
     if args.layers is not None:
         cfg = replace(cfg, layers=args.layers)
     rows = profile(

@@ -22,6 +22,14 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+from priority.models import (
+    LLAMA2_70B,
+    LLAMA31_8B,
+    QWEN2_7B,
+    QWEN3_8B,
+    QWEN3_32B,
+    ModelShape,
+)
 from priority.profiles import Profile
 from priority.profiles.derive import splitwise
 from priority.profiles.derive.aiconfigurator import AllReduce, ForwardComposer, load_tables
@@ -33,14 +41,6 @@ from priority.profiles.derive.ascend import (
 )
 from priority.profiles.derive.batches import batch_grid, rows_from
 from priority.profiles.derive.engine import GIB, engine_config
-from priority.profiles.derive.models import (
-    LLAMA2_70B,
-    LLAMA31_8B,
-    QWEN2_7B,
-    QWEN3_8B,
-    QWEN3_32B,
-    ModelShape,
-)
 from priority.profiles.derive.vidur import CpuOverhead, ElementwiseProfile
 from priority.profiles.fit import cross_validated_mape, fit_profile
 from priority.profiles.table import BatchRow, write_rows

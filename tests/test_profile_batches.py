@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from priority.models import TINY, load_model_shape
 from priority.profiles import load_profile
 from priority.profiles.fit import fit_profile
 from priority.profiles.table import COLUMNS, read_rows
@@ -66,7 +67,7 @@ def test_config_from_hf_json(tmp_path: Path) -> None:
     }
     path = tmp_path / "config.json"
     path.write_text(json.dumps(cfg))
-    parsed = pb.load_config(str(path))
+    parsed = load_model_shape(path)
     assert (parsed.head_dim, parsed.kv_heads, parsed.qkv_bias) == (8, 2, True)
     rows = pb.profile(
         parsed, [(((8, 4),), (3, 5))], device="cpu", dtype="float32", warmup=0, repeats=1
@@ -75,7 +76,7 @@ def test_config_from_hf_json(tmp_path: Path) -> None:
 
 
 def test_prefix_mask_is_offset_causal() -> None:
-    model = pb.Decoder(pb.PRESETS["tiny"], "cpu", torch.float32)
+    model = pb.Decoder(TINY, "cpu", torch.float32)
     inp = model.prepare((((2, 3), (4, 0)), (1, 6)))
     mask = inp["masks"][0]
     # Query i of a 2-token chunk after 3 cached tokens sees keys 0..3+i.
@@ -84,5 +85,11 @@ def test_prefix_mask_is_offset_causal() -> None:
     # Decode request with 1 cached token sees 2 keys (cache + itself) of the padded 7.
     assert inp["dec_mask"][0, 0, 0].tolist() == [True, True] + [False] * 5
     logits = model.forward(inp)
-    assert logits.shape == (4, pb.PRESETS["tiny"].vocab)
+    assert logits.shape == (4, TINY.vocab)
     assert torch.isfinite(logits).all()
+
+
+def test_cli_rejects_an_unknown_model(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match="not a preset"):
+        pb.main(["--model", "no-such-model", "--device", "cpu", "-o", str(tmp_path / "x.csv")])
+    assert not (tmp_path / "x.csv").exists()

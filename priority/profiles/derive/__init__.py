@@ -3,7 +3,8 @@
 Build-time only: ``scripts/build_profiles.py`` calls these with paths under ``shared/data``;
 nothing at run time imports this subpackage, and the package never needs that data.
 
-- :mod:`.models` — transformer shapes (public HF configs), weight and KV-cache arithmetic.
+- model shapes and their weight / KV-cache arithmetic live in :mod:`priority.models`
+  (:mod:`.models` re-exports them for ``scripts/build_profiles.py``).
 - :mod:`.engine` — vLLM KV-cache capacity → :class:`~priority.profiles.EngineConfig`.
 - :mod:`.aiconfigurator` — compose forward passes from NVIDIA aiconfigurator kernel tables.
 - :mod:`.vidur` — Vidur elementwise-op and CPU-overhead profiles used by the composition.

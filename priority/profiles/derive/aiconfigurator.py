@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 from scipy.interpolate import RegularGridInterpolator
 
-from priority.profiles.derive.models import BYTES_BF16, ModelShape
+from priority.models import BYTES_BF16, ModelShape
 from priority.profiles.derive.vidur import CpuOverhead, ElementwiseProfile
 
 

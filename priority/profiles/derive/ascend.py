@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from priority.profiles.derive.models import BYTES_BF16, ModelShape
+from priority.models import BYTES_BF16, ModelShape
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from priority.models import ModelShape
 from priority.profiles import EngineConfig
-from priority.profiles.derive.models import ModelShape
 
 GIB = 1 << 30
 GPU_MEMORY_UTILIZATION = 0.9

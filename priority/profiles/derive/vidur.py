@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from priority.profiles.derive.models import ModelShape
+from priority.models import ModelShape
 
 _OPS = ("input_layernorm", "post_attention_layernorm", "attn_rope", "mlp_act", "add", "emb")
 
