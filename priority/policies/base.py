@@ -21,9 +21,12 @@ same way and none can exceed them.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
+
+import numpy as np
+import numpy.typing as npt
 
 from priority.estimator import BatchLatencyEstimator
 from priority.request import Request
@@ -206,6 +209,42 @@ class BatchBuilder:
             return 0
         self._commit(request, granted)
         return granted
+
+    def add_decode_run(
+        self,
+        requests: Sequence[Request],
+        decode_s: npt.NDArray[np.float64],
+        new_block: npt.NDArray[np.bool_],
+    ) -> int:
+        """Admit the longest prefix of ``requests`` (running, decoding, not yet scheduled) that
+        fits the token, KV and time limits, in one vectorized step; returns how many.
+
+        ``decode_s`` is each request's decode-step time and ``new_block`` whether its next token
+        opens a new KV block. A long batch of decodes is the common case, and checking each one
+        through :meth:`add` dominated the decision time.
+        """
+        n = min(len(requests), self.tokens_left)
+        if self._scheduled_ids:  # stop before anything already scheduled or preempted
+            taken = self._scheduled_ids
+            n = next((i for i, r in enumerate(requests[:n]) if r.request_id in taken), n)
+        if n <= 0:
+            return 0
+        blocks = np.cumsum(new_block[:n])
+        fits = blocks <= self.free_blocks
+        if self.time_budget_s is not None:
+            fits &= self.time_used_s + np.cumsum(decode_s[:n]) <= self.time_budget_s
+        count = n if fits.all() else int(np.argmin(fits))
+        if count == 0:
+            return 0
+        self.free_blocks -= int(blocks[count - 1])
+        self.tokens_left -= count
+        if self.time_budget_s is not None:
+            self.time_used_s += float(decode_s[:count].sum())
+        scheduled = self.plan.scheduled
+        for request in requests[:count]:
+            scheduled.append((request, 1))
+        self._scheduled_ids.update(r.request_id for r in requests[:count])
+        return count
 
     def _commit(self, request: Request, tokens: int) -> None:
         self.free_blocks -= self.blocks_needed(request, tokens)

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
 import numpy as np
@@ -55,6 +56,24 @@ from priority.policies.columns import ARRIVAL, DEADLINE, PROMPT, TPOT, TTFT, WEI
 from priority.request import Request
 
 LoadJudgment = Literal["a", "c", "p"]
+
+
+@dataclass(frozen=True, slots=True)
+class Ranking:
+    """One step's view of the queue: Algorithm 1's order and what the fill loop needs."""
+
+    ordered: list[Request]
+    budget_s: float
+    num_urgent: int
+    piece_s: list[float]
+    """Cost of the smallest piece of work of each request, in ``ordered`` order."""
+    tail_min_piece_s: list[float]
+    """``min(piece_s[k:])``: when less time is left, nothing further can fit."""
+    starved: frozenset[str]
+    decode_run_end: list[int] = field(default_factory=list)
+    """For a decode at position k, the end (exclusive) of the run of decodes starting there."""
+    piece_array: npt.NDArray[np.float64] = field(default_factory=lambda: np.empty(0))
+    new_block: npt.NDArray[np.bool_] = field(default_factory=lambda: np.empty(0, dtype=bool))
 
 class SlideBatchingPolicy(SchedulingPolicy):
     name: ClassVar[str] = "slide"
@@ -93,16 +112,19 @@ class SlideBatchingPolicy(SchedulingPolicy):
         if not 0.0 < starve_share <= 1.0:
             raise ValueError(f"starve_share must be in (0, 1], got {starve_share}")
         self.starve_share = starve_share
-        self._starved: frozenset[str] = frozenset()
         self._columns = RequestColumns()
 
     # ---- Algorithm 1, lines 1-13 -----------------------------------------------------------
 
     def order(self, inp: SchedulerInput) -> tuple[list[Request], float, int]:
         """The step's admission order, its latency budget and the number of URGENT requests."""
+        ranking = self.rank(inp)
+        return ranking.ordered, ranking.budget_s, ranking.num_urgent
+
+    def rank(self, inp: SchedulerInput) -> Ranking:
         requests = inp.running + inp.waiting  # a running request always needs compute
         if not requests:
-            return [], self.eta_s or 0.0, 0
+            return Ranking([], self.eta_s or 0.0, 0, [], [], frozenset())
         static, computed, outputs = self._columns.gather(requests)
         arrival, ttft, tpot = static[:, ARRIVAL], static[:, TTFT], static[:, TPOT]
         deadline, weight = static[:, DEADLINE], static[:, WEIGHT]
@@ -143,7 +165,7 @@ class SlideBatchingPolicy(SchedulingPolicy):
                 most = np.argpartition(remain[overdue], self.max_starved_per_step - 1)
                 overdue = overdue[most[: self.max_starved_per_step]]
             starved[overdue] = True
-        self._starved = frozenset(requests[int(i)].request_id for i in np.flatnonzero(starved))
+        starved_ids = frozenset(requests[int(i)].request_id for i in np.flatnonzero(starved))
         urgent |= starved
 
         # Algorithm 1: URGENT (density desc), then NORMAL (remain asc). With a starved request,
@@ -158,8 +180,35 @@ class SlideBatchingPolicy(SchedulingPolicy):
             group = np.where(urgent, 0, 3)
         key = np.where(starved, remain, np.where(urgent, -density, remain))
         idx = np.lexsort((key, group))
-        ordered = [requests[i] for i in idx]
-        return ordered, budget, int(np.count_nonzero(urgent))
+        # The cheapest piece of work each request could get (one decode step, or a minimum
+        # chunk), and its running minimum from the tail: the fill loop skips what cannot fit and
+        # stops once nothing left in the order can, instead of probing every queued request.
+        uncomputed = num_tokens - computed
+        smallest = np.minimum(uncomputed, min(self.min_chunk_tokens, inp.limits.token_budget))
+        piece = est.request_times(np.maximum(smallest, 1), computed)[idx]
+        is_decode = (uncomputed == 1)[idx]
+        run_end = np.arange(len(idx))
+        if is_decode.any():
+            # end of each run of consecutive decodes: next non-decode position after k
+            non_decode = np.flatnonzero(~is_decode)
+            nxt = np.searchsorted(non_decode, np.arange(len(idx)), side="right")
+            run_end = np.where(
+                is_decode,
+                np.append(non_decode, len(idx))[np.minimum(nxt, non_decode.size)],
+                run_end,
+            )
+        block_size = inp.limits.block_size
+        return Ranking(
+            ordered=[requests[i] for i in idx],
+            budget_s=budget,
+            num_urgent=int(np.count_nonzero(urgent)),
+            piece_s=piece.tolist(),
+            tail_min_piece_s=np.minimum.accumulate(piece[::-1])[::-1].tolist(),
+            starved=starved_ids,
+            decode_run_end=run_end.tolist(),
+            piece_array=piece,
+            new_block=(computed[idx] % block_size == 0) & is_decode,
+        )
 
     def _load_judgment(
         self,
@@ -183,24 +232,40 @@ class SlideBatchingPolicy(SchedulingPolicy):
     # ---- Algorithm 1, lines 14-19 ----------------------------------------------------------
 
     def schedule(self, inp: SchedulerInput) -> StepPlan:
-        ordered, budget, num_urgent = self.order(inp)
+        ranking = self.rank(inp)
+        ordered, budget = ranking.ordered, ranking.budget_s
         builder = BatchBuilder(
             inp,
             estimator=self.estimator,
             time_budget_s=budget,
             min_prefill_chunk=self.min_chunk_tokens,
         )
-        builder.plan.num_urgent = num_urgent
+        builder.plan.num_urgent = ranking.num_urgent
         if not ordered:
             return builder.plan
-        cheapest = self.estimator.decode_time(0)
         victims = (r for r in reversed(ordered) if r.num_kv_blocks > 0)
         starved_cap = self.starve_share * budget
-        for request in ordered:
-            if builder.full or budget - builder.time_used_s < cheapest:
+        piece, tail_min, run_end = ranking.piece_s, ranking.tail_min_piece_s, ranking.decode_run_end
+        k = 0
+        while k < len(ordered):
+            request = ordered[k]
+            left = budget - builder.time_used_s
+            if builder.full or left < tail_min[k]:
                 break
+            if run_end[k] > k + 1 and request.request_id not in ranking.starved:
+                # a run of decodes: admit the longest prefix that fits in one go
+                end = run_end[k]
+                added = builder.add_decode_run(
+                    ordered[k:end], ranking.piece_array[k:end], ranking.new_block[k:end]
+                )
+                if added:
+                    k += added
+                    continue
+            k += 1
+            if piece[k - 1] > left:
+                continue
             want = None
-            if request.request_id in self._starved and request.num_uncomputed_tokens > 1:
+            if request.request_id in ranking.starved and request.num_uncomputed_tokens > 1:
                 # the starvation guard may take only a bounded share of the step
                 want = max(
                     self.min_chunk_tokens,
