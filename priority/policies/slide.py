@@ -42,9 +42,9 @@ Choices the paper leaves open (values from JD's xLLM where it has them):
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar, Literal
+from typing import ClassVar, Literal, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -58,11 +58,34 @@ from priority.request import Request
 LoadJudgment = Literal["a", "c", "p"]
 
 
+class _Permuted(Sequence[Request]):
+    """``requests`` in the order ``index``, without building the list: a step usually reads only
+    the head of the order (what fits) and, on KV shortage, a few victims from the tail."""
+
+    __slots__ = ("_index", "_requests")
+
+    def __init__(self, requests: list[Request], index: list[int]) -> None:
+        self._requests = requests
+        self._index = index
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    @overload
+    def __getitem__(self, i: int) -> Request: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[Request]: ...
+    def __getitem__(self, i: int | slice) -> Request | list[Request]:
+        if isinstance(i, slice):
+            return [self._requests[j] for j in self._index[i]]
+        return self._requests[self._index[i]]
+
+
 @dataclass(frozen=True, slots=True)
 class Ranking:
     """One step's view of the queue: Algorithm 1's order and what the fill loop needs."""
 
-    ordered: list[Request]
+    ordered: Sequence[Request]
     budget_s: float
     num_urgent: int
     piece_s: list[float]
@@ -119,7 +142,7 @@ class SlideBatchingPolicy(SchedulingPolicy):
     def order(self, inp: SchedulerInput) -> tuple[list[Request], float, int]:
         """The step's admission order, its latency budget and the number of URGENT requests."""
         ranking = self.rank(inp)
-        return ranking.ordered, ranking.budget_s, ranking.num_urgent
+        return list(ranking.ordered), ranking.budget_s, ranking.num_urgent
 
     def rank(self, inp: SchedulerInput) -> Ranking:
         requests = inp.running + inp.waiting  # a running request always needs compute
@@ -199,7 +222,7 @@ class SlideBatchingPolicy(SchedulingPolicy):
             )
         block_size = inp.limits.block_size
         return Ranking(
-            ordered=[requests[i] for i in idx],
+            ordered=_Permuted(requests, idx.tolist()),
             budget_s=budget,
             num_urgent=int(np.count_nonzero(urgent)),
             piece_s=piece.tolist(),
@@ -287,7 +310,7 @@ class SlideBatchingPolicy(SchedulingPolicy):
         return plan
 
     def _ensure_progress(
-        self, builder: BatchBuilder, ordered: list[Request], victims: Iterator[Request]
+        self, builder: BatchBuilder, ordered: Sequence[Request], victims: Iterator[Request]
     ) -> None:
         """Give the first request that can run one minimal piece of work, ignoring the budget."""
         for request in ordered:
