@@ -123,8 +123,9 @@ def measure(
     gain = GainWeights.from_lengths(1155.0, 211.0)
     params: dict[str, object] = {"gain_weights": gain} if policy_name == "slide" else {}
     policy = make_policy(policy_name, profile.estimator(), **params)
-    for state in states[:2]:
-        policy.schedule(state)  # warm-up (imports, caches)
+    for state in states:
+        # warm-up: imports, and per-request caches a real engine fills once per request
+        policy.schedule(state)
     samples: list[float] = []
     steps: list[float] = []
     for k in range(repeats):

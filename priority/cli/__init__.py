@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 
+from gateway.engine_sim.cli import engine_sim_command
 from priority.cli.profile import profile_app
 from priority.cli.sim import sim
 
@@ -14,5 +15,6 @@ app = typer.Typer(
 )
 app.command("sim")(sim)
 app.add_typer(profile_app, name="profile")
+app.command("engine-sim")(engine_sim_command)
 
 __all__ = ["app"]

@@ -30,6 +30,8 @@ def configure(config: ClusterConfig, policy: str, workload: Workload) -> Cluster
         policy_params.setdefault("gain_weights", workload.gain_weights)
     if isinstance(config.router, str) and config.router in GAIN_AWARE_ROUTERS:
         router_params.setdefault("weights", workload.gain_weights)
+        # GoRouting's fallback branch draws at random: seed it so a run reproduces
+        router_params.setdefault("seed", config.seed)
     return replace(config, policy=policy, policy_params=policy_params, router_params=router_params)
 
 

@@ -1,0 +1,39 @@
+"""Emulated vLLM-compatible engines, so the gateway runs and is tested without accelerators.
+
+Each engine is the simulator's :class:`~priority.sim.engine.EngineCore` (continuous batching,
+chunked prefill, KV blocks, the chosen engine policy, step times from a latency profile) driven
+by the wall clock, behind vLLM's OpenAI API and vLLM's ``vllm:*`` Prometheus metrics.
+
+Modules, one job each:
+
+* :mod:`~gateway.engine_sim.mapping` — OpenAI request to core ``Request``: token-count stand-in,
+  output lengths, SLO/weight from ``vllm_xargs`` and ``priority`` (the documented rules);
+* :mod:`~gateway.engine_sim.loop` — the wall-clock loop and per-request token streams;
+* :mod:`~gateway.engine_sim.metrics` — vLLM's metric names on a per-engine registry;
+* :mod:`~gateway.engine_sim.schemas` / :mod:`~gateway.engine_sim.filler` — bodies and text;
+* :mod:`~gateway.engine_sim.app` — the FastAPI app (:func:`create_engine_app`);
+* :mod:`~gateway.engine_sim.serve` — several engines in one process on free ports;
+* :mod:`~gateway.engine_sim.cli` — ``tiergate engine-sim``.
+"""
+
+from gateway.engine_sim.app import EngineSim, build_engine_sim, create_engine_app
+from gateway.engine_sim.serve import (
+    EngineSpec,
+    EngineThread,
+    RunningEngine,
+    serve_engine,
+    serve_engines,
+    stop_engines,
+)
+
+__all__ = [
+    "EngineSim",
+    "EngineSpec",
+    "EngineThread",
+    "RunningEngine",
+    "build_engine_sim",
+    "create_engine_app",
+    "serve_engine",
+    "serve_engines",
+    "stop_engines",
+]
