@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 
+from gateway.cli import register as register_admin_commands
 from gateway.engine_sim.cli import engine_sim_command
 from priority.cli.profile import profile_app
 from priority.cli.sim import sim
@@ -16,5 +17,6 @@ app = typer.Typer(
 app.command("sim")(sim)
 app.add_typer(profile_app, name="profile")
 app.command("engine-sim")(engine_sim_command)
+register_admin_commands(app)
 
 __all__ = ["app"]

@@ -1,0 +1,457 @@
+"""Admin command line: ``tiergate db|tiers|tenants|keys|backends|usage``.
+
+Every command works on ``TIERGATE_DATABASE_URL`` through the same CRUD functions as the admin
+API, so the CLI and the API cannot disagree on rules, and every change is audited with actor
+``cli:<os user>``. Bad input (unknown tier, duplicate name, bad profile, ...) exits with code 2
+and one precise line on stderr.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+from sqlalchemy.exc import OperationalError, ProgrammingError
+from sqlalchemy.orm import Session
+
+from gateway.db import crud, migrate
+from gateway.db.errors import DomainError
+from gateway.db.models import BACKEND_KINDS, utcnow
+from gateway.db.security import display_prefix, server_secret
+from gateway.db.seed import DEMO_TENANT, seed_defaults
+from gateway.db.session import make_engine, make_session_factory
+from gateway.settings import get_settings
+
+console = Console(highlight=False)
+err_console = Console(stderr=True, highlight=False)
+
+db_app = typer.Typer(help="Database schema: migrate, inspect, seed.", no_args_is_help=True)
+tiers_app = typer.Typer(help="Service tiers: weights, SLOs, limits.", no_args_is_help=True)
+tenants_app = typer.Typer(help="Tenants and their tiers.", no_args_is_help=True)
+keys_app = typer.Typer(help="API keys (shown once, stored hashed).", no_args_is_help=True)
+backends_app = typer.Typer(help="Inference backends the gateway routes to.", no_args_is_help=True)
+
+
+def register(app: typer.Typer) -> None:
+    """Mount the admin commands on the ``tiergate`` app."""
+    app.add_typer(db_app, name="db")
+    app.add_typer(tiers_app, name="tiers")
+    app.add_typer(tenants_app, name="tenants")
+    app.add_typer(keys_app, name="keys")
+    app.add_typer(backends_app, name="backends")
+    app.command("usage")(usage)
+
+
+def actor() -> str:
+    """``cli:<os user>``: who ran the command, for the audit log."""
+    try:
+        return f"cli:{getpass.getuser()}"
+    except (KeyError, OSError):  # no passwd entry (containers)
+        return f"cli:uid{os.getuid()}"
+
+
+def _fail(message: str, code: int = 2) -> typer.Exit:
+    err_console.print(f"[bold red]Error:[/] {message}", soft_wrap=True)
+    return typer.Exit(code)
+
+
+@contextmanager
+def _transaction() -> Iterator[Session]:
+    """One committed unit of work on the configured database; errors become exit codes."""
+    engine = make_engine(get_settings().database_url)
+    try:
+        with make_session_factory(engine).begin() as session:
+            yield session
+    except DomainError as exc:
+        raise _fail(exc.message) from None
+    except (OperationalError, ProgrammingError) as exc:
+        detail = str(exc.orig).strip().splitlines()[0] if str(exc.orig).strip() else ""
+        raise _fail(
+            f"database error: {type(exc.orig).__name__}: {detail} — is the database reachable "
+            "and migrated (`tiergate db upgrade`)?",
+            code=1,
+        ) from None
+    finally:
+        engine.dispose()
+
+
+def _fmt(value: object) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+# -- db ---------------------------------------------------------------------------------------
+
+
+@db_app.command("upgrade")
+def db_upgrade(
+    revision: Annotated[str, typer.Argument(help="target revision")] = "head",
+) -> None:
+    """Migrate the schema up to REVISION (default: the newest)."""
+    migrate.upgrade(get_settings().database_url, revision)
+    console.print(f"database at {', '.join(migrate.current_revisions()) or 'base'}")
+
+
+@db_app.command("downgrade")
+def db_downgrade(
+    revision: Annotated[str, typer.Argument(help="target revision ('base' = empty)")],
+) -> None:
+    """Migrate the schema down to REVISION."""
+    migrate.downgrade(revision, get_settings().database_url)
+    console.print(f"database at {', '.join(migrate.current_revisions()) or 'base'}")
+
+
+@db_app.command("current")
+def db_current() -> None:
+    """Show the schema revision of the database and the newest one available."""
+    current = migrate.current_revisions(get_settings().database_url)
+    heads = migrate.head_revisions()
+    console.print(f"current: {', '.join(current) or 'base (not migrated)'}")
+    console.print(f"head:    {', '.join(heads)}")
+
+
+@db_app.command("seed")
+def db_seed() -> None:
+    """Create the default tiers and the demo tenant if missing; issue a demo key if it has none."""
+    with _transaction() as session:
+        result = seed_defaults(session, actor=actor())
+        created_key = None
+        if result.demo_key_needed:
+            created_key = crud.create_key(
+                session,
+                actor=actor(),
+                tenant=DEMO_TENANT,
+                secret=server_secret(get_settings()),
+                name="demo",
+            )
+    tiers = ", ".join(result.created_tiers) or "none (all present)"
+    console.print(f"tiers created: {tiers}")
+    console.print(f"demo tenant: {'created' if result.created_demo_tenant else 'present'}")
+    if created_key is not None:
+        _print_new_key(DEMO_TENANT, created_key.plaintext)
+
+
+# -- tiers ------------------------------------------------------------------------------------
+
+
+@tiers_app.command("create")
+def tiers_create(
+    name: Annotated[str, typer.Argument(help="tier name")],
+    weight: Annotated[float, typer.Option(help="priority weight (> 0, larger = more important)")],
+    ttft_ms: Annotated[float, typer.Option(help="default time-to-first-token SLO, ms")],
+    tpot_ms: Annotated[float, typer.Option(help="default time-per-output-token SLO, ms")],
+    deadline_ms: Annotated[float | None, typer.Option(help="end-to-end deadline, ms")] = None,
+    min_ttft_ms: Annotated[float | None, typer.Option(help="tightest TTFT allowed, ms")] = None,
+    min_tpot_ms: Annotated[float | None, typer.Option(help="tightest TPOT allowed, ms")] = None,
+    rpm: Annotated[int | None, typer.Option(help="requests per minute (unset = unlimited)")] = None,
+    tpm: Annotated[int | None, typer.Option(help="tokens per minute (unset = unlimited)")] = None,
+    max_concurrency: Annotated[int | None, typer.Option(help="requests in flight")] = None,
+    best_effort: Annotated[
+        bool, typer.Option(help="serve best-effort instead of shedding when the SLO is infeasible")
+    ] = False,
+    description: Annotated[str | None, typer.Option(help="free text")] = None,
+) -> None:
+    """Create a tier."""
+    with _transaction() as session:
+        tier = crud.create_tier(
+            session,
+            actor=actor(),
+            name=name,
+            weight=weight,
+            ttft_ms=ttft_ms,
+            tpot_ms=tpot_ms,
+            deadline_ms=deadline_ms,
+            min_ttft_ms=min_ttft_ms,
+            min_tpot_ms=min_tpot_ms,
+            rpm_limit=rpm,
+            tpm_limit=tpm,
+            max_concurrency=max_concurrency,
+            best_effort_allowed=best_effort,
+            description=description,
+        )
+    console.print(f"created tier [bold]{tier.name}[/] (id {tier.id})")
+
+
+@tiers_app.command("list")
+def tiers_list() -> None:
+    """List tiers, most important first."""
+    with _transaction() as session:
+        tiers = crud.list_tiers(session)
+    table = Table(
+        "name",
+        "weight",
+        "TTFT ms",
+        "TPOT ms",
+        "deadline ms",
+        "RPM",
+        "TPM",
+        "concurrency",
+        "best effort",
+        title="tiers",
+    )
+    for t in tiers:
+        table.add_row(
+            t.name,
+            _fmt(t.weight),
+            _fmt(t.ttft_ms),
+            _fmt(t.tpot_ms),
+            _fmt(t.deadline_ms),
+            _fmt(t.rpm_limit),
+            _fmt(t.tpm_limit),
+            _fmt(t.max_concurrency),
+            "yes" if t.best_effort_allowed else "no",
+        )
+    console.print(table)
+
+
+@tiers_app.command("delete")
+def tiers_delete(name: Annotated[str, typer.Argument(help="tier name")]) -> None:
+    """Delete a tier that no tenant is on."""
+    with _transaction() as session:
+        crud.delete_tier(session, name, actor=actor())
+    console.print(f"deleted tier [bold]{name}[/]")
+
+
+# -- tenants ----------------------------------------------------------------------------------
+
+
+@tenants_app.command("create")
+def tenants_create(
+    name: Annotated[str, typer.Argument(help="tenant name")],
+    tier: Annotated[str, typer.Option(help="tier name")],
+    rpm: Annotated[int | None, typer.Option(help="override the tier's RPM limit")] = None,
+    tpm: Annotated[int | None, typer.Option(help="override the tier's TPM limit")] = None,
+    max_concurrency: Annotated[int | None, typer.Option(help="override the tier's")] = None,
+    ttft_ms: Annotated[float | None, typer.Option(help="override the tier's TTFT SLO")] = None,
+    tpot_ms: Annotated[float | None, typer.Option(help="override the tier's TPOT SLO")] = None,
+) -> None:
+    """Create a tenant on a tier."""
+    with _transaction() as session:
+        tenant = crud.create_tenant(
+            session,
+            actor=actor(),
+            name=name,
+            tier=tier,
+            rpm_limit=rpm,
+            tpm_limit=tpm,
+            max_concurrency=max_concurrency,
+            ttft_ms=ttft_ms,
+            tpot_ms=tpot_ms,
+        )
+    console.print(f"created tenant [bold]{tenant.name}[/] on tier {tier} (id {tenant.id})")
+
+
+@tenants_app.command("list")
+def tenants_list(
+    tier: Annotated[str | None, typer.Option(help="only tenants on this tier")] = None,
+) -> None:
+    """List tenants."""
+    with _transaction() as session:
+        tenants = crud.list_tenants(session, tier=tier)
+        rows = [
+            (t.name, t.tier.name, t.status, t.rpm_limit, t.tpm_limit, t.max_concurrency)
+            for t in tenants
+        ]
+    table = Table("name", "tier", "status", "RPM", "TPM", "concurrency", title="tenants")
+    for row in rows:
+        table.add_row(*(_fmt(v) for v in row))
+    console.print(table)
+
+
+@tenants_app.command("suspend")
+def tenants_suspend(name: Annotated[str, typer.Argument(help="tenant name")]) -> None:
+    """Suspend a tenant: its keys stop working until it is activated again."""
+    with _transaction() as session:
+        crud.suspend_tenant(session, name, actor=actor())
+    console.print(f"suspended tenant [bold]{name}[/]")
+
+
+@tenants_app.command("activate")
+def tenants_activate(name: Annotated[str, typer.Argument(help="tenant name")]) -> None:
+    """Re-activate a suspended tenant."""
+    with _transaction() as session:
+        crud.activate_tenant(session, name, actor=actor())
+    console.print(f"activated tenant [bold]{name}[/]")
+
+
+# -- keys -------------------------------------------------------------------------------------
+
+
+def _print_new_key(tenant: str, plaintext: str) -> None:
+    console.print(f"API key for tenant [bold]{tenant}[/] — shown once, store it now:")
+    typer.echo(plaintext)  # raw, on its own line: no wrapping or markup around the key
+
+
+@keys_app.command("create")
+def keys_create(
+    tenant: Annotated[str, typer.Option(help="tenant name")],
+    name: Annotated[str | None, typer.Option(help="label, e.g. the application")] = None,
+    expires_in_days: Annotated[
+        int | None, typer.Option(min=1, help="expire after this many days (unset = never)")
+    ] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="print only the key")] = False,
+) -> None:
+    """Issue an API key for a tenant and print it ONCE (only its hash is stored)."""
+    now = utcnow()
+    expires_at = now + timedelta(days=expires_in_days) if expires_in_days else None
+    with _transaction() as session:
+        created = crud.create_key(
+            session,
+            actor=actor(),
+            tenant=tenant,
+            secret=server_secret(get_settings()),
+            name=name,
+            expires_at=expires_at,
+            now=now,
+        )
+    if quiet:
+        typer.echo(created.plaintext)
+    else:
+        _print_new_key(tenant, created.plaintext)
+
+
+@keys_app.command("revoke")
+def keys_revoke(
+    prefix: Annotated[str, typer.Argument(help="key prefix, e.g. tg-abcd1234")],
+) -> None:
+    """Revoke a key by its prefix."""
+    with _transaction() as session:
+        key = crud.revoke_key(session, prefix, actor=actor())
+    console.print(f"revoked key {display_prefix(key.prefix)}")
+
+
+@keys_app.command("list")
+def keys_list(
+    tenant: Annotated[str | None, typer.Option(help="only this tenant's keys")] = None,
+    active: Annotated[bool, typer.Option("--active", help="only usable keys")] = False,
+) -> None:
+    """List keys (prefixes only; the keys themselves are not stored)."""
+    now = utcnow()
+    with _transaction() as session:
+        keys = crud.list_keys(session, tenant=tenant, active_only=active, now=now)
+        rows = []
+        for k in keys:
+            state = (
+                "revoked"
+                if k.revoked_at is not None
+                else "expired"
+                if k.expires_at is not None and k.expires_at <= now
+                else "active"
+            )
+            rows.append(
+                (
+                    display_prefix(k.prefix),
+                    k.tenant.name,
+                    k.name,
+                    state,
+                    k.created_at.strftime("%Y-%m-%d %H:%M"),
+                    k.expires_at.strftime("%Y-%m-%d") if k.expires_at else None,
+                )
+            )
+    table = Table("prefix", "tenant", "name", "state", "created (UTC)", "expires", title="keys")
+    for row in rows:
+        table.add_row(*(_fmt(v) for v in row))
+    console.print(table)
+
+
+# -- backends ---------------------------------------------------------------------------------
+
+
+@backends_app.command("add")
+def backends_add(
+    name: Annotated[str, typer.Argument(help="backend name")],
+    url: Annotated[str, typer.Option(help="base URL, e.g. http://10.0.0.5:8000")],
+    model: Annotated[str, typer.Option(help="model name the backend serves")],
+    profile: Annotated[str, typer.Option(help="latency profile (see `tiergate profile list`)")],
+    kind: Annotated[str, typer.Option(help=f"one of {', '.join(BACKEND_KINDS)}")] = "vllm",
+) -> None:
+    """Register a backend."""
+    with _transaction() as session:
+        backend = crud.create_backend(
+            session,
+            actor=actor(),
+            name=name,
+            base_url=url,
+            model=model,
+            profile=profile,
+            kind=kind,
+        )
+    console.print(f"added backend [bold]{backend.name}[/] → {backend.base_url}")
+
+
+@backends_app.command("list")
+def backends_list() -> None:
+    """List backends."""
+    with _transaction() as session:
+        backends = crud.list_backends(session)
+    table = Table("name", "url", "model", "profile", "kind", "enabled", title="backends")
+    for b in backends:
+        table.add_row(b.name, b.base_url, b.model, b.profile, b.kind, "yes" if b.enabled else "no")
+    console.print(table)
+
+
+@backends_app.command("disable")
+def backends_disable(name: Annotated[str, typer.Argument(help="backend name")]) -> None:
+    """Stop routing to a backend (kept for later)."""
+    with _transaction() as session:
+        crud.set_backend_enabled(session, name, False, actor=actor())
+    console.print(f"disabled backend [bold]{name}[/]")
+
+
+@backends_app.command("enable")
+def backends_enable(name: Annotated[str, typer.Argument(help="backend name")]) -> None:
+    """Route to a disabled backend again."""
+    with _transaction() as session:
+        crud.set_backend_enabled(session, name, True, actor=actor())
+    console.print(f"enabled backend [bold]{name}[/]")
+
+
+# -- usage ------------------------------------------------------------------------------------
+
+
+def usage(
+    by: Annotated[str, typer.Option(help="group by 'tenant' or 'tier'")] = "tenant",
+    hours: Annotated[float, typer.Option(min=0.0, help="window: the last HOURS hours")] = 24.0,
+) -> None:
+    """Usage summary: requests, tokens, SLO attainment and TDG ratio per tenant or tier."""
+    if by not in ("tenant", "tier"):
+        raise _fail(f"--by must be 'tenant' or 'tier', got {by!r}")
+    since = utcnow() - timedelta(hours=hours)
+    with _transaction() as session:
+        summarize = crud.usage_by_tenant if by == "tenant" else crud.usage_by_tier
+        summaries = summarize(session, since=since)
+    table = Table(
+        by,
+        "requests",
+        "ok",
+        "rejected",
+        "errors",
+        "tokens",
+        "SLO attainment",
+        "TDG ratio",
+        title=f"usage, last {hours:g} h",
+    )
+    for s in summaries:
+        attainment = s.slo_attainment
+        ratio = s.tdg_ratio
+        table.add_row(
+            _fmt(s.group),
+            str(s.requests),
+            str(s.ok),
+            str(s.rejected),
+            str(s.errors),
+            str(s.total_tokens),
+            "—" if attainment is None else f"{attainment:.1%}",
+            "—" if ratio is None else f"{ratio:.3f}",
+        )
+    console.print(table)

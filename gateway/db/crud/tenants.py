@@ -1,0 +1,186 @@
+"""Tenants: create, read, list, update (tier moves, overrides), suspend/activate, delete."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, joinedload
+
+from gateway.db.crud._common import (
+    audit,
+    check_choice,
+    check_fields,
+    check_limit,
+    check_name,
+    check_positive,
+    flush,
+    snapshot,
+)
+from gateway.db.crud.tiers import get_tier
+from gateway.db.errors import AlreadyExists, InvalidInput, NotFound
+from gateway.db.models import TENANT_STATUSES, Tenant, Tier
+
+ENTITY = "tenant"
+SLO_OVERRIDES = (
+    ("ttft_ms", "min_ttft_ms"),
+    ("tpot_ms", "min_tpot_ms"),
+    ("deadline_ms", "min_deadline_ms"),
+)
+LIMIT_OVERRIDES = ("rpm_limit", "tpm_limit", "max_concurrency")
+UPDATABLE = ("name", "tier", "status", *(s for s, _ in SLO_OVERRIDES), *LIMIT_OVERRIDES)
+
+
+def validate_tenant(state: Mapping[str, Any], tier: Tier) -> dict[str, Any]:
+    """Check a tenant's complete state against its tier (SLO overrides respect the minimums)."""
+    out: dict[str, Any] = {
+        "name": check_name(state.get("name"), ENTITY),
+        "status": check_choice(state.get("status", "active"), "status", TENANT_STATUSES),
+        "tier_id": tier.id,
+    }
+    for field, minimum in SLO_OVERRIDES:
+        value = check_positive(state.get(field), field, optional=True)
+        floor = getattr(tier, minimum)
+        if value is not None and floor is not None and value < floor:
+            raise InvalidInput(
+                f"{field} override {value:g} is tighter than tier {tier.name!r} allows "
+                f"({minimum} = {floor:g})",
+                param=field,
+            )
+        out[field] = value
+    for field in LIMIT_OVERRIDES:
+        out[field] = check_limit(state.get(field), field)
+    return out
+
+
+def get_tenant(session: Session, ref: int | str) -> Tenant:
+    """A tenant by id (int) or name (str), with its tier loaded."""
+    column = Tenant.id if isinstance(ref, int) else Tenant.name
+    tenant = session.scalar(select(Tenant).options(joinedload(Tenant.tier)).where(column == ref))
+    if tenant is None:
+        raise NotFound(f"tenant {ref!r} does not exist", param="tenant")
+    return tenant
+
+
+def find_tenant(session: Session, name: str) -> Tenant | None:
+    return session.scalar(select(Tenant).where(Tenant.name == name))
+
+
+def list_tenants(
+    session: Session, *, tier: int | str | None = None, status: str | None = None
+) -> list[Tenant]:
+    query = select(Tenant).options(joinedload(Tenant.tier)).order_by(Tenant.name)
+    if tier is not None:
+        query = query.where(Tenant.tier_id == get_tier(session, tier).id)
+    if status is not None:
+        query = query.where(Tenant.status == check_choice(status, "status", TENANT_STATUSES))
+    return list(session.scalars(query))
+
+
+def create_tenant(
+    session: Session,
+    *,
+    actor: str,
+    name: str,
+    tier: int | str,
+    status: str = "active",
+    ttft_ms: float | None = None,
+    tpot_ms: float | None = None,
+    deadline_ms: float | None = None,
+    rpm_limit: int | None = None,
+    tpm_limit: int | None = None,
+    max_concurrency: int | None = None,
+) -> Tenant:
+    tier_row = get_tier(session, tier)
+    values = validate_tenant(
+        {
+            "name": name,
+            "status": status,
+            "ttft_ms": ttft_ms,
+            "tpot_ms": tpot_ms,
+            "deadline_ms": deadline_ms,
+            "rpm_limit": rpm_limit,
+            "tpm_limit": tpm_limit,
+            "max_concurrency": max_concurrency,
+        },
+        tier_row,
+    )
+    if find_tenant(session, name) is not None:
+        raise AlreadyExists(f"tenant {name!r} already exists", param="name")
+    tenant = Tenant(**values)
+    tenant.tier = tier_row
+    session.add(tenant)
+    flush(session, f"tenant {name!r} already exists")
+    audit(
+        session,
+        actor=actor,
+        action="create",
+        entity_type=ENTITY,
+        entity_id=tenant.id,
+        before=None,
+        after=snapshot(tenant),
+    )
+    return tenant
+
+
+def update_tenant(
+    session: Session,
+    ref: int | str,
+    changes: Mapping[str, Any],
+    *,
+    actor: str,
+    action: str = "update",
+) -> Tenant:
+    """Partial update; ``tier`` takes a tier id or name. A no-op writes no audit row."""
+    check_fields(changes, UPDATABLE, ENTITY)
+    tenant = get_tenant(session, ref)
+    before = snapshot(tenant)
+    new_tier = get_tier(session, changes["tier"]) if "tier" in changes else tenant.tier
+    state = {**before, **{k: v for k, v in changes.items() if k != "tier"}}
+    values = validate_tenant(state, new_tier)
+    if values["name"] != tenant.name and find_tenant(session, values["name"]) is not None:
+        raise AlreadyExists(f"tenant {values['name']!r} already exists", param="name")
+    changed = {k: v for k, v in values.items() if before.get(k) != v}
+    if not changed:
+        return tenant
+    for key, value in changed.items():
+        setattr(tenant, key, value)
+    tenant.tier = new_tier
+    flush(session, f"tenant {values['name']!r} already exists")
+    audit(
+        session,
+        actor=actor,
+        action=action,
+        entity_type=ENTITY,
+        entity_id=tenant.id,
+        before=before,
+        after=snapshot(tenant),
+    )
+    return tenant
+
+
+def suspend_tenant(session: Session, ref: int | str, *, actor: str) -> Tenant:
+    """Suspend: the tenant's keys stop authenticating (they are kept, not revoked)."""
+    return update_tenant(session, ref, {"status": "suspended"}, actor=actor, action="suspend")
+
+
+def activate_tenant(session: Session, ref: int | str, *, actor: str) -> Tenant:
+    return update_tenant(session, ref, {"status": "active"}, actor=actor, action="activate")
+
+
+def delete_tenant(session: Session, ref: int | str, *, actor: str) -> None:
+    """Delete a tenant and its keys; its usage records stay, with tenant and key set to NULL."""
+    tenant = get_tenant(session, ref)
+    before = snapshot(tenant)
+    session.delete(tenant)
+    session.flush()
+    audit(
+        session,
+        actor=actor,
+        action="delete",
+        entity_type=ENTITY,
+        entity_id=before["id"],
+        before=before,
+        after=None,
+    )

@@ -1,0 +1,196 @@
+"""Tiers: create, read, list, update, delete — each mutation audited."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from gateway.db.crud._common import (
+    audit,
+    check_bool,
+    check_fields,
+    check_limit,
+    check_name,
+    check_optional_text,
+    check_positive,
+    flush,
+    snapshot,
+)
+from gateway.db.errors import AlreadyExists, InUse, InvalidInput, NotFound
+from gateway.db.models import Tenant, Tier
+
+ENTITY = "tier"
+UPDATABLE = (
+    "name",
+    "description",
+    "weight",
+    "ttft_ms",
+    "tpot_ms",
+    "deadline_ms",
+    "min_ttft_ms",
+    "min_tpot_ms",
+    "min_deadline_ms",
+    "rpm_limit",
+    "tpm_limit",
+    "max_concurrency",
+    "best_effort_allowed",
+)
+# (minimum, the default SLO it bounds): the tier's own defaults must respect its minimums.
+_MIN_OF = (
+    ("min_ttft_ms", "ttft_ms"),
+    ("min_tpot_ms", "tpot_ms"),
+    ("min_deadline_ms", "deadline_ms"),
+)
+
+
+def validate_tier(state: Mapping[str, Any]) -> dict[str, Any]:
+    """Check a tier's complete state; returns it normalised (numbers as float/int)."""
+    out: dict[str, Any] = {
+        "name": check_name(state.get("name"), ENTITY),
+        "description": check_optional_text(state.get("description"), "description", 1000),
+        "weight": check_positive(state.get("weight"), "weight"),
+        "ttft_ms": check_positive(state.get("ttft_ms"), "ttft_ms"),
+        "tpot_ms": check_positive(state.get("tpot_ms"), "tpot_ms"),
+        "deadline_ms": check_positive(state.get("deadline_ms"), "deadline_ms", optional=True),
+        "best_effort_allowed": check_bool(
+            state.get("best_effort_allowed", False), "best_effort_allowed"
+        ),
+    }
+    for minimum, default in _MIN_OF:
+        value = check_positive(state.get(minimum), minimum, optional=True)
+        bound = out[default]
+        if value is not None and bound is not None and value > bound:
+            raise InvalidInput(
+                f"{minimum} ({value:g}) exceeds the tier's default {default} ({bound:g}): "
+                "the default SLO must itself be allowed",
+                param=minimum,
+            )
+        out[minimum] = value
+    for limit in ("rpm_limit", "tpm_limit", "max_concurrency"):
+        out[limit] = check_limit(state.get(limit), limit)
+    return out
+
+
+def get_tier(session: Session, ref: int | str) -> Tier:
+    """A tier by id (int) or name (str)."""
+    column = Tier.id if isinstance(ref, int) else Tier.name
+    tier = session.scalar(select(Tier).where(column == ref))
+    if tier is None:
+        raise NotFound(f"tier {ref!r} does not exist", param="tier")
+    return tier
+
+
+def find_tier(session: Session, name: str) -> Tier | None:
+    return session.scalar(select(Tier).where(Tier.name == name))
+
+
+def list_tiers(session: Session) -> list[Tier]:
+    """All tiers, most important first."""
+    return list(session.scalars(select(Tier).order_by(Tier.weight.desc(), Tier.name)))
+
+
+def create_tier(
+    session: Session,
+    *,
+    actor: str,
+    name: str,
+    weight: float,
+    ttft_ms: float,
+    tpot_ms: float,
+    deadline_ms: float | None = None,
+    min_ttft_ms: float | None = None,
+    min_tpot_ms: float | None = None,
+    min_deadline_ms: float | None = None,
+    rpm_limit: int | None = None,
+    tpm_limit: int | None = None,
+    max_concurrency: int | None = None,
+    best_effort_allowed: bool = False,
+    description: str | None = None,
+) -> Tier:
+    values = validate_tier(
+        {
+            "name": name,
+            "description": description,
+            "weight": weight,
+            "ttft_ms": ttft_ms,
+            "tpot_ms": tpot_ms,
+            "deadline_ms": deadline_ms,
+            "min_ttft_ms": min_ttft_ms,
+            "min_tpot_ms": min_tpot_ms,
+            "min_deadline_ms": min_deadline_ms,
+            "rpm_limit": rpm_limit,
+            "tpm_limit": tpm_limit,
+            "max_concurrency": max_concurrency,
+            "best_effort_allowed": best_effort_allowed,
+        }
+    )
+    if find_tier(session, name) is not None:
+        raise AlreadyExists(f"tier {name!r} already exists", param="name")
+    tier = Tier(**values)
+    session.add(tier)
+    flush(session, f"tier {name!r} already exists")
+    audit(
+        session,
+        actor=actor,
+        action="create",
+        entity_type=ENTITY,
+        entity_id=tier.id,
+        before=None,
+        after=snapshot(tier),
+    )
+    return tier
+
+
+def update_tier(
+    session: Session, ref: int | str, changes: Mapping[str, Any], *, actor: str
+) -> Tier:
+    """Apply a partial update (field → new value); a no-op update writes no audit row."""
+    check_fields(changes, UPDATABLE, ENTITY)
+    tier = get_tier(session, ref)
+    before = snapshot(tier)
+    values = validate_tier({**before, **changes})
+    new_name = values["name"]
+    if new_name != tier.name and find_tier(session, new_name) is not None:
+        raise AlreadyExists(f"tier {new_name!r} already exists", param="name")
+    changed = {k: v for k, v in values.items() if before.get(k) != v}
+    if not changed:
+        return tier
+    for key, value in changed.items():
+        setattr(tier, key, value)
+    flush(session, f"tier {new_name!r} already exists")
+    audit(
+        session,
+        actor=actor,
+        action="update",
+        entity_type=ENTITY,
+        entity_id=tier.id,
+        before=before,
+        after=snapshot(tier),
+    )
+    return tier
+
+
+def delete_tier(session: Session, ref: int | str, *, actor: str) -> None:
+    """Delete a tier no tenant is on (tenants must be moved first)."""
+    tier = get_tier(session, ref)
+    tenants = session.scalar(select(func.count()).where(Tenant.tier_id == tier.id)) or 0
+    if tenants:
+        raise InUse(
+            f"tier {tier.name!r} still has {tenants} tenant(s); move or delete them first",
+            param="tier",
+        )
+    before = snapshot(tier)
+    session.delete(tier)
+    session.flush()
+    audit(
+        session,
+        actor=actor,
+        action="delete",
+        entity_type=ENTITY,
+        entity_id=before["id"],
+        before=before,
+        after=None,
+    )

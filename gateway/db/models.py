@@ -1,0 +1,231 @@
+"""ORM models: tiers, tenants, API keys, backends, usage records and the audit log.
+
+Enumerations are plain strings with CHECK constraints rather than native enums, so that adding a
+value is a one-line migration on both SQLite and PostgreSQL. Times are timezone-aware UTC
+(:class:`UTCDateTime`), whatever the database keeps.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any, ClassVar
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    DateTime,
+    Dialect,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    TypeDecorator,
+)
+from sqlalchemy.dialects import sqlite
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+TENANT_STATUSES = ("active", "suspended")
+BACKEND_KINDS = ("vllm", "vllm-ascend", "emulated")
+USAGE_STATUSES = ("ok", "error", "rejected", "cancelled")
+
+# Named constraints: Alembic's SQLite batch mode can only drop or alter what has a name.
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+def utcnow() -> datetime:
+    """The current time, timezone-aware UTC (the only kind of datetime this layer stores)."""
+    return datetime.now(UTC)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """A ``TIMESTAMP WITH TIME ZONE`` that always reads back as aware UTC.
+
+    SQLite keeps no offset; storing UTC and re-attaching it on the way out makes both databases
+    behave alike and keeps string comparison in SQLite chronological. Naive datetimes are
+    refused: their meaning depends on the host's timezone.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime: pass a timezone-aware (UTC) datetime")
+        return value.astimezone(UTC)
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+# SQLite only auto-increments INTEGER PRIMARY KEY; PostgreSQL gets a 64-bit key for usage rows.
+BigIntPK = BigInteger().with_variant(sqlite.INTEGER(), "sqlite")
+
+
+def _check_in(column: str, values: tuple[str, ...]) -> str:
+    return f"{column} IN ({', '.join(repr(v) for v in values)})"
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+    type_annotation_map: ClassVar[dict[Any, Any]] = {
+        datetime: UTCDateTime(),
+        dict[str, Any]: JSON(),
+    }
+
+
+class Timestamped:
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+
+class Tier(Timestamped, Base):
+    """A service class: its weight in the gain function, default SLOs and rate limits.
+
+    ``min_*_ms`` bound how tight an SLO a request (or a tenant override) may ask for; the
+    ``*_limit`` columns are NULL for unlimited. ``best_effort_allowed`` lets admission serve a
+    request without SLO instead of shedding it when its SLO cannot be met.
+    """
+
+    __tablename__ = "tiers"
+    __table_args__ = (
+        CheckConstraint("weight > 0", name="weight_positive"),
+        CheckConstraint("ttft_ms > 0 AND tpot_ms > 0", name="slo_positive"),
+        CheckConstraint("deadline_ms IS NULL OR deadline_ms > 0", name="deadline_positive"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    description: Mapped[str | None] = mapped_column(Text)
+    weight: Mapped[float] = mapped_column(Float)
+    ttft_ms: Mapped[float] = mapped_column(Float)
+    tpot_ms: Mapped[float] = mapped_column(Float)
+    deadline_ms: Mapped[float | None] = mapped_column(Float)
+    min_ttft_ms: Mapped[float | None] = mapped_column(Float)
+    min_tpot_ms: Mapped[float | None] = mapped_column(Float)
+    min_deadline_ms: Mapped[float | None] = mapped_column(Float)
+    rpm_limit: Mapped[int | None] = mapped_column(Integer)
+    tpm_limit: Mapped[int | None] = mapped_column(Integer)
+    max_concurrency: Mapped[int | None] = mapped_column(Integer)
+    best_effort_allowed: Mapped[bool] = mapped_column(Boolean, default=False)
+
+    tenants: Mapped[list[Tenant]] = relationship(back_populates="tier")
+
+
+class Tenant(Timestamped, Base):
+    """A customer. Non-NULL override columns replace the tier's value for this tenant only."""
+
+    __tablename__ = "tenants"
+    __table_args__ = (CheckConstraint(_check_in("status", TENANT_STATUSES), name="status"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    tier_id: Mapped[int] = mapped_column(ForeignKey("tiers.id", ondelete="RESTRICT"), index=True)
+    status: Mapped[str] = mapped_column(String(16), default="active")
+    ttft_ms: Mapped[float | None] = mapped_column(Float)
+    tpot_ms: Mapped[float | None] = mapped_column(Float)
+    deadline_ms: Mapped[float | None] = mapped_column(Float)
+    rpm_limit: Mapped[int | None] = mapped_column(Integer)
+    tpm_limit: Mapped[int | None] = mapped_column(Integer)
+    max_concurrency: Mapped[int | None] = mapped_column(Integer)
+
+    tier: Mapped[Tier] = relationship(back_populates="tenants")
+    api_keys: Mapped[list[ApiKey]] = relationship(
+        back_populates="tenant", cascade="all, delete-orphan", passive_deletes=True
+    )
+
+
+class ApiKey(Base):
+    """An API key, kept only as ``HMAC-SHA256(server secret, key)`` plus its display prefix."""
+
+    __tablename__ = "api_keys"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str | None] = mapped_column(String(128))
+    prefix: Mapped[str] = mapped_column(String(16), unique=True)
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    expires_at: Mapped[datetime | None] = mapped_column()
+    revoked_at: Mapped[datetime | None] = mapped_column()
+    last_used_at: Mapped[datetime | None] = mapped_column()
+
+    tenant: Mapped[Tenant] = relationship(back_populates="api_keys")
+
+
+class Backend(Timestamped, Base):
+    """An inference engine the gateway routes to, with the latency profile that models it."""
+
+    __tablename__ = "backends"
+    __table_args__ = (CheckConstraint(_check_in("kind", BACKEND_KINDS), name="kind"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    base_url: Mapped[str] = mapped_column(String(512))
+    model: Mapped[str] = mapped_column(String(256))
+    profile: Mapped[str] = mapped_column(String(128))
+    kind: Mapped[str] = mapped_column(String(32), default="vllm")
+    enabled: Mapped[bool] = mapped_column(Boolean, default=True)
+
+
+class UsageRecord(Base):
+    """One request's outcome, written in batches by :class:`gateway.db.usage.UsageWriter`.
+
+    Tier, model and backend are names as they were at request time (not foreign keys): a usage
+    history outlives renamed tiers and removed backends. Tenant and key survive deletion as NULL.
+    """
+
+    __tablename__ = "usage_records"
+    __table_args__ = (
+        CheckConstraint(_check_in("status", USAGE_STATUSES), name="status"),
+        Index("ix_usage_records_tenant_created", "tenant_id", "created_at"),
+        Index("ix_usage_records_tier_created", "tier", "created_at"),
+    )
+
+    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True)
+    request_id: Mapped[str] = mapped_column(String(128))
+    tenant_id: Mapped[int | None] = mapped_column(ForeignKey("tenants.id", ondelete="SET NULL"))
+    api_key_id: Mapped[int | None] = mapped_column(ForeignKey("api_keys.id", ondelete="SET NULL"))
+    tier: Mapped[str | None] = mapped_column(String(64))
+    model: Mapped[str | None] = mapped_column(String(256))
+    backend: Mapped[str | None] = mapped_column(String(64))
+    prompt_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    completion_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    ttft_ms: Mapped[float | None] = mapped_column(Float)
+    tpot_ms: Mapped[float | None] = mapped_column(Float)
+    gain: Mapped[float] = mapped_column(Float, default=0.0)
+    ideal_gain: Mapped[float] = mapped_column(Float, default=0.0)
+    slo_met: Mapped[bool] = mapped_column(Boolean, default=False)
+    status: Mapped[str] = mapped_column(String(16))
+    reject_reason: Mapped[str | None] = mapped_column(String(128))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class AuditLog(Base):
+    """Who changed what: one row per admin mutation, written in the mutation's transaction."""
+
+    __tablename__ = "audit_log"
+    __table_args__ = (Index("ix_audit_log_entity", "entity_type", "entity_id"),)
+
+    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True)
+    actor: Mapped[str] = mapped_column(String(128))
+    action: Mapped[str] = mapped_column(String(32))
+    entity_type: Mapped[str] = mapped_column(String(32))
+    entity_id: Mapped[str] = mapped_column(String(64))
+    before: Mapped[dict[str, Any] | None] = mapped_column()
+    after: Mapped[dict[str, Any] | None] = mapped_column()
+    at: Mapped[datetime] = mapped_column(default=utcnow, index=True)

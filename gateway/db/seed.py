@@ -1,0 +1,86 @@
+"""Default tiers and a demo tenant, so a fresh install can serve requests at once.
+
+Idempotent: existing tiers and tenants are left exactly as they are (an operator may have tuned
+them); only missing ones are created. The defaults:
+
+========  ======  ========  ========  ===========  ==========================================
+tier      weight  TTFT ms   TPOT ms   deadline ms  notes
+========  ======  ========  ========  ===========  ==========================================
+premium   4       1000      50        —            interactive; may ask down to 250 / 25 ms
+standard  2       2000      100       —            interactive; may ask down to 500 / 50 ms
+batch     1       5000      200       600000       best effort instead of shedding; 10 min
+========  ======  ========  ========  ===========  ==========================================
+
+TPOT 50 ms is 20 tokens/s (faster than reading); 100 ms is about reading speed; the weights 4:2:1
+follow the scheduling core's tier convention (larger = more important). Rate limits are left
+unlimited: they depend on the fleet's capacity, which only the operator knows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from gateway.db.crud.tenants import create_tenant, find_tenant
+from gateway.db.crud.tiers import create_tier, find_tier
+from gateway.db.models import ApiKey
+
+DEMO_TENANT = "demo"
+DEMO_TIER = "standard"
+
+DEFAULT_TIERS: tuple[dict[str, Any], ...] = (
+    {
+        "name": "premium",
+        "description": "interactive, most important",
+        "weight": 4.0,
+        "ttft_ms": 1000.0,
+        "tpot_ms": 50.0,
+        "min_ttft_ms": 250.0,
+        "min_tpot_ms": 25.0,
+    },
+    {
+        "name": "standard",
+        "description": "interactive, default",
+        "weight": 2.0,
+        "ttft_ms": 2000.0,
+        "tpot_ms": 100.0,
+        "min_ttft_ms": 500.0,
+        "min_tpot_ms": 50.0,
+    },
+    {
+        "name": "batch",
+        "description": "offline; served best-effort rather than shed",
+        "weight": 1.0,
+        "ttft_ms": 5000.0,
+        "tpot_ms": 200.0,
+        "deadline_ms": 600_000.0,
+        "best_effort_allowed": True,
+    },
+)
+
+
+@dataclass(frozen=True, slots=True)
+class SeedResult:
+    created_tiers: list[str] = field(default_factory=list)
+    created_demo_tenant: bool = False
+    demo_key_needed: bool = False  # the demo tenant has no key at all: the caller should issue one
+
+
+def seed_defaults(session: Session, *, actor: str = "seed") -> SeedResult:
+    """Create the missing default tiers and the demo tenant (audited like any admin change)."""
+    created = []
+    for spec in DEFAULT_TIERS:
+        if find_tier(session, spec["name"]) is None:
+            create_tier(session, actor=actor, **spec)
+            created.append(spec["name"])
+    tenant = find_tenant(session, DEMO_TENANT)
+    created_tenant = tenant is None
+    if tenant is None:
+        tenant = create_tenant(session, actor=actor, name=DEMO_TENANT, tier=DEMO_TIER)
+    has_key = session.scalar(select(ApiKey.id).where(ApiKey.tenant_id == tenant.id).limit(1))
+    return SeedResult(
+        created_tiers=created, created_demo_tenant=created_tenant, demo_key_needed=has_key is None
+    )

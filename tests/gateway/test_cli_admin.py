@@ -1,0 +1,262 @@
+"""The admin CLI end to end on a temporary SQLite database (typer's CliRunner)."""
+
+from __future__ import annotations
+
+import getpass
+import re
+from collections.abc import Callable
+from datetime import timedelta
+
+import pytest
+import typer
+from sqlalchemy import select
+from typer.testing import CliRunner, Result
+
+from gateway.cli import register
+from gateway.db import crud
+from gateway.db.models import AuditLog, utcnow
+from gateway.db.security import server_secret
+from gateway.db.session import make_engine, make_session_factory
+from gateway.db.usage import UsageEvent, UsageWriter
+from gateway.settings import get_settings
+from priority.profiles import available_profiles
+
+KEY_RE = re.compile(r"tg-[a-z0-9]{8}-[A-Za-z0-9_-]{20,}")
+
+Invoke = Callable[..., Result]
+
+
+@pytest.fixture
+def app() -> typer.Typer:
+    app = typer.Typer()
+    register(app)
+    return app
+
+
+@pytest.fixture
+def raw_cli(app: typer.Typer, sqlite_url: str, monkeypatch: pytest.MonkeyPatch) -> Invoke:
+    """Invoke the CLI against a fresh, NOT migrated SQLite database."""
+    monkeypatch.setenv("TIERGATE_DATABASE_URL", sqlite_url)
+    get_settings.cache_clear()
+    runner = CliRunner()
+
+    def invoke(*args: str) -> Result:
+        return runner.invoke(app, list(args))
+
+    return invoke
+
+
+@pytest.fixture
+def cli(raw_cli: Invoke) -> Invoke:
+    """The CLI on a migrated database."""
+    result = raw_cli("db", "upgrade")
+    assert result.exit_code == 0, result.output
+    return raw_cli
+
+
+def _ok(result: Result) -> str:
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def _fails(result: Result, message: str, code: int = 2) -> None:
+    assert result.exit_code == code, result.output
+    assert message in " ".join(result.output.split()), result.output
+
+
+def test_db_migration_commands(raw_cli: Invoke) -> None:
+    assert "base (not migrated)" in _ok(raw_cli("db", "current"))
+    _fails(raw_cli("tiers", "list"), "tiergate db upgrade", code=1)
+    _ok(raw_cli("db", "upgrade"))
+    current = _ok(raw_cli("db", "current"))
+    head = re.search(r"head:\s+(\S+)", current)
+    assert head is not None and f"current: {head.group(1)}" in current
+    _ok(raw_cli("db", "downgrade", "base"))
+    assert "base (not migrated)" in _ok(raw_cli("db", "current"))
+    _ok(raw_cli("db", "upgrade", head.group(1)))
+    _ok(raw_cli("tiers", "list"))
+
+
+def test_tier_tenant_key_lifecycle(cli: Invoke) -> None:
+    _ok(
+        cli(
+            "tiers",
+            "create",
+            "gold",
+            "--weight",
+            "3",
+            "--ttft-ms",
+            "800",
+            "--tpot-ms",
+            "40",
+            "--rpm",
+            "60",
+            "--max-concurrency",
+            "8",
+        )
+    )
+    assert "gold" in _ok(cli("tiers", "list"))
+    _ok(cli("tenants", "create", "acme", "--tier", "gold", "--tpm", "9000"))
+    assert "acme" in _ok(cli("tenants", "list", "--tier", "gold"))
+
+    out = _ok(cli("keys", "create", "--tenant", "acme", "--name", "app", "--expires-in-days", "30"))
+    keys = KEY_RE.findall(out)
+    assert len(keys) == 1 and "shown once" in out
+    key = keys[0]
+    prefix = key.split("-")[1]
+
+    listing = _ok(cli("keys", "list"))
+    assert f"tg-{prefix}" in listing and key not in listing
+
+    secret = server_secret(get_settings())
+    engine = make_engine(get_settings().database_url)
+    factory = make_session_factory(engine)
+    try:
+        with factory() as s:
+            identity = crud.authenticate(s, secret, key, touch=False)
+            assert identity is not None
+            assert (identity.tenant_name, identity.tier_name) == ("acme", "gold")
+            assert (identity.policy.rpm_limit, identity.policy.tpm_limit) == (60, 9000)
+            expires = identity.expires_at
+            assert expires is not None
+            assert timedelta(days=29) < expires - utcnow() <= timedelta(days=30)
+
+        _ok(cli("tenants", "suspend", "acme"))
+        with factory() as s:
+            assert crud.authenticate(s, secret, key) is None
+        _ok(cli("tenants", "activate", "acme"))
+        _ok(cli("keys", "revoke", f"tg-{prefix}"))
+        with factory() as s:
+            assert crud.authenticate(s, secret, key) is None
+            assert "revoked" in _ok(cli("keys", "list", "--tenant", "acme"))
+            rows = s.scalars(select(AuditLog).order_by(AuditLog.id)).all()
+    finally:
+        engine.dispose()
+    assert {r.actor for r in rows} == {f"cli:{getpass.getuser()}"}
+    assert [(r.entity_type, r.action) for r in rows] == [
+        ("tier", "create"),
+        ("tenant", "create"),
+        ("api_key", "create"),
+        ("tenant", "suspend"),
+        ("tenant", "activate"),
+        ("api_key", "revoke"),
+    ]
+
+
+def test_bad_input_exits_2_with_a_precise_message(cli: Invoke) -> None:
+    gold = ("--weight", "3", "--ttft-ms", "800", "--tpot-ms", "40")
+    _ok(cli("tiers", "create", "gold", *gold))
+    _fails(cli("tiers", "create", "gold", *gold), "tier 'gold' already exists")
+    _fails(
+        cli("tiers", "create", "zero", "--weight", "0", "--ttft-ms", "1", "--tpot-ms", "1"),
+        "weight must be a positive finite number, got 0.0",
+    )
+    _fails(cli("tenants", "create", "acme", "--tier", "platinum"), "tier 'platinum' does not exist")
+    _ok(cli("tenants", "create", "acme", "--tier", "gold"))
+    _fails(cli("tenants", "create", "acme", "--tier", "gold"), "tenant 'acme' already exists")
+    _fails(cli("tiers", "delete", "gold"), "tier 'gold' still has 1 tenant(s)")
+    _fails(cli("keys", "create", "--tenant", "nobody"), "tenant 'nobody' does not exist")
+    _fails(cli("keys", "revoke", "tg-zzzzzzzz"), "API key 'tg-zzzzzzzz' does not exist")
+    _fails(
+        cli("backends", "add", "b", "--url", "http://h:1", "--model", "m", "--profile", "no-such"),
+        "unknown profile 'no-such'; known profiles:",
+    )
+    _fails(
+        cli(
+            "backends",
+            "add",
+            "b",
+            "--url",
+            "http://h:1",
+            "--model",
+            "m",
+            "--profile",
+            available_profiles()[0],
+            "--kind",
+            "triton",
+        ),
+        "kind must be one of vllm, vllm-ascend, emulated",
+    )
+    _fails(cli("usage", "--by", "model"), "--by must be 'tenant' or 'tier'")
+
+
+def test_backends_commands(cli: Invoke) -> None:
+    profile = available_profiles()[0]
+    _ok(
+        cli(
+            "backends",
+            "add",
+            "gpu-0",
+            "--url",
+            "http://10.0.0.5:8000",
+            "--model",
+            "qwen",
+            "--profile",
+            profile,
+            "--kind",
+            "emulated",
+        )
+    )
+    _fails(
+        cli(
+            "backends",
+            "add",
+            "gpu-0",
+            "--url",
+            "http://10.0.0.6:8000",
+            "--model",
+            "qwen",
+            "--profile",
+            profile,
+        ),
+        "backend 'gpu-0' already exists",
+    )
+    _ok(cli("backends", "disable", "gpu-0"))
+    listing = _ok(cli("backends", "list"))
+    assert "gpu-0" in listing and "emulated" in listing and "no" in listing.split("gpu-0")[1]
+    _ok(cli("backends", "enable", "gpu-0"))
+    _fails(cli("backends", "disable", "gpu-9"), "backend 'gpu-9' does not exist")
+
+
+def test_seed_quiet_key_and_usage(cli: Invoke) -> None:
+    first = _ok(cli("db", "seed"))
+    assert "premium, standard, batch" in first and len(KEY_RE.findall(first)) == 1
+    again = _ok(cli("db", "seed"))
+    assert "none (all present)" in again and not KEY_RE.findall(again)
+
+    quiet = _ok(cli("keys", "create", "--tenant", "demo", "-q"))
+    assert KEY_RE.fullmatch(quiet.strip())
+
+    engine = make_engine(get_settings().database_url)
+    try:
+        with make_session_factory(engine)() as s:
+            demo_id = crud.get_tenant(s, "demo").id
+        with UsageWriter(make_session_factory(engine)) as writer:
+            writer.submit(
+                UsageEvent(
+                    request_id="1",
+                    tenant_id=demo_id,
+                    tier="standard",
+                    status="ok",
+                    prompt_tokens=30,
+                    completion_tokens=12,
+                    slo_met=True,
+                    gain=3.0,
+                    ideal_gain=4.0,
+                )
+            )
+            writer.submit(
+                UsageEvent(
+                    request_id="2",
+                    tenant_id=demo_id,
+                    tier="standard",
+                    status="rejected",
+                    ideal_gain=4.0,
+                )
+            )
+    finally:
+        engine.dispose()
+    by_tenant = _ok(cli("usage"))
+    row = next(line for line in by_tenant.splitlines() if "demo" in line)
+    assert re.findall(r"[\d.]+%?", row)[:7] == ["2", "1", "1", "0", "42", "50.0%", "0.375"]
+    assert "standard" in _ok(cli("usage", "--by", "tier", "--hours", "1"))

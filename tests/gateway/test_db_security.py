@@ -1,0 +1,111 @@
+"""API key format, HMAC hashing and the persisted server secret."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import stat
+import threading
+from pathlib import Path
+
+from hypothesis import given
+from hypothesis import strategies as st
+from pydantic import SecretStr
+
+from gateway.db.security import (
+    PREFIX_LENGTH,
+    generate_key,
+    hash_key,
+    hashes_equal,
+    load_or_create_secret,
+    normalize_prefix,
+    parse_prefix,
+    server_secret,
+)
+from gateway.settings import Settings
+
+
+def test_generated_keys_have_the_documented_shape_and_are_unique() -> None:
+    keys = [generate_key() for _ in range(200)]
+    assert len({k.plaintext for k in keys}) == 200
+    for key in keys:
+        scheme, prefix, body = key.plaintext.split("-", 2)
+        assert scheme == "tg"
+        assert prefix == key.prefix and len(prefix) == PREFIX_LENGTH
+        assert len(body) >= 40  # 32 random bytes, urlsafe base64
+        assert parse_prefix(key.plaintext) == key.prefix
+        assert key.plaintext not in repr(key)
+
+
+@given(st.text(max_size=80))
+def test_parse_prefix_only_accepts_well_formed_keys(text: str) -> None:
+    prefix = parse_prefix(text)
+    if prefix is not None:
+        assert text.startswith(f"tg-{prefix}-") and len(text) > len(prefix) + 4
+
+
+def test_parse_prefix_rejects_malformed_keys() -> None:
+    for bad in (
+        "",
+        "tg-",
+        "tg-abcd1234",
+        "tg-abcd1234-",
+        "sk-abcd1234-xyz",
+        "tg-ABCD1234-xyz",
+        "tg-abc-xyz",
+        "tg-abcd12345-xyz",
+    ):
+        assert parse_prefix(bad) is None, bad
+
+
+def test_normalize_prefix_accepts_the_forms_people_paste() -> None:
+    key = generate_key()
+    for form in (key.prefix, f"tg-{key.prefix}", key.plaintext, f"  tg-{key.prefix} "):
+        assert normalize_prefix(form) == key.prefix
+
+
+def test_hash_is_hmac_sha256_of_the_key_under_the_secret() -> None:
+    key = generate_key().plaintext
+    digest = hash_key("s3cret", key)
+    assert len(digest) == 64 and int(digest, 16) >= 0
+    assert digest == hmac.new(b"s3cret", key.encode(), hashlib.sha256).hexdigest()
+    assert hash_key(b"s3cret", key) == digest
+    assert hash_key("other", key) != digest
+    assert key not in digest
+    assert hashes_equal(digest, hash_key("s3cret", key))
+    assert not hashes_equal(digest, hash_key("s3cret", key + "x"))
+
+
+def test_secret_is_created_once_with_private_permissions(tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    first = load_or_create_secret(data_dir)
+    assert len(first) >= 40
+    mode = stat.S_IMODE((data_dir / "secret").stat().st_mode)
+    assert mode == 0o600
+    assert load_or_create_secret(data_dir) == first
+    assert [p.name for p in data_dir.iterdir()] == ["secret"]  # no temporary files left
+
+
+def test_concurrent_first_use_agrees_on_one_secret(tmp_path: Path) -> None:
+    results: list[str] = []
+    barrier = threading.Barrier(8)
+
+    def worker() -> None:
+        barrier.wait()
+        results.append(load_or_create_secret(tmp_path))
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(results) == 8 and len(set(results)) == 1
+
+
+def test_configured_secret_wins_over_the_file(tmp_path: Path) -> None:
+    configured = Settings(secret=SecretStr("from-env"), data_dir=tmp_path)
+    assert server_secret(configured) == "from-env"
+    assert not (tmp_path / "secret").exists()
+    generated = Settings(data_dir=tmp_path)
+    assert server_secret(generated) == load_or_create_secret(tmp_path) != "from-env"
+    assert "from-env" not in repr(configured) and "from-env" not in str(configured)
