@@ -1,0 +1,381 @@
+"""Our engine policy inside vLLM's scheduler (imports vLLM when a scheduler is built).
+
+vLLM keeps everything it is good at — KV-cache management, prefix caching, the request
+lifecycle, outputs and its own stats — and our policy decides, every step, who runs, how many
+tokens each computes and whom to preempt. The hooks, all as thin as vLLM allows:
+
+1. **Policy view.** Before vLLM's ``schedule()``, every running request and every schedulable
+   waiting request is mirrored into a :class:`priority.request.Request` (cached per request id,
+   refreshed each step: computed/output tokens, KV blocks held, SLO from
+   ``sampling_params.extra_args`` and ``priority``); the policy plans the step with
+   :class:`EngineLimits` from the scheduler config and the KV pool's free blocks.
+2. **Preemption.** The plan's victims are preempted first, through vLLM's own
+   ``_preempt_request`` (free blocks, recompute later), and reported in the step's output.
+3. **Order.** ``scheduler.running`` and the waiting queue (a :class:`PolicyOrderedQueue`) are
+   re-sorted so the planned requests come first, in the plan's order.
+4. **Token budget.** ``max_num_scheduled_tokens`` is set to the plan's total for the step.
+5. **Per-request chunk.** vLLM sizes each request's chunk as ``min(needed, budget left)``; a plan
+   may chunk a prefill in the middle of the batch. vLLM calls one overridable method per request
+   in both of its loops in every supported version — ``_mamba_block_aligned_split`` when
+   ``need_mamba_block_aligned_split`` is set — so the adapter sets that flag, chains to vLLM's
+   own split for real hybrid models, and caps the result at the planned tokens (0 for a request
+   the plan leaves out this step: vLLM then skips it in the running loop and stops admitting in
+   the waiting loop, which is exactly where the planned admissions end).
+
+vLLM admits a waiting request only if its whole current sequence fits in the free blocks
+(``scheduler_reserve_full_isl``, on by default), stricter than the policy's per-chunk check, and
+stops admitting at the first refusal; the adapter replays that check on the plan and re-plans
+without a request vLLM would refuse, so such a plan is never handed to vLLM.
+
+Where vLLM may still deviate from the plan, always by doing *less*, never more (the budget and
+the caps are upper bounds): a chunk cut by ``long_prefill_token_threshold``, encoder budgets,
+LoRA limits or a KV allocation that fails (vLLM then preempts from the tail of ``running``: the
+requests the plan did not schedule); a prefix-cache hit that shrinks a prefill. Requests the
+policy never sees (blocked on grammar, remote KV or streaming input; holding KV while waiting)
+keep vLLM's handling. Every step whose executed batch differs from the plan is counted in
+``PolicyState.plan_deviations``; if vLLM could run nothing of a non-empty plan, the next step
+is left to vLLM's own order, so the engine cannot livelock on a plan it cannot execute.
+vLLM's "no admission in a step that preempted" rule does not apply to the plan's own
+preemptions: the policy accounted for the freed blocks.
+
+The step-time correction (beta) learns from real step times (:mod:`engine_common.timing`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import time
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+from engine_common import compat
+from engine_common.settings import EngineSettings
+from engine_common.slo import parse_meta
+from engine_common.state import PolicyState, encode
+from engine_common.timing import StepTimer
+from priority.policies.base import EngineLimits, SchedulerInput, StepPlan, cdiv
+from priority.request import Request, RequestStatus
+
+logger = logging.getLogger(__name__)
+
+
+class PolicyDriver:
+    """Runs one policy against one vLLM scheduler object (see the module docstring)."""
+
+    def __init__(
+        self,
+        scheduler: Any,
+        settings: EngineSettings,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.scheduler = scheduler
+        self.settings = settings
+        self.policy = settings.make_policy()
+        self.clock = clock
+        """Seconds on the clock of ``Request.arrival_time`` (Unix time: vLLM stamps arrivals
+        with ``time.time()`` and the gateway sends Unix times)."""
+        config = scheduler.scheduler_config
+        self.token_budget = min(
+            int(scheduler.max_num_scheduled_tokens), int(config.max_num_batched_tokens)
+        )
+        self.state = PolicyState()
+        self.timer: StepTimer[StepPlan | None] = StepTimer()
+        self._views: dict[str, Request] = {}
+        self._admitted: dict[str, int] = {}
+        self._first_seen: dict[str, int] = {}
+        self._counter = itertools.count()
+        self._caps: dict[str, int] | None = None
+        self._plan: StepPlan | None = None
+        self._preempted: list[str] = []
+        self._saved_budget: int | None = None
+        self._now = 0.0
+        self._stalled = False
+        self._deviations = 0
+        self._steps = 0
+
+    # ---- the hooks around vLLM's schedule() ---------------------------------------------------
+
+    def before_schedule(self) -> None:
+        s = self.scheduler
+        now = self.clock()
+        self._caps = None
+        self._plan = None
+        running: list[Request] = []
+        hidden = 0
+        for req in s.running:
+            view: Request | None = None
+            if not compat.is_done_in_flight(req):
+                view = self._view(req, running=True)
+            if view is None or view.num_uncomputed_tokens < 1:
+                hidden += 1  # vLLM will not schedule it this step: not the policy's business
+                continue
+            running.append(view)
+        running.sort(key=lambda v: self._admitted.get(v.request_id, -1))
+        waiting = [
+            self._view(req, running=False)
+            for req in s.waiting
+            if not compat.is_blocked(s, req) and not compat.holds_kv(s, req)
+        ]
+        waiting.sort(key=lambda v: (v.arrival_s, self._first_seen[v.request_id]))
+        if not running and not waiting:
+            return  # nothing for the policy: vLLM's own behaviour
+        if self._stalled:
+            # the last plan could not run at all (a vLLM rule the policy does not model): let
+            # vLLM schedule this one step by itself so the engine always makes progress
+            self._stalled = False
+            logger.warning("tiergate: vLLM could not run the plan; one step on vLLM's order")
+            return
+        slots = (
+            compat.max_admitted(s) - hidden - int(getattr(s, "num_waiting_for_streaming_input", 0))
+        )
+        limits = EngineLimits(
+            token_budget=self.token_budget,
+            max_num_seqs=max(slots, len(running)),
+            block_size=int(s.block_size),
+            num_free_blocks=compat.num_free_blocks(s),
+        )
+        candidates = waiting
+        for _ in range(len(waiting) + 1):
+            plan = self.policy.schedule(SchedulerInput(now, running, candidates, limits))
+            refused = self._refused_admission(plan, limits)
+            if refused is None:
+                break
+            # vLLM would refuse this admission and stop admitting there: plan without it
+            candidates = [v for v in candidates if v.request_id != refused]
+        self._plan = plan
+        self._steps += 1
+
+        caps = {v.request_id: 0 for v in itertools.chain(running, waiting)}
+        for view in plan.preempted:
+            req = s.requests[view.request_id]
+            s.running.remove(req)
+            compat.preempt(s, req)
+            self._admitted.pop(view.request_id, None)
+            self._preempted.append(view.request_id)
+        rank: dict[str, int] = {}
+        for i, (view, tokens) in enumerate(plan.scheduled):
+            caps[view.request_id] = tokens
+            rank[view.request_id] = i
+        last = len(rank)
+        s.running.sort(key=lambda r: rank.get(r.request_id, last))
+        s.waiting.reorder(lambda r: rank.get(r.request_id, last))
+        self._caps = caps
+        self._saved_budget = s.max_num_scheduled_tokens
+        s.max_num_scheduled_tokens = plan.num_tokens
+        self._now = now
+        urgent = plan.num_urgent
+        self.state = PolicyState(
+            num_urgent=urgent,
+            num_normal=len(running) + len(waiting) - urgent,
+            latency_budget_s=plan.time_budget_s or 0.0,
+            beta=self.policy.estimator.beta,
+            estimator_error=self.policy.estimator.last_ratio_error,
+            plan_deviations=self._deviations,
+            steps=self._steps,
+        )
+
+    def _refused_admission(self, plan: StepPlan, limits: EngineLimits) -> str | None:
+        """The first planned admission vLLM's admission check would refuse, if any.
+
+        vLLM allocates the running requests' chunks first, then admits in queue order, each only
+        if its whole current sequence fits (``scheduler_reserve_full_isl``, on by default) —
+        stricter than the policy's per-chunk KV check.
+        """
+        bs = limits.block_size
+        free = limits.num_free_blocks + sum(v.num_kv_blocks for v in plan.preempted)
+        admissions = []
+        for view, tokens in plan.scheduled:
+            if view.status is RequestStatus.RUNNING:
+                free -= max(0, cdiv(view.num_computed_tokens + tokens, bs) - view.num_kv_blocks)
+            else:
+                admissions.append((view, tokens))
+        for view, tokens in admissions:
+            if compat.admission_blocks(self.scheduler, view, tokens) > free:
+                return view.request_id
+            free -= cdiv(view.num_computed_tokens + tokens, bs)
+        return None
+
+    def cap(self, request: Any, num_new_tokens: int) -> int:
+        """vLLM's chunk for ``request`` capped at the plan's (unplanned requests pass through)."""
+        if self._caps is None:
+            return num_new_tokens
+        planned = self._caps.get(request.request_id)
+        return num_new_tokens if planned is None else min(num_new_tokens, planned)
+
+    def restore_budget(self) -> None:
+        if self._saved_budget is not None:
+            self.scheduler.max_num_scheduled_tokens = self._saved_budget
+            self._saved_budget = None
+
+    def after_schedule(self, output: Any) -> None:
+        s = self.scheduler
+        compat.report_preempted(output, self._preempted)
+        self._preempted.clear()
+        self._caps = None
+        executed: dict[str, int] = dict(output.num_scheduled_tokens)
+        plan = self._plan
+        if plan is not None:
+            planned = {v.request_id: tokens for v, tokens in plan.scheduled}
+            if planned != executed:
+                self._deviations += 1
+                self._stalled = bool(planned) and not executed
+                logger.debug("step deviated from the plan: planned %s, ran %s", planned, executed)
+            for view, _ in plan.scheduled:  # admission order, as the simulator keeps it
+                if view.request_id in executed and view.request_id not in self._admitted:
+                    self._admitted[view.request_id] = next(self._counter)
+        for request_id in executed:
+            if request_id not in self._admitted:
+                self._admitted[request_id] = next(self._counter)
+        if not executed:
+            return
+        prefill: list[tuple[int, int]] = []
+        decode: list[int] = []
+        for request_id, tokens in executed.items():
+            l_kv = int(s.requests[request_id].num_computed_tokens) - tokens
+            mirror = self._views.get(request_id)
+            if tokens == 1 and (mirror is None or mirror.num_uncomputed_tokens == 1):
+                decode.append(l_kv)
+            else:
+                prefill.append((tokens, l_kv))
+        raw = self.policy.estimator.raw_batch_time(prefill, decode)
+        self.timer.scheduled(self._now if plan is not None else self.clock(), raw, plan)
+
+    def after_update(self, scheduler_output: Any) -> None:
+        if scheduler_output.total_num_scheduled_tokens > 0:
+            measured = self.timer.completed(self.clock())
+            if measured is not None and math.isfinite(measured.real_s):
+                self.policy.estimator.observe(measured.raw_predicted_s, measured.real_s)
+                if measured.payload is not None:
+                    self.policy.on_step_end(measured.payload, measured.end_s)
+        live = self.scheduler.requests
+        for request_id in [r for r in self._views if r not in live]:
+            del self._views[request_id]
+            self._admitted.pop(request_id, None)
+            self._first_seen.pop(request_id, None)
+
+    # ---- the policy's mirror of a vLLM request -------------------------------------------------
+
+    def _view(self, req: Any, *, running: bool) -> Request:
+        view = self._views.get(req.request_id)
+        if view is None:
+            view = self._new_view(req)
+            self._views[req.request_id] = view
+            self._first_seen[req.request_id] = next(self._counter)
+        view.num_computed_tokens = int(req.num_computed_tokens)
+        view.num_output_tokens = int(req.num_output_tokens) + int(req.num_output_placeholders)
+        view.num_preemptions = int(req.num_preemptions)
+        if running:
+            view.status = RequestStatus.RUNNING
+            view.num_kv_blocks = compat.num_kv_blocks(self.scheduler, req.request_id)
+        else:
+            view.status = RequestStatus.WAITING
+            view.num_kv_blocks = 0
+        return view
+
+    def _new_view(self, req: Any) -> Request:
+        params = req.sampling_params
+        prompt_tokens = max(1, int(req.num_prompt_tokens))
+        profile = self.settings.profile
+        meta = parse_meta(
+            getattr(params, "extra_args", None) if params is not None else None,
+            getattr(req, "priority", 0),
+            defaults=self.settings.defaults,
+            zero_load_ttft_s=profile.zero_load_ttft_s(prompt_tokens),
+        )
+        return Request(
+            request_id=req.request_id,
+            arrival_s=meta.arrival_s if meta.arrival_s is not None else float(req.arrival_time),
+            prompt_tokens=prompt_tokens,
+            slo=meta.slo,
+            weight=meta.weight,
+            tier=meta.tier,
+            tenant=meta.tenant,
+            max_output_tokens=max(1, int(req.max_tokens)),
+        )
+
+    def view_of(self, request_id: str) -> Request | None:
+        """The policy's current view of a request (for tests and debugging)."""
+        return self._views.get(request_id)
+
+
+class TiergateSchedulerMixin:
+    """Put in front of vLLM's ``Scheduler``/``AsyncScheduler`` by :func:`build_scheduler`."""
+
+    tiergate_default_profile: ClassVar[str] = "h100-llama3.1-8b"
+    tiergate: PolicyDriver
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        settings = EngineSettings.from_env(self.tiergate_default_profile)
+        from engine_common.queue import PolicyOrderedQueue
+
+        me: Any = self
+        me.waiting = PolicyOrderedQueue(me.waiting)
+        me.policy = compat.fcfs_policy()  # vLLM's fallback victim: the tail of our order
+        self._tiergate_real_split = bool(me.need_mamba_block_aligned_split)
+        me.need_mamba_block_aligned_split = True  # turns on the per-request hook below
+        self.tiergate = PolicyDriver(self, settings)
+        logger.info(
+            "tiergate scheduler on %s: policy %s, profile %s",
+            type(self).__mro__[2].__name__,
+            settings.policy,
+            settings.profile.name,
+        )
+
+    def schedule(self, *args: Any, **kwargs: Any) -> Any:
+        self.tiergate.before_schedule()
+        try:
+            output = super().schedule(*args, **kwargs)  # type: ignore[misc]
+        finally:
+            self.tiergate.restore_budget()
+        self.tiergate.after_schedule(output)
+        return output
+
+    def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
+        outputs = super().update_from_output(  # type: ignore[misc]
+            scheduler_output, model_runner_output
+        )
+        self.tiergate.after_update(scheduler_output)
+        return outputs
+
+    def _mamba_block_aligned_split(
+        self, request: Any, num_new_tokens: int, *args: Any, **kwargs: Any
+    ) -> int:
+        if self._tiergate_real_split:
+            num_new_tokens = super()._mamba_block_aligned_split(  # type: ignore[misc]
+                request, num_new_tokens, *args, **kwargs
+            )
+        return self.tiergate.cap(request, num_new_tokens)
+
+    def make_stats(self, *args: Any, **kwargs: Any) -> Any:
+        stats = super().make_stats(*args, **kwargs)  # type: ignore[misc]
+        if stats is not None:
+            encode(self.tiergate.state, stats.running_lora_adapters)
+        return stats
+
+
+_CLASSES: dict[tuple[str, str, type], type] = {}
+
+
+def build_scheduler(default_profile: str, name: str, *args: Any, **kwargs: Any) -> Any:
+    """Construct our scheduler on the vLLM base class that fits ``vllm_config``.
+
+    The base is resolved now (AsyncScheduler under asynchronous scheduling, else Scheduler),
+    from the module attribute, so a platform plugin that rebinds vLLM's ``Scheduler`` (as
+    vllm-ascend does) is respected.
+    """
+    vllm_config = kwargs["vllm_config"] if "vllm_config" in kwargs else args[0]
+    base = compat.resolve_base(vllm_config)
+    key = (default_profile, name, base)
+    cls = _CLASSES.get(key)
+    if cls is None:
+        cls = type(
+            f"{name}[{base.__name__}]",
+            (TiergateSchedulerMixin, base),
+            {"tiergate_default_profile": default_profile, "__module__": __name__},
+        )
+        _CLASSES[key] = cls
+    return cls(*args, **kwargs)

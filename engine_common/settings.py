@@ -1,0 +1,139 @@
+"""Engine-plugin settings from ``TIERGATE_*`` environment variables.
+
+vLLM builds the scheduler itself (``--scheduler-cls``), so the only channel for our options is the
+environment of the engine process:
+
+==============================  =====================================================  ============
+variable                        meaning                                                default
+==============================  =====================================================  ============
+``TIERGATE_POLICY``             engine policy name (``priority.policies``)             ``slide``
+``TIERGATE_PROFILE``            latency profile name or path to a profile JSON         per package
+``TIERGATE_POLICY_PARAMS``      JSON object of the policy's keyword parameters         ``{}``
+``TIERGATE_DEFAULT_TIER``       tier of requests that carry no tier                    ``default``
+``TIERGATE_DEFAULT_WEIGHT``     weight of requests that carry neither weight nor       ``1.0``
+                                ``priority``
+``TIERGATE_DEFAULT_TTFT_MS``    TTFT SLO of requests without one (unset: 5x the        unset
+                                prompt's zero-load TTFT, at least 200 ms)
+``TIERGATE_DEFAULT_TPOT_MS``    TPOT SLO of requests without one                       ``100``
+``TIERGATE_ESTIMATOR_THETA``    momentum of the step-time correction beta              ``0.8``
+``TIERGATE_ESTIMATOR_WINDOW``   steps per beta update                                  ``16``
+==============================  =====================================================  ============
+
+Every error names the variable and, for names, the known values, so a typo fails at start-up.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from priority.estimator import DEFAULT_THETA, DEFAULT_WINDOW
+from priority.policies import POLICY_NAMES, SchedulingPolicy, make_policy, policy_class
+from priority.profiles import Profile, available_profiles, load_profile
+
+PREFIX = "TIERGATE_"
+
+
+class SettingsError(ValueError):
+    """An invalid ``TIERGATE_*`` variable (raised when the scheduler is constructed)."""
+
+
+@dataclass(frozen=True, slots=True)
+class BestEffortDefaults:
+    """What a request without SLO metadata gets: best effort in the default tier."""
+
+    tier: str = "default"
+    weight: float = 1.0
+    ttft_s: float | None = None
+    """None: ``max(ttft_scale x zero-load TTFT of the prompt, ttft_floor_s)``."""
+    tpot_s: float = 0.1
+    ttft_scale: float = 5.0
+    ttft_floor_s: float = 0.2
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSettings:
+    policy: str
+    profile: Profile
+    policy_params: Mapping[str, Any] = field(default_factory=dict)
+    defaults: BestEffortDefaults = BestEffortDefaults()
+    theta: float = DEFAULT_THETA
+    window: int = DEFAULT_WINDOW
+
+    def make_policy(self) -> SchedulingPolicy:
+        """A fresh policy with its own estimator (beta starts at 1)."""
+        estimator = self.profile.estimator(theta=self.theta, window=self.window)
+        try:
+            return make_policy(self.policy, estimator, **dict(self.policy_params))
+        except (TypeError, ValueError) as exc:
+            raise SettingsError(f"{PREFIX}POLICY_PARAMS for {self.policy!r}: {exc}") from None
+
+    @classmethod
+    def from_env(
+        cls, default_profile: str, env: Mapping[str, str] | None = None
+    ) -> EngineSettings:
+        env = os.environ if env is None else env
+        policy = env.get(f"{PREFIX}POLICY", "slide").strip()
+        if policy not in POLICY_NAMES:
+            raise SettingsError(
+                f"{PREFIX}POLICY={policy!r} is not a policy; known: {', '.join(POLICY_NAMES)}"
+            )
+        if policy_class(policy).uses_oracle_length:
+            raise SettingsError(
+                f"{PREFIX}POLICY={policy!r} needs true output lengths, which only exist in "
+                "simulation"
+            )
+        profile_name = env.get(f"{PREFIX}PROFILE", default_profile).strip()
+        try:
+            profile = load_profile(profile_name)
+        except (KeyError, ValueError, OSError) as exc:
+            raise SettingsError(
+                f"{PREFIX}PROFILE={profile_name!r}: {exc}; shipped profiles: "
+                f"{', '.join(available_profiles())}"
+            ) from None
+        raw_params = env.get(f"{PREFIX}POLICY_PARAMS", "").strip() or "{}"
+        try:
+            params = json.loads(raw_params)
+        except json.JSONDecodeError as exc:
+            raise SettingsError(f"{PREFIX}POLICY_PARAMS is not JSON: {exc}") from None
+        if not isinstance(params, dict):
+            raise SettingsError(f"{PREFIX}POLICY_PARAMS must be a JSON object, got {raw_params}")
+        ttft_ms = _number(env, "DEFAULT_TTFT_MS", None)
+        defaults = BestEffortDefaults(
+            tier=env.get(f"{PREFIX}DEFAULT_TIER", "default").strip() or "default",
+            weight=_positive(_number(env, "DEFAULT_WEIGHT", 1.0), "DEFAULT_WEIGHT"),
+            ttft_s=None if ttft_ms is None else _positive(ttft_ms, "DEFAULT_TTFT_MS") / 1e3,
+            tpot_s=_positive(_number(env, "DEFAULT_TPOT_MS", 100.0), "DEFAULT_TPOT_MS") / 1e3,
+        )
+        theta = _number(env, "ESTIMATOR_THETA", DEFAULT_THETA)
+        window = _number(env, "ESTIMATOR_WINDOW", DEFAULT_WINDOW)
+        if theta is None or not 0.0 <= theta < 1.0:
+            raise SettingsError(f"{PREFIX}ESTIMATOR_THETA must be in [0, 1), got {theta}")
+        if window is None or window < 1 or window != int(window):
+            raise SettingsError(f"{PREFIX}ESTIMATOR_WINDOW must be an integer >= 1")
+        settings = cls(policy, profile, params, defaults, theta, int(window))
+        settings.make_policy()  # unknown or invalid policy parameters fail here, at start-up
+        return settings
+
+
+def _number(env: Mapping[str, str], name: str, default: float | None) -> float | None:
+    raw = env.get(PREFIX + name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SettingsError(f"{PREFIX}{name}={raw!r} is not a number") from None
+    if not math.isfinite(value):
+        raise SettingsError(f"{PREFIX}{name}={raw!r} is not finite")
+    return value
+
+
+def _positive(value: float | None, name: str) -> float:
+    if value is None or value <= 0:
+        raise SettingsError(f"{PREFIX}{name} must be > 0, got {value}")
+    return value
