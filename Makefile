@@ -4,13 +4,13 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 OUT ?= out
 
-# The main job on the embedded default: the policy comparison on a bundled Azure trace sample,
-# two A100 and two Ascend 910B instances behind GoRouting, below, near and past capacity.
-RUN_ARGS ?= --trace azure_conv_20min --profile a100-qwen2-7b,910b-qwen2-7b --instances 4 \
+# The policy comparison on a bundled Azure trace sample: two A100 and two Ascend 910B instances
+# behind GoRouting, below, near and past capacity (`make sim`).
+SIM_ARGS ?= --trace azure_conv_20min --profile a100-qwen2-7b,910b-qwen2-7b --instances 4 \
 	--router goroute --policy vllm-fcfs,vllm-priority,sarathi-priority,fairbatching,wvtc,slide \
 	--rate-scale 2,4,5 --duration 300 --seed 0 --json $(OUT)/sim.json --plot $(OUT)/sim.png
 
-.PHONY: run test lint install install-dev
+.PHONY: run sim test lint install install-dev
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -24,9 +24,13 @@ install-dev: $(BIN)/python
 	# CPU torch for the profiling script's tests (a local wheel on these machines).
 	$(BIN)/pip install -q torch==2.13.0 || echo "torch unavailable: profiling tests will skip"
 
+# The main job: the gateway on the embedded default (SQLite, four emulated engines) on port 8000.
 run: install
+	$(BIN)/tiergate serve $(SERVE_ARGS)
+
+sim: install
 	mkdir -p $(OUT)
-	$(BIN)/tiergate sim $(RUN_ARGS)
+	$(BIN)/tiergate sim $(SIM_ARGS)
 
 lint: install-dev
 	$(BIN)/ruff check .

@@ -6,6 +6,7 @@ import typer
 
 from gateway.cli import register as register_admin_commands
 from gateway.engine_sim.cli import engine_sim_command
+from gateway.serve import serve_command
 from priority.cli.profile import profile_app
 from priority.cli.sim import sim
 
@@ -16,6 +17,7 @@ app = typer.Typer(
 )
 app.command("sim")(sim)
 app.add_typer(profile_app, name="profile")
+app.command("serve")(serve_command)
 app.command("engine-sim")(engine_sim_command)
 register_admin_commands(app)
 

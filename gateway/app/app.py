@@ -1,0 +1,297 @@
+"""``create_app``: the gateway's FastAPI application and everything it owns for its lifetime.
+
+The lifespan builds the :class:`GatewayState` (database, secret, auth cache, backend pool with
+its probes, rate limiter, admission queue, usage writer, metrics) and tears it down in reverse:
+the usage writer is closed last among the request-path objects, so every record submitted
+before shutdown is written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import logging
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+from sqlalchemy import text
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from gateway.app.auth import AuthCache
+from gateway.app.backends import BackendPool, BackendSpec
+from gateway.app.config import GatewaySettings, gateway_settings
+from gateway.app.errors import ApiError
+from gateway.app.metrics import GatewayMetrics
+from gateway.app.proxy import serve
+from gateway.app.state import GatewayState, StateDep
+from gateway.db.security import server_secret
+from gateway.db.session import make_engine, make_session_factory
+from gateway.db.usage import UsageWriter
+from gateway.limits import AdmissionQueue, AdmissionRejected, make_rate_limiter
+from gateway.settings import Settings
+
+log = logging.getLogger(__name__)
+
+LAST_USED_FLUSH_S = 5.0
+"""How often keys' ``last_used_at`` is written (in one UPDATE, off the request path)."""
+KEEPALIVE_CONNECTIONS = 512
+
+
+def create_app(
+    settings: Settings | None = None, *, backends: Sequence[BackendSpec] | None = None
+) -> FastAPI:
+    """The gateway app. ``backends`` replaces the database's backends table (``tiergate serve``
+    with in-process emulated engines, and tests); without it the enabled rows are served."""
+    config = gateway_settings(settings)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        state, background = await _start(config, backends)
+        app.state.gateway = state
+        try:
+            yield
+        finally:
+            await _stop(state, background)
+
+    app = FastAPI(
+        title="tiergate gateway",
+        summary="SLO-aware multi-tenant gateway for OpenAI-compatible LLM engines",
+        lifespan=lifespan,
+    )
+    app.add_middleware(BodySizeLimit, max_bytes=config.max_body_bytes)
+    _install_error_handlers(app)
+    _add_routes(app)
+    admin = _admin_router()
+    if admin is not None:
+        app.include_router(admin, prefix="/admin/v1")
+    return app
+
+
+def _admin_router() -> Any:
+    try:
+        module = importlib.import_module("gateway.app.admin")
+    except ModuleNotFoundError as exc:
+        if exc.name != "gateway.app.admin":
+            raise
+        return None
+    return module.build_admin_router()
+
+
+async def _start(
+    config: GatewaySettings, backends: Sequence[BackendSpec] | None
+) -> tuple[GatewayState, list[asyncio.Task[None]]]:
+    engine = make_engine(config.database_url)
+    factory = make_session_factory(engine)
+    secret = await asyncio.to_thread(server_secret, config)
+    metrics = GatewayMetrics(max_tenants=config.metrics_max_tenants)
+    client = httpx.AsyncClient(
+        timeout=httpx.Timeout(config.upstream_timeout_s, connect=config.upstream_connect_timeout_s),
+        limits=httpx.Limits(
+            max_connections=None,
+            max_keepalive_connections=KEEPALIVE_CONNECTIONS,
+            keepalive_expiry=60.0,
+        ),
+    )
+    pool = BackendPool(config, client, metrics, session_factory=factory, specs=backends)
+    await pool.reload()
+    queue = AdmissionQueue(
+        max_in_flight=config.max_in_flight or max(1, pool.capacity), max_queued=config.max_queued
+    )
+    if config.max_in_flight is None:
+        pool.on_capacity = lambda capacity: queue.set_max_in_flight(max(1, capacity))
+    state = GatewayState(
+        settings=config,
+        session_factory=factory,
+        secret=secret,
+        auth=AuthCache(factory, secret, ttl_s=config.auth_cache_ttl_s),
+        pool=pool,
+        usage_writer=UsageWriter(
+            factory,
+            batch_size=config.usage_batch_size,
+            flush_interval_s=config.usage_flush_interval_s,
+        ),
+        limiter=make_rate_limiter(config.redis_url, prefix=config.redis_prefix),
+        queue=queue,
+        metrics=metrics,
+    )
+    pool.start()
+    background = [asyncio.get_running_loop().create_task(_flush_last_used(state))]
+    return state, background
+
+
+async def _stop(state: GatewayState, background: list[asyncio.Task[None]]) -> None:
+    for task in background:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    await state.pool.stop()
+    await state.pool.client.aclose()
+    await asyncio.to_thread(state.usage_writer.close)
+    with contextlib.suppress(Exception):
+        await asyncio.to_thread(state.auth.flush_last_used)
+    await state.limiter.aclose()
+    bind = state.session_factory.kw.get("bind")
+    if bind is not None:
+        bind.dispose()
+
+
+async def _flush_last_used(state: GatewayState) -> None:
+    while True:
+        await asyncio.sleep(LAST_USED_FLUSH_S)
+        try:
+            await asyncio.to_thread(state.auth.flush_last_used)
+        except Exception as exc:  # the database may be briefly unavailable: try next round
+            log.warning("could not record keys' last use: %s", type(exc).__name__)
+
+
+# ---- routes -----------------------------------------------------------------------------
+
+
+def _add_routes(app: FastAPI) -> None:
+    @app.post("/v1/chat/completions", tags=["openai"], summary="Chat completion (SSE or JSON)")
+    async def chat_completions(request: Request, state: StateDep) -> Response:
+        return await serve(state, request, "chat")
+
+    @app.post("/v1/completions", tags=["openai"], summary="Text completion (SSE or JSON)")
+    async def completions(request: Request, state: StateDep) -> Response:
+        return await serve(state, request, "completions")
+
+    @app.get("/v1/models", tags=["openai"], summary="Models served by the configured backends")
+    async def models(request: Request, state: StateDep) -> dict[str, Any]:
+        await state.auth.authenticate(request.headers.get("authorization"))
+        data = [
+            {"id": g.model, "object": "model", "created": g.created, "owned_by": "tiergate"}
+            for g in state.pool.groups.values()
+        ]
+        return {"object": "list", "data": data}
+
+    @app.get("/health/liveliness", tags=["health"], summary="The process is up")
+    async def liveliness() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/health/readiness", tags=["health"], summary="Database and a backend reachable")
+    async def readiness(state: StateDep) -> JSONResponse:
+        db_ok = await asyncio.to_thread(_database_ok, state)
+        healthy = [b.name for b in state.pool.backends if b.view.healthy]
+        ready = db_ok and bool(healthy)
+        body = {
+            "status": "ok" if ready else "unavailable",
+            "database": "ok" if db_ok else "unreachable",
+            "healthy_backends": healthy,
+            "backends": len(state.pool.backends),
+        }
+        return JSONResponse(body, status_code=200 if ready else 503)
+
+    @app.get("/metrics", tags=["health"], summary="Prometheus metrics")
+    async def metrics(state: StateDep) -> Response:
+        state.metrics.queue_depth.set(state.queue.queued)
+        state.metrics.in_flight.set(state.queue.in_flight)
+        state.pool.export_all()
+        return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+
+def _database_ok(state: GatewayState) -> bool:
+    try:
+        with state.session_factory() as session:
+            session.execute(text("SELECT 1"))
+    except Exception:
+        return False
+    return True
+
+
+# ---- errors -----------------------------------------------------------------------------
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
+        return exc.response()
+
+    @app.exception_handler(AdmissionRejected)
+    async def _rejected(_: Request, exc: AdmissionRejected) -> JSONResponse:
+        return ApiError.from_rejection(exc).response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = exc.errors()
+        first = errors[0] if errors else {}
+        loc = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+        message = f"{loc}: {first.get('msg', 'invalid value')}" if loc else "invalid request"
+        return ApiError(422, message, code="invalid_request", param=loc or None).response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return ApiError(
+            exc.status_code, str(exc.detail), code=None, headers=dict(exc.headers or {})
+        ).response()
+
+
+# ---- body size --------------------------------------------------------------------------
+
+
+class BodySizeLimit:
+    """Answer 413 to request bodies over ``max_bytes`` before any handler reads them.
+
+    A declared ``content-length`` is checked at once; a chunked body is read up to the limit
+    and then replayed to the app.
+    """
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS", "DELETE"):
+            await self.app(scope, receive, send)
+            return
+        declared = _content_length(scope)
+        if declared is not None:
+            if declared > self.max_bytes:
+                await self._reject(scope, receive, send)
+                return
+            await self.app(scope, receive, send)
+            return
+        messages: list[Message] = []
+        size = 0
+        while True:
+            message = await receive()
+            messages.append(message)
+            if message["type"] != "http.request":
+                break
+            size += len(message.get("body", b""))
+            if size > self.max_bytes:
+                await self._reject(scope, receive, send)
+                return
+            if not message.get("more_body", False):
+                break
+
+        async def replay() -> Message:
+            return messages.pop(0) if messages else await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _reject(self, scope: Scope, receive: Receive, send: Send) -> None:
+        error = ApiError(
+            413,
+            f"Request body too large: the limit is {self.max_bytes} bytes.",
+            code="request_too_large",
+        )
+        await error.response()(scope, receive, send)
+
+
+def _content_length(scope: Scope) -> int | None:
+    for name, value in scope.get("headers", ()):
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None

@@ -1,0 +1,664 @@
+"""The data plane: admit, route, relay, account — one :class:`Job` per request.
+
+Admission, in order: authenticate (401), parse and check the body (400/422), resolve the SLO
+(400), find the model (404), reserve tenant limits — prompt tokens plus expected output
+(``max_tokens``, else ``default_max_tokens``) — before anything is dispatched (429), shed
+requests GoRouting says no backend can serve in time unless the tier allows best effort (503
+``slo_infeasible``), then wait for a dispatch slot in the gain-ordered admission queue (429
+``queue_full`` / 503 ``queue_ttl``).
+
+Dispatch: the router picks a backend; a failure before the first token (connect error, 5xx,
+a stream that ends first) counts against that backend's breaker and retries on another one, up
+to ``max_attempts`` backends. A streaming response is only started once the first token is in
+hand, so the client never sees a failed attempt. After the first token, an upstream failure ends
+the stream with an OpenAI-style error event. A client that disconnects — streaming or not —
+closes the upstream request, which makes the engine abort it.
+
+Accounting happens once, when the job ends, off the per-token path: each streamed chunk only
+appends its egress time to a list; gain (TDG), SLO attainment, metrics, the limiter's
+reconciliation and the usage record are computed from it at the end. Usage records go to the
+batched :class:`~gateway.db.usage.UsageWriter` (never a database write on the request path).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any, Literal
+
+import httpx
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import ValidationError
+from starlette.types import Receive, Scope, Send
+
+from gateway.app.backends import Backend, ModelGroup
+from gateway.app.errors import ApiError, bad_request
+from gateway.app.schemas import ChatBody, CompletionBody, describe
+from gateway.app.slo import RequestSLO, engine_priority, engine_xargs, resolve_slo
+from gateway.app.state import GatewayState
+from gateway.db.identity import KeyIdentity
+from gateway.db.usage import UsageEvent
+from gateway.limits import AdmissionRejected, Limits, QueueItem, RejectReason, Reservation
+from gateway.limits.backlog import gain_density
+from priority.gain import ideal_tdg, slo_attained, tdg
+from priority.request import Request as CoreRequest
+from priority.routing import NoHealthyInstanceError, RouteDecision
+from priority.routing.goroute import raw_prefill_work
+
+log = logging.getLogger(__name__)
+
+Kind = Literal["chat", "completions"]
+_DONE = b"data: [DONE]\n\n"
+_SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+
+
+class UpstreamFailed(Exception):
+    """An attempt failed before its first token: try another backend."""
+
+
+class Job:
+    """One request from arrival to its usage record."""
+
+    def __init__(
+        self, state: GatewayState, identity: KeyIdentity, kind: Kind, arrival: float
+    ) -> None:
+        self.state = state
+        self.identity = identity
+        self.kind = kind
+        self.arrival = arrival
+        self.arrival_unix = time.time()
+        self.request_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
+        self.tier = identity.tier_name
+        self.body: dict[str, Any] = {}
+        self.model: str | None = None
+        self.stream = False
+        self.include_usage = False
+        self.slo: RequestSLO | None = None
+        self.core: CoreRequest | None = None
+        self.prompt_tokens = 0
+        self.expected_output = 0
+        self.reservation: Reservation | None = None
+        self.slot = False
+        self.group: ModelGroup | None = None
+        self.backend: Backend | None = None
+        self.decision: RouteDecision | None = None
+        self.first_token = False
+        self.chunk_times: list[float] = []
+        self.completion_tokens: int | None = None
+        self.upstream_prompt_tokens: int | None = None
+        self.dispatched_at = 0.0
+        self.granted_at = 0.0
+        self.overhead_s = 0.0
+        self.finished = False
+
+    # ---- admission ----------------------------------------------------------------------
+
+    async def admit(self, http: Request) -> None:
+        state, policy = self.state, self.identity.policy
+        self._parse(await http.body())
+        self.slo = resolve_slo(http.headers, policy, self.tier)
+        assert self.model is not None
+        group = state.pool.group(self.model)
+        if group is None:
+            raise ApiError(404, f"The model `{self.model}` does not exist.",
+                           code="model_not_found", param="model")  # fmt: skip
+        self.group = group
+        self.core = CoreRequest(
+            request_id=self.request_id, arrival_s=self.arrival, prompt_tokens=self.prompt_tokens,
+            slo=self.slo.core(), weight=policy.weight, tier=self.tier,
+            tenant=self.identity.tenant_name, max_output_tokens=self.expected_output,
+        )  # fmt: skip
+        limits = Limits(policy.rpm_limit, policy.tpm_limit, policy.max_concurrency)
+        self.reservation = await state.limiter.reserve(
+            str(self.identity.tenant_id), limits, self.prompt_tokens + self.expected_output
+        )
+        decision = self._route(time.monotonic())
+        if (
+            decision.expected_gain is not None
+            and decision.expected_gain <= 0.0
+            and not policy.best_effort_allowed
+        ):
+            raise AdmissionRejected(
+                RejectReason.SLO_INFEASIBLE, None,
+                f"no backend for {self.model!r} can meet this request's TTFT objective of "
+                f"{self.slo.ttft_ms:g} ms now, and tier {self.tier!r} does not allow "
+                "best-effort service",
+            )  # fmt: skip
+        item = QueueItem(
+            self.request_id, self.tier,
+            priority=gain_density(state.pool.weights, policy.weight, self.prompt_tokens),
+            ttl_s=self._queue_ttl(), aging_s=self.slo.ttft_ms / 1e3,
+        )  # fmt: skip
+        before = time.monotonic()
+        await state.queue.wait_for_turn(item)
+        self.slot = True
+        self.granted_at = time.monotonic()
+        self.overhead_s = before - self.arrival
+        waited = self.granted_at - before
+        self.decision = decision if waited < 1e-3 else None  # stale after a real wait
+
+    def _parse(self, raw: bytes) -> None:
+        try:
+            payload = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise bad_request(f"We could not parse the JSON body of your request: {exc}") from None
+        if not isinstance(payload, dict):
+            raise bad_request("The request body must be a JSON object.")
+        schema = ChatBody if self.kind == "chat" else CompletionBody
+        try:
+            body = schema.model_validate(payload)
+        except ValidationError as exc:
+            message, param = describe(exc)
+            raise ApiError(422, message, code="invalid_request", param=param) from None
+        self.body = payload
+        self.model = body.model
+        self.stream = body.stream
+        self.include_usage = body.include_usage
+        self.prompt_tokens = body.prompt_tokens()
+        expected = body.expected_output()
+        self.expected_output = expected or self.state.settings.default_max_tokens
+
+    def _queue_ttl(self) -> float:
+        ttl = self.state.settings.queue_ttl_s
+        assert self.slo is not None
+        if self.slo.deadline_ms is not None:  # waiting past the deadline is pointless
+            ttl = min(ttl, max(1e-3, self.arrival + self.slo.deadline_ms / 1e3 - time.monotonic()))
+        return ttl
+
+    def _route(self, now: float, exclude: frozenset[str] = frozenset()) -> RouteDecision:
+        """Ask the group's router; ``exclude`` (backends that failed this request) sit out."""
+        assert self.group is not None and self.core is not None
+        hidden = [b for b in self.group.backends if b.name in exclude and b.view.healthy]
+        for b in hidden:  # no await until restored: other requests never see this
+            b.view.healthy = False
+        started = time.perf_counter()
+        try:
+            return self.group.router.route(self.core, now)
+        except NoHealthyInstanceError:
+            raise ApiError(503, f"no healthy backend serves model {self.model!r}",
+                           code="no_healthy_backend") from None  # fmt: skip
+        finally:
+            for b in hidden:
+                b.view.healthy = True
+            self.state.metrics.routing_time.observe(time.perf_counter() - started)
+
+    # ---- dispatch -----------------------------------------------------------------------
+
+    def _payload(self) -> bytes:
+        assert self.slo is not None
+        policy = self.identity.policy
+        body = dict(self.body)
+        body["priority"] = engine_priority(policy.weight)
+        xargs = dict(body.get("vllm_xargs") or {})
+        xargs.update(
+            engine_xargs(
+                self.slo,
+                weight=policy.weight,
+                arrival_unix_s=self.arrival_unix,
+                tier=self.tier,
+                tenant=self.identity.tenant_name,
+            )
+        )
+        body["vllm_xargs"] = xargs
+        if self.stream:  # the gateway needs the usage chunk; it strips it if not asked for
+            body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
+        return json.dumps(body, separators=(",", ":")).encode()
+
+    async def dispatch(self) -> httpx.Response | Response:
+        """Send to a backend, failing over before the first token.
+
+        Returns the upstream response: for streaming, open and positioned after the first
+        token's event (kept in ``self.pending``); for non-streaming, fully read. A 4xx from the
+        engine is returned to the client as is (as a finished :class:`Response`).
+        """
+        assert self.group is not None and self.core is not None
+        payload = self._payload()
+        tried: set[str] = set()
+        last_error = "no backend was tried"
+        for _ in range(self.state.settings.max_attempts):
+            now = time.monotonic()
+            decision = self.decision or self._route(now, frozenset(tried))
+            self.decision = None
+            backend = self.group.backends[decision.instance]
+            self._dispatched(backend, decision, now)
+            try:
+                return await self._attempt(backend, payload)
+            except UpstreamFailed as exc:
+                last_error = f"backend {backend.name}: {exc}"
+                log.info("request %s failed before its first token on %s: %s",
+                         self.request_id, backend.name, exc)  # fmt: skip
+                self.state.pool.record_failure(backend)
+                self._undispatch()
+                tried.add(backend.name)
+                if len(tried) >= len(self.group.backends):
+                    break
+        raise ApiError(503, f"every backend attempt failed; last: {last_error}",
+                       code="upstream_unavailable")  # fmt: skip
+
+    def _dispatched(self, backend: Backend, decision: RouteDecision, now: float) -> None:
+        assert self.group is not None and self.core is not None
+        if not self.dispatched_at:  # the first attempt: everything before it is overhead
+            self.state.metrics.overhead.observe(self.overhead_s + (now - self.granted_at))
+        self.dispatched_at = now
+        self.backend, self.decision_live = backend, decision
+        self.group.router.on_dispatch(self.core, decision, now)
+
+    def _undispatch(self) -> None:
+        """Tell the router a failed attempt is gone (a non-streaming one may have been
+        assumed past its first token already)."""
+        assert self.group is not None and self.core is not None
+        self.group.router.on_finish(
+            self.core, self.decision_live, time.monotonic(), saw_first_token=self.first_token
+        )
+        if self.first_token and self.backend is not None:
+            self.backend.own_decoding = max(0, self.backend.own_decoding - 1)
+        self.first_token = False
+        self.backend = None
+
+    async def _attempt(self, backend: Backend, payload: bytes) -> httpx.Response | Response:
+        client = self.state.pool.client
+        url = backend.chat_url if self.kind == "chat" else backend.completions_url
+        request = client.build_request(
+            "POST", url, content=payload, headers={"content-type": "application/json"}
+        )
+        try:
+            upstream = await client.send(request, stream=True)
+        except httpx.HTTPError as exc:
+            raise UpstreamFailed(type(exc).__name__) from None
+        try:
+            if upstream.status_code >= 500:
+                raise UpstreamFailed(f"HTTP {upstream.status_code}")
+            if upstream.status_code != 200:
+                content = await upstream.aread()
+                return Response(content, upstream.status_code,
+                                media_type=upstream.headers.get("content-type"))  # fmt: skip
+            if not self.stream:
+                timer = self._expect_first_token(backend)
+                try:
+                    content = await upstream.aread()
+                finally:
+                    timer.cancel()
+                if not self.first_token:
+                    self._mark_first_token(backend)
+                self._read_usage(content)
+                return Response(content, 200, media_type="application/json")
+            self.events = _events(upstream)
+            self.pending = await self._until_first_token(backend)
+            return upstream
+        except httpx.HTTPError as exc:
+            await upstream.aclose()
+            raise UpstreamFailed(type(exc).__name__) from None
+        except BaseException:
+            await upstream.aclose()
+            raise
+        finally:
+            if not self.stream or upstream.status_code != 200:
+                await upstream.aclose()
+
+    async def _until_first_token(self, backend: Backend) -> list[bytes]:
+        """Events up to and including the first one carrying output (parsed until then)."""
+        held: list[bytes] = []
+        async for event in self.events:
+            held.append(event)
+            if _has_output(event):
+                self._mark_first_token(backend)
+                return held
+            if event.startswith(b"data: [DONE]"):
+                return held  # a stream with no output at all (e.g. max_tokens reached at once)
+        raise UpstreamFailed("the stream ended before the first token")
+
+    def _expect_first_token(self, backend: Backend) -> asyncio.TimerHandle:
+        """A non-streaming response shows no first token, so the router is told it came after
+        the backend's estimated zero-load prefill time (the next scrape corrects the rest):
+        otherwise the request would count as queued prefill work for its whole life."""
+        estimator = backend.view.estimator
+        raw, chunks = raw_prefill_work(
+            estimator.coefficients,
+            backend.profile.engine.max_num_batched_tokens,
+            self.prompt_tokens,
+        )
+        delay = estimator.beta * raw + estimator.t_c * chunks
+        return asyncio.get_running_loop().call_later(delay, self._mark_first_token, backend)
+
+    def _mark_first_token(self, backend: Backend) -> None:
+        assert self.group is not None and self.core is not None
+        self.first_token = True
+        backend.own_decoding += 1
+        self.group.router.on_first_token(self.core, self.decision_live, time.monotonic())
+
+    def _read_usage(self, content: bytes) -> None:
+        with contextlib.suppress(ValueError, TypeError, AttributeError, KeyError):
+            usage = json.loads(content).get("usage") or {}
+            self.completion_tokens = int(usage["completion_tokens"])
+            self.upstream_prompt_tokens = int(usage["prompt_tokens"])
+
+    # ---- relay --------------------------------------------------------------------------
+
+    async def relay(self) -> AsyncIterator[bytes]:
+        """The client's SSE stream: held events, then the rest, paced if smoothing is on."""
+        settings = self.state.settings
+        pace = settings.smoothing
+        margin = settings.smoothing_margin_ms / 1e3
+        times = self.chunk_times
+        pending, self.pending = self.pending, []
+        for position, event in enumerate(pending):
+            if event.startswith(b"data: [DONE]"):  # an empty stream
+                self.done = True
+                yield event
+                return
+            out = self._filter(event)
+            if out is None:
+                continue
+            if position == len(pending) - 1:  # the first output; earlier ones carry none
+                if pace:
+                    await self._pace(0, margin)
+                times.append(time.monotonic())
+            yield out
+        async for event in self.events:
+            if event.startswith(b"data: [DONE]"):
+                self.done = True
+                yield event
+                continue
+            out = self._filter(event)
+            if out is None:
+                continue
+            if pace:
+                await self._pace(len(times), margin)
+            times.append(time.monotonic())
+            yield out
+        if not self.done:
+            raise UpstreamFailed("the upstream stream ended early")
+
+    def _filter(self, event: bytes) -> bytes | None:
+        """Drop the usage chunk the client did not ask for (after reading it); pass the rest."""
+        if b'"usage"' in event and b'"choices":[]' in event.replace(b" ", b""):
+            self._read_usage(event[event.find(b"{") :])
+            return event if self.include_usage else None
+        if b'"error"' in event and event.startswith(b'data: {"error"'):
+            self.upstream_error = True
+        return event
+
+    async def _pace(self, sent: int, margin: float) -> None:
+        """PROSERVE's smoothing: hold a chunk until shortly before its token's due time."""
+        assert self.core is not None
+        due = self.arrival + self.core.slo.token_due_s(sent + 1) - margin
+        delay = due - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+
+    # ---- the end ------------------------------------------------------------------------
+
+    async def finish(self, status: str, http_status: int, reason: str | None = None) -> None:
+        """Release what the job holds and account for it (idempotent)."""
+        if self.finished:
+            return
+        self.finished = True
+        state, now = self.state, time.monotonic()
+        if self.backend is not None and self.group is not None and self.core is not None:
+            self.group.router.on_finish(
+                self.core, self.decision_live, now, saw_first_token=self.first_token
+            )
+            if self.first_token:
+                self.backend.own_decoding = max(0, self.backend.own_decoding - 1)
+        if self.slot:
+            self.slot = False
+            state.queue.release()
+        times = self.chunk_times if self.stream else ([now] if self.first_token else [])
+        delivered = self.completion_tokens if self.completion_tokens is not None else len(times)
+        prompt = self.upstream_prompt_tokens or self.prompt_tokens
+        if self.reservation is not None:
+            consumed = prompt + delivered if self.first_token else 0
+            try:
+                if status == "ok":
+                    await state.limiter.reconcile(self.reservation, consumed)
+                else:
+                    await state.limiter.release(self.reservation, consumed)
+            except Exception:  # a limiter outage must not lose the usage record
+                log.exception("could not reconcile reservation of %s", self.request_id)
+        self._account(status, http_status, reason, times, delivered, prompt, now)
+
+    def _account(
+        self, status: str, http_status: int, reason: str | None, times: list[float],
+        delivered: int, prompt: int, now: float,
+    ) -> None:  # fmt: skip
+        state, metrics, weights = self.state, self.state.metrics, self.state.pool.weights
+        tier, weight = self.tier, self.identity.policy.weight
+        token_times = _token_times(times, delivered)
+        gain = ideal = 0.0
+        met = False
+        ttft_ms = tpot_ms = None
+        if self.core is not None:
+            slo = self.core.slo
+            ideal = ideal_tdg(weight, delivered if token_times else self.expected_output, weights)
+            if token_times:
+                gain = tdg(self.arrival, slo, weight, token_times, weights)
+                met = slo_attained(self.arrival, slo, token_times, finished=status == "ok")
+                ttft_ms = (token_times[0] - self.arrival) * 1e3
+                if len(token_times) > 1:
+                    tpot_ms = (token_times[-1] - token_times[0]) / (len(token_times) - 1) * 1e3
+                    metrics.observe_itl(tier, [b - a for a, b in itertools.pairwise(times)])
+                metrics.ttft.labels(tier).observe(ttft_ms / 1e3)
+            metrics.gain.labels(tier).inc(gain)
+            metrics.ideal_gain.labels(tier).inc(ideal)
+            metrics.slo.labels(tier, "true" if met else "false").inc()
+        metrics.e2e.labels(tier).observe(now - self.arrival)
+        metrics.requests.labels(
+            metrics.tenant_label(self.identity.tenant_name), tier, str(http_status)
+        ).inc()
+        if reason is not None:
+            metrics.rejections.labels(tier, reason).inc()
+        state.usage_writer.submit(
+            UsageEvent(
+                request_id=self.request_id,
+                status=status,
+                tenant_id=self.identity.tenant_id,
+                api_key_id=self.identity.key_id,
+                tier=tier,
+                model=self.model,
+                backend=self.backend.name if self.backend is not None else None,
+                prompt_tokens=prompt,
+                completion_tokens=delivered if self.first_token else 0,
+                ttft_ms=ttft_ms,
+                tpot_ms=tpot_ms,
+                gain=gain,
+                ideal_gain=ideal,
+                slo_met=met,
+                reject_reason=reason,
+            )
+        )
+
+    decision_live: RouteDecision
+    events: AsyncIterator[bytes]
+    pending: list[bytes]
+    done: bool = False
+    upstream_error: bool = False
+
+
+def _token_times(times: list[float], tokens: int) -> list[float]:
+    """Per-token egress times from per-chunk ones: a chunk carrying several tokens (an engine
+    that fell behind merges them) emits them all at its time; tokens spread evenly over the
+    chunks, earlier chunks taking the remainder — exact when each chunk is one token."""
+    chunks = len(times)
+    if chunks == 0 or tokens <= 0:
+        return []
+    if tokens == chunks:
+        return times
+    if tokens < chunks:  # e.g. a final chunk with only finish_reason: drop the latest times
+        return times[:tokens]
+    per, extra = divmod(tokens, chunks)
+    out: list[float] = []
+    for i, t in enumerate(times):
+        out.extend([t] * (per + (1 if i < extra else 0)))
+    return out
+
+
+def _has_output(event: bytes) -> bool:
+    """Whether an SSE event carries generated text (vLLM first sends a role-only chunk)."""
+    if not event.startswith(b"data: {"):
+        return False
+    try:
+        data = json.loads(event[6:])
+    except ValueError:
+        return False
+    if "error" in data:
+        raise UpstreamFailed(f"engine error before the first token: {data['error']}")
+    for choice in data.get("choices") or ():
+        if choice.get("text") or (choice.get("delta") or {}).get("content"):
+            return True
+        if choice.get("finish_reason") is not None or (choice.get("delta") or {}).get("tool_calls"):
+            return True
+    return False
+
+
+async def _events(upstream: httpx.Response) -> AsyncIterator[bytes]:
+    """Complete SSE events (each with its trailing blank line) from an upstream body."""
+    buffer = b""
+    async for chunk in upstream.aiter_bytes():
+        buffer += chunk
+        while True:
+            end = buffer.find(b"\n\n")
+            if end < 0:
+                break
+            yield buffer[: end + 2]
+            buffer = buffer[end + 2 :]
+    if buffer.strip():
+        yield buffer + b"\n\n"
+
+
+class RelayStream(Response):
+    """The client's SSE response: relays the job's stream, ends it with an error event if the
+    upstream breaks after the first token, and closes the upstream as soon as the client
+    disconnects (listening for it even while no token flows)."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, job: Job, upstream: httpx.Response) -> None:
+        # no super().__init__(): it would declare a Content-Length for an empty body
+        self.status_code = 200
+        self.background = None
+        self.init_headers(_SSE_HEADERS)
+        self.job = job
+        self.upstream = upstream
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        outcome: tuple[str, int] = ("cancelled", 499)
+        pump = asyncio.ensure_future(self._pump(send))
+        gone = asyncio.ensure_future(_disconnected(receive))
+        try:
+            await asyncio.wait((pump, gone), return_when=asyncio.FIRST_COMPLETED)
+            if pump.done() and not pump.cancelled():
+                error = pump.exception()
+                if error is None:
+                    outcome = pump.result()
+                elif not isinstance(error, OSError):  # OSError: the client left mid-send
+                    log.error("relay of %s failed", self.job.request_id, exc_info=error)
+        finally:
+            for task in (pump, gone):
+                task.cancel()
+            for task in (pump, gone):
+                with contextlib.suppress(BaseException):
+                    await task
+            await asyncio.shield(self._close(outcome))
+
+    async def _close(self, outcome: tuple[str, int]) -> None:
+        await self.upstream.aclose()
+        await self.job.finish(*outcome)
+
+    async def _pump(self, send: Send) -> tuple[str, int]:
+        await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+        job = self.job
+        try:
+            async for event in job.relay():
+                await send({"type": "http.response.body", "body": event, "more_body": True})
+        except (UpstreamFailed, httpx.HTTPError) as exc:
+            if job.backend is not None:
+                job.state.pool.record_failure(job.backend)
+            error = ApiError(502, f"the backend failed mid-stream: {type(exc).__name__}: {exc}",
+                             code="upstream_error")  # fmt: skip
+            await send({"type": "http.response.body", "body": error.sse_event(),
+                        "more_body": True})  # fmt: skip
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            return "error", 502
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        return ("error", 502) if job.upstream_error else ("ok", 200)
+
+
+async def _disconnected(receive: Receive) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def serve(state: GatewayState, http: Request, kind: Kind) -> Response:
+    """Handle one ``/v1/chat/completions`` or ``/v1/completions`` request end to end."""
+    arrival = time.monotonic()
+    identity = await state.auth.authenticate(http.headers.get("authorization"))
+    job = Job(state, identity, kind, arrival)
+    try:
+        await job.admit(http)
+    except AdmissionRejected as exc:
+        await job.finish("rejected", exc.status_code, exc.reason.value)
+        raise ApiError.from_rejection(exc) from None
+    except ApiError as exc:
+        await job.finish("rejected", exc.status, exc.code)
+        raise
+    except BaseException:
+        await job.finish("cancelled", 499)
+        raise
+    if job.stream:
+        return await _serve_stream(job)
+    return await _serve_unary(job, http)
+
+
+async def _serve_stream(job: Job) -> Response:
+    try:
+        upstream = await job.dispatch()
+    except ApiError as exc:
+        await job.finish("error", exc.status, exc.code)
+        raise
+    except BaseException:
+        await job.finish("cancelled", 499)
+        raise
+    if isinstance(upstream, Response):  # the engine refused it (4xx): pass it on
+        await job.finish("error", upstream.status_code, "upstream_rejected")
+        return upstream
+    return RelayStream(job, upstream)
+
+
+async def _serve_unary(job: Job, http: Request) -> Response:
+    """Non-streaming: wait for the engine, or for the client to leave (then abort upstream)."""
+    work = asyncio.ensure_future(job.dispatch())
+    gone = asyncio.ensure_future(_disconnected(http.receive))
+    try:
+        await asyncio.wait((work, gone), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not work.done():
+            work.cancel()
+        for task in (work, gone):
+            with contextlib.suppress(BaseException):
+                await task
+    if work.cancelled() or not work.done():
+        await job.finish("cancelled", 499)
+        return JSONResponse({}, status_code=499)
+    exc = work.exception()
+    if isinstance(exc, ApiError):
+        await job.finish("error", exc.status, exc.code)
+        raise exc
+    if exc is not None:
+        await job.finish("error", 500)
+        raise exc
+    response = work.result()
+    assert isinstance(response, Response)
+    ok = response.status_code == 200
+    await job.finish("ok" if ok else "error", response.status_code,
+                     None if ok else "upstream_rejected")  # fmt: skip
+    return response

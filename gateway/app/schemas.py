@@ -1,0 +1,83 @@
+"""What the gateway checks in a request body before spending anything on it.
+
+Only the fields the gateway itself reads are validated (model, streaming, lengths, the prompt's
+presence and shape); everything else passes through to the engine untouched, so new OpenAI or
+vLLM parameters work without a gateway release.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from gateway.engine_sim.mapping import count_chat_tokens, count_text_tokens
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    model: str = Field(min_length=1)
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.get("include_usage"))
+
+    def expected_output(self) -> int | None:
+        return self.max_tokens
+
+    def prompt_tokens(self) -> int:
+        raise NotImplementedError
+
+
+class _Message(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    role: str
+    content: str | list[dict[str, Any]] | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        if not self.content:
+            return ""
+        return "".join(str(p.get("text") or "") for p in self.content)
+
+
+class ChatBody(_Body):
+    messages: list[_Message] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+
+    def expected_output(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+    def prompt_tokens(self) -> int:
+        return count_chat_tokens([m.text() for m in self.messages])
+
+
+class CompletionBody(_Body):
+    prompt: str | list[str] | list[int] | list[list[int]]
+
+    def prompt_tokens(self) -> int:
+        prompt = self.prompt
+        if isinstance(prompt, str):
+            return count_text_tokens(prompt)
+        if not prompt:
+            return 1
+        if isinstance(prompt[0], int):
+            return len(prompt)
+        return sum(count_text_tokens(p) if isinstance(p, str) else max(1, len(p)) for p in prompt)
+
+
+def describe(exc: ValidationError) -> tuple[str, str | None]:
+    """One line naming the first offending field, and that field (OpenAI's ``param``)."""
+    errors = exc.errors()
+    first = errors[0]
+    loc = ".".join(str(part) for part in first.get("loc", ()))
+    message = f"{loc}: {first.get('msg', 'invalid value')}" if loc else str(first.get("msg"))
+    if len(errors) > 1:
+        message += f" (and {len(errors) - 1} more)"
+    return message, loc or None

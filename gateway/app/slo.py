@@ -1,0 +1,128 @@
+"""A request's SLO: its tier's defaults, or what it asks for in headers — never tighter than
+the tier allows — and how that SLO travels to the engine.
+
+Headers (milliseconds, positive numbers): ``x-slo-ttft-ms``, ``x-slo-tpot-ms``,
+``x-slo-deadline-ms``. The floor of each is the tier's ``min_*_ms`` when set; a tier without
+one allows nothing tighter than its own default (a deadline's floor is then the tier's
+default deadline, or its TTFT when the tier has no deadline: a deadline shorter than the first
+token's objective would be the tighter SLO in disguise). Looser values are always accepted.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from gateway.app.errors import bad_request
+from gateway.db.identity import EffectivePolicy
+from gateway.engine_sim.mapping import (
+    XARG_ARRIVAL_UNIX_S,
+    XARG_DEADLINE_MS,
+    XARG_TENANT,
+    XARG_TIER,
+    XARG_TPOT_MS,
+    XARG_TTFT_MS,
+    XARG_WEIGHT,
+)
+from priority.request import SLO
+
+TTFT_HEADER = "x-slo-ttft-ms"
+TPOT_HEADER = "x-slo-tpot-ms"
+DEADLINE_HEADER = "x-slo-deadline-ms"
+MAX_SLO_MS = 86_400_000.0  # a day: beyond it a header is a mistake, not an objective
+PRIORITY_CLIP = 30
+
+
+@dataclass(frozen=True, slots=True)
+class RequestSLO:
+    ttft_ms: float
+    tpot_ms: float
+    deadline_ms: float | None
+
+    def core(self) -> SLO:
+        """The scheduling core's SLO (seconds)."""
+        deadline = self.deadline_ms / 1e3 if self.deadline_ms is not None else None
+        return SLO(ttft_s=self.ttft_ms / 1e3, tpot_s=self.tpot_ms / 1e3, deadline_s=deadline)
+
+
+def _header(headers: Mapping[str, str], name: str) -> float | None:
+    raw = headers.get(name)
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise bad_request(f"header {name} must be a number of milliseconds, got {raw!r}",
+                          name) from None  # fmt: skip
+    if not (math.isfinite(value) and 0 < value <= MAX_SLO_MS):
+        raise bad_request(
+            f"header {name} must be a positive number of milliseconds up to {MAX_SLO_MS:g}, "
+            f"got {raw!r}",
+            name,
+        )
+    return value
+
+
+def _floor_check(name: str, value: float, floor: float, tier: str, source: str) -> None:
+    if value < floor:
+        raise bad_request(
+            f"header {name}={value:g} is tighter than tier {tier!r} allows: the {source} is "
+            f"{floor:g} ms",
+            name,
+        )
+
+
+def resolve_slo(headers: Mapping[str, str], policy: EffectivePolicy, tier: str) -> RequestSLO:
+    """The request's SLO from its headers and its tier/tenant policy (400 if not allowed)."""
+    ttft = _header(headers, TTFT_HEADER)
+    tpot = _header(headers, TPOT_HEADER)
+    deadline = _header(headers, DEADLINE_HEADER)
+    if ttft is not None:
+        floor, source = _floor(policy.min_ttft_ms, policy.ttft_ms)
+        _floor_check(TTFT_HEADER, ttft, floor, tier, source)
+    if tpot is not None:
+        floor, source = _floor(policy.min_tpot_ms, policy.tpot_ms)
+        _floor_check(TPOT_HEADER, tpot, floor, tier, source)
+    if deadline is not None:
+        default = policy.deadline_ms if policy.deadline_ms is not None else policy.ttft_ms
+        floor, source = _floor(policy.min_deadline_ms, default)
+        _floor_check(DEADLINE_HEADER, deadline, floor, tier, source)
+    return RequestSLO(
+        ttft_ms=ttft if ttft is not None else policy.ttft_ms,
+        tpot_ms=tpot if tpot is not None else policy.tpot_ms,
+        deadline_ms=deadline if deadline is not None else policy.deadline_ms,
+    )
+
+
+def _floor(minimum: float | None, default: float) -> tuple[float, str]:
+    if minimum is not None:
+        return minimum, "minimum"
+    return default, "default (the tier sets no minimum)"
+
+
+def engine_priority(weight: float) -> int:
+    """vLLM's ``priority`` (lower served first) for a tier weight (larger more important).
+
+    ``-round(log2(weight))``: the inverse of the emulated engine's ``2 ** -priority``, so weights
+    4 / 2 / 1 become priorities -2 / -1 / 0.
+    """
+    p = -round(math.log2(weight))
+    return max(-PRIORITY_CLIP, min(PRIORITY_CLIP, p))
+
+
+def engine_xargs(
+    slo: RequestSLO, *, weight: float, arrival_unix_s: float, tier: str, tenant: str
+) -> dict[str, str | float]:
+    """The ``tiergate_*`` keys of ``vllm_xargs`` (docs/gateway-design.md)."""
+    xargs: dict[str, str | float] = {
+        XARG_WEIGHT: weight,
+        XARG_TTFT_MS: slo.ttft_ms,
+        XARG_TPOT_MS: slo.tpot_ms,
+        XARG_ARRIVAL_UNIX_S: arrival_unix_s,
+        XARG_TIER: tier,
+        XARG_TENANT: tenant,
+    }
+    if slo.deadline_ms is not None:
+        xargs[XARG_DEADLINE_MS] = slo.deadline_ms
+    return xargs

@@ -1,0 +1,53 @@
+"""What every request handler (data plane and admin API) shares: ``app.state.gateway``.
+
+Kept small on purpose: the admin API needs the session factory and secret for its CRUD, the
+auth cache to make revocations effective at once, and the backend pool to reload after backend
+changes; the data plane needs the rest.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated
+
+from fastapi import Depends, Request
+from sqlalchemy.orm import Session, sessionmaker
+
+from gateway.app.config import GatewaySettings
+from gateway.db.usage import UsageWriter
+from gateway.limits import AdmissionQueue, RateLimiter
+
+if TYPE_CHECKING:
+    from gateway.app.auth import AuthCache
+    from gateway.app.backends import BackendPool
+    from gateway.app.metrics import GatewayMetrics
+
+
+@dataclass(eq=False)
+class GatewayState:
+    """The gateway's long-lived objects, created in the app's lifespan.
+
+    * ``auth.invalidate(key_prefix=None)`` — drop cached identities (one key's, or all) after
+      a revocation, expiry change, tenant or tier change;
+    * ``await pool.reload()`` — re-read the enabled backends after a backend change.
+    """
+
+    settings: GatewaySettings
+    session_factory: sessionmaker[Session]
+    secret: str | bytes
+    auth: AuthCache
+    pool: BackendPool
+    usage_writer: UsageWriter
+    limiter: RateLimiter
+    queue: AdmissionQueue
+    metrics: GatewayMetrics
+
+
+def get_state(request: Request) -> GatewayState:
+    """FastAPI dependency: the app's :class:`GatewayState`."""
+    state: GatewayState = request.app.state.gateway
+    return state
+
+
+StateDep = Annotated[GatewayState, Depends(get_state)]
+"""Handler parameter type: ``async def handler(state: StateDep) -> ...``."""

@@ -1,0 +1,5 @@
+"""``python -m priority.cli``."""
+
+from priority.cli import app
+
+app()

@@ -1,0 +1,160 @@
+"""The gateway app's pure parts: token-time attribution, priority mapping, SLO resolution,
+metric parsing and reconciliation, tenant-label bounds, and the auth cache's miss coalescing."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gateway.app.auth import AuthCache
+from gateway.app.backends import BackendPool, BackendSpec, parse_vllm_gauges
+from gateway.app.config import GatewaySettings
+from gateway.app.errors import ApiError
+from gateway.app.metrics import OTHER_TENANT, GatewayMetrics, TenantLabels
+from gateway.app.proxy import _token_times
+from gateway.app.slo import engine_priority, resolve_slo
+from gateway.db import crud
+from gateway.db.identity import EffectivePolicy
+from gateway.db.models import Base
+from gateway.db.seed import seed_defaults
+from gateway.db.session import make_engine, make_session_factory
+from gateway.engine_sim.mapping import weight_from_priority
+
+times_st = st.lists(st.floats(0, 1e3, allow_nan=False), min_size=1, max_size=40).map(sorted)
+
+
+@given(times=times_st, tokens=st.integers(0, 200))
+def test_token_times_attribute_every_token_to_a_chunk(times: list[float], tokens: int) -> None:
+    out = _token_times(times, tokens)
+    assert len(out) == tokens
+    assert out == sorted(out)
+    assert set(out) <= set(times)
+    if tokens >= len(times):
+        assert set(out) == set(times)  # every chunk carried at least one token
+
+
+@given(exponent=st.integers(-10, 10))
+def test_engine_priority_inverts_the_engine_weight_mapping(exponent: int) -> None:
+    weight = 2.0**exponent
+    assert weight_from_priority(engine_priority(weight)) == weight
+
+
+def _policy(**overrides: Any) -> EffectivePolicy:
+    values: dict[str, Any] = dict(
+        weight=2.0, ttft_ms=2000.0, tpot_ms=100.0, deadline_ms=None, min_ttft_ms=500.0,
+        min_tpot_ms=None, min_deadline_ms=None, best_effort_allowed=False, rpm_limit=None,
+        tpm_limit=None, max_concurrency=None,
+    )  # fmt: skip
+    values.update(overrides)
+    return EffectivePolicy(**values)
+
+
+def test_slo_defaults_and_looser_headers_are_accepted() -> None:
+    assert resolve_slo({}, _policy(), "standard").ttft_ms == 2000.0
+    slo = resolve_slo({"x-slo-ttft-ms": "500", "x-slo-tpot-ms": "150"}, _policy(), "standard")
+    assert (slo.ttft_ms, slo.tpot_ms, slo.deadline_ms) == (500.0, 150.0, None)
+
+
+@pytest.mark.parametrize(
+    ("headers", "needle"),
+    [
+        ({"x-slo-ttft-ms": "499"}, "minimum is 500"),
+        ({"x-slo-tpot-ms": "99"}, "default (the tier sets no minimum) is 100"),
+        ({"x-slo-deadline-ms": "1999"}, "x-slo-deadline-ms=1999"),
+        ({"x-slo-ttft-ms": "1e12"}, "up to"),
+    ],
+)
+def test_slo_headers_tighter_than_allowed_are_refused(headers: dict[str, str], needle: str) -> None:
+    with pytest.raises(ApiError) as info:
+        resolve_slo(headers, _policy(), "standard")
+    assert info.value.status == 400 and needle in info.value.message
+
+
+METRICS_TEXT = """\
+# HELP vllm:num_requests_running Requests in the running batch.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 3.0
+vllm:num_requests_running{engine="1",model_name="m"} 2.0
+# HELP vllm:num_requests_waiting Requests waiting.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="m"} 4.0
+# HELP vllm:kv_cache_usage_perc KV usage.
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25
+vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.5
+"""
+
+
+def test_vllm_gauges_are_summed_over_engines() -> None:
+    gauges = parse_vllm_gauges(METRICS_TEXT)
+    assert gauges == {
+        "vllm:num_requests_running": 5.0,
+        "vllm:num_requests_waiting": 4.0,
+        "vllm:kv_cache_usage_perc": 0.5,
+    }
+
+
+def test_reconcile_counts_load_the_gateway_did_not_send() -> None:
+    pool = BackendPool(GatewaySettings(), httpx.AsyncClient(), GatewayMetrics())
+    pool.configure([BackendSpec("a", "http://a:8000", "m", "a100-qwen2-7b")])
+    backend = pool.backends[0]
+    backend.own_decoding = 2
+    pool.reconcile(backend, {"vllm:num_requests_running": 6.0, "vllm:num_requests_waiting": 1.0})
+    assert backend.view.num_decoding == 2 + 5  # ours, plus 5 others' requests
+    pool.reconcile(backend, {"vllm:num_requests_running": 1.0})
+    assert backend.view.num_decoding == 2  # never below our own
+
+
+def test_breaker_opens_after_consecutive_failures_and_closes_on_success() -> None:
+    pool = BackendPool(GatewaySettings(breaker_failures=2), httpx.AsyncClient(), GatewayMetrics())
+    pool.configure([BackendSpec("a", "http://a:8000/v1", "m", "910b-qwen2-7b")])
+    backend = pool.backends[0]
+    assert backend.chat_url == "http://a:8000/v1/chat/completions"
+    pool.record_failure(backend)
+    assert backend.view.healthy
+    pool.record_failure(backend)
+    assert not backend.view.healthy and not pool.ready
+    pool.record_success(backend)
+    assert backend.view.healthy and pool.ready
+
+
+def test_tenant_labels_are_bounded() -> None:
+    labels = TenantLabels(max_tenants=2)
+    assert [labels(t) for t in ("a", "b", "c", "a", "d")] == ["a", "b", OTHER_TENANT, "a", "other"]
+
+
+def test_auth_cache_coalesces_concurrent_misses(tmp_path: Path) -> None:
+    engine = make_engine(f"sqlite:///{tmp_path / 'auth.db'}")
+    Base.metadata.create_all(engine)
+    factory = make_session_factory(engine)
+    with factory.begin() as session:
+        seed_defaults(session)
+        key = crud.create_key(session, actor="t", tenant="demo", secret="s").plaintext
+    cache = AuthCache(factory, "s", ttl_s=1.0)
+    loads = 0
+    original = cache._load
+
+    def counting(presented: str) -> Any:
+        nonlocal loads
+        loads += 1
+        return original(presented)
+
+    cache._load = counting  # type: ignore[method-assign,assignment]
+
+    async def burst() -> list[str]:
+        found = await asyncio.gather(*(cache.authenticate(f"Bearer {key}") for _ in range(50)))
+        return [identity.tenant_name for identity in found]
+
+    assert asyncio.run(burst()) == ["demo"] * 50
+    assert loads == 1
+    cache.invalidate()
+    asyncio.run(burst())
+    assert loads == 2
+    assert cache.flush_last_used() == 1
+    engine.dispose()
