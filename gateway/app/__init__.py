@@ -1,6 +1,6 @@
 """The gateway's FastAPI app: OpenAI endpoints, admission, routing, relay, accounting, metrics.
 
-Modules, one job each: :mod:`~gateway.app.config` (the app's settings), :mod:`~gateway.app.state`
+Modules, one job each: :mod:`~gateway.app.state`
 (what handlers share), :mod:`~gateway.app.auth` (key cache), :mod:`~gateway.app.backends`
 (backends, routers, probes, breaker), :mod:`~gateway.app.slo` (SLO headers, engine hints),
 :mod:`~gateway.app.schemas` (body checks), :mod:`~gateway.app.proxy` (the request path),
@@ -9,7 +9,6 @@ Modules, one job each: :mod:`~gateway.app.config` (the app's settings), :mod:`~g
 
 from gateway.app.app import create_app
 from gateway.app.backends import BackendSpec
-from gateway.app.config import GatewaySettings
 from gateway.app.state import GatewayState, StateDep, get_state
 
-__all__ = ["BackendSpec", "GatewaySettings", "GatewayState", "StateDep", "create_app", "get_state"]
+__all__ = ["BackendSpec", "GatewayState", "StateDep", "create_app", "get_state"]

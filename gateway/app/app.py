@@ -27,7 +27,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.app.auth import AuthCache
 from gateway.app.backends import BackendPool, BackendSpec
-from gateway.app.config import GatewaySettings, gateway_settings
 from gateway.app.errors import ApiError
 from gateway.app.metrics import GatewayMetrics
 from gateway.app.proxy import serve
@@ -36,7 +35,7 @@ from gateway.db.security import server_secret
 from gateway.db.session import make_engine, make_session_factory
 from gateway.db.usage import UsageWriter
 from gateway.limits import AdmissionQueue, AdmissionRejected, make_rate_limiter
-from gateway.settings import Settings
+from gateway.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +49,7 @@ def create_app(
 ) -> FastAPI:
     """The gateway app. ``backends`` replaces the database's backends table (``tiergate serve``
     with in-process emulated engines, and tests); without it the enabled rows are served."""
-    config = gateway_settings(settings)
+    config = settings if settings is not None else get_settings()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -86,7 +85,7 @@ def _admin_router() -> Any:
 
 
 async def _start(
-    config: GatewaySettings, backends: Sequence[BackendSpec] | None
+    config: Settings, backends: Sequence[BackendSpec] | None
 ) -> tuple[GatewayState, list[asyncio.Task[None]]]:
     engine = make_engine(config.database_url)
     factory = make_session_factory(engine)

@@ -24,9 +24,9 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy.orm import Session, sessionmaker
 
-from gateway.app.config import GatewaySettings
 from gateway.app.metrics import GatewayMetrics
 from gateway.db.crud import list_backends
+from gateway.settings import Settings
 from priority.gain import GainWeights
 from priority.profiles import Profile, load_profile
 from priority.routing import InstanceView, Router, make_router
@@ -102,7 +102,7 @@ class BackendPool:
 
     def __init__(
         self,
-        settings: GatewaySettings,
+        settings: Settings,
         client: httpx.AsyncClient,
         metrics: GatewayMetrics,
         *,

@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Annotated
 from fastapi import Depends, Request
 from sqlalchemy.orm import Session, sessionmaker
 
-from gateway.app.config import GatewaySettings
 from gateway.db.usage import UsageWriter
 from gateway.limits import AdmissionQueue, RateLimiter
+from gateway.settings import Settings
 
 if TYPE_CHECKING:
     from gateway.app.auth import AuthCache
@@ -32,7 +32,7 @@ class GatewayState:
     * ``await pool.reload()`` — re-read the enabled backends after a backend change.
     """
 
-    settings: GatewaySettings
+    settings: Settings
     session_factory: sessionmaker[Session]
     secret: str | bytes
     auth: AuthCache

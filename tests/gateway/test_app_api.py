@@ -22,13 +22,14 @@ from openai.types.chat import ChatCompletionMessageParam
 from pydantic import SecretStr
 from sqlalchemy.orm import Session, sessionmaker
 
-from gateway.app import BackendSpec, GatewaySettings, create_app
+from gateway.app import BackendSpec, create_app
 from gateway.app.server import GatewayThread
 from gateway.db import crud
 from gateway.db.models import Base, utcnow
 from gateway.db.seed import seed_defaults
 from gateway.db.session import make_engine, make_session_factory
 from gateway.engine_sim import EngineSpec, EngineThread, RunningEngine
+from gateway.settings import Settings
 from priority.request import Request as CoreRequest
 
 MODEL = "qwen2-7b"
@@ -92,7 +93,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
         EngineSpec("a100-qwen2-7b", "vllm-priority", MODEL),
         EngineSpec("910b-qwen2-7b", "vllm-priority", MODEL),
     ]
-    settings = GatewaySettings(
+    settings = Settings(
         database_url=url, secret=SecretStr(SECRET), data_dir=root, redis_url=None,
         auth_cache_ttl_s=CACHE_TTL_S, max_body_bytes=64 * 1024,
     )  # fmt: skip

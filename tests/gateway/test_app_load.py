@@ -24,13 +24,14 @@ from pydantic import SecretStr
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from gateway.app import BackendSpec, GatewaySettings, create_app
+from gateway.app import BackendSpec, create_app
 from gateway.app.server import GatewayThread
 from gateway.db import crud
 from gateway.db.models import Base, UsageRecord
 from gateway.db.seed import seed_defaults
 from gateway.db.session import make_engine, make_session_factory
 from gateway.engine_sim import EngineSpec, EngineThread, RunningEngine, stop_engines
+from gateway.settings import Settings
 
 MODEL = "qwen2-7b"
 SECRET = "load-test-secret"
@@ -75,9 +76,7 @@ def _gateway(
 ) -> Iterator[GatewayThread]:
     url = str(factory.kw["bind"].url)
     options.setdefault("redis_url", None)
-    settings = GatewaySettings(
-        database_url=url, secret=SecretStr(SECRET), data_dir=tmp_path, **options
-    )
+    settings = Settings(database_url=url, secret=SecretStr(SECRET), data_dir=tmp_path, **options)
     with GatewayThread(create_app(settings, backends=_backends(engines))) as gateway:
         yield gateway
 

@@ -14,7 +14,6 @@ from hypothesis import strategies as st
 
 from gateway.app.auth import AuthCache
 from gateway.app.backends import BackendPool, BackendSpec, parse_vllm_gauges
-from gateway.app.config import GatewaySettings
 from gateway.app.errors import ApiError
 from gateway.app.metrics import OTHER_TENANT, GatewayMetrics, TenantLabels
 from gateway.app.proxy import _token_times
@@ -25,6 +24,7 @@ from gateway.db.models import Base
 from gateway.db.seed import seed_defaults
 from gateway.db.session import make_engine, make_session_factory
 from gateway.engine_sim.mapping import weight_from_priority
+from gateway.settings import Settings
 
 times_st = st.lists(st.floats(0, 1e3, allow_nan=False), min_size=1, max_size=40).map(sorted)
 
@@ -101,7 +101,7 @@ def test_vllm_gauges_are_summed_over_engines() -> None:
 
 
 def test_reconcile_counts_load_the_gateway_did_not_send() -> None:
-    pool = BackendPool(GatewaySettings(), httpx.AsyncClient(), GatewayMetrics())
+    pool = BackendPool(Settings(), httpx.AsyncClient(), GatewayMetrics())
     pool.configure([BackendSpec("a", "http://a:8000", "m", "a100-qwen2-7b")])
     backend = pool.backends[0]
     backend.own_decoding = 2
@@ -112,7 +112,7 @@ def test_reconcile_counts_load_the_gateway_did_not_send() -> None:
 
 
 def test_breaker_opens_after_consecutive_failures_and_closes_on_success() -> None:
-    pool = BackendPool(GatewaySettings(breaker_failures=2), httpx.AsyncClient(), GatewayMetrics())
+    pool = BackendPool(Settings(breaker_failures=2), httpx.AsyncClient(), GatewayMetrics())
     pool.configure([BackendSpec("a", "http://a:8000/v1", "m", "910b-qwen2-7b")])
     backend = pool.backends[0]
     assert backend.chat_url == "http://a:8000/v1/chat/completions"
