@@ -17,9 +17,8 @@ from __future__ import annotations
 import hashlib
 import hmac
 from collections.abc import Callable, Coroutine, Iterable
-from dataclasses import asdict
 from datetime import datetime, timedelta
-from typing import Annotated, Any, Generic, Literal, TypeVar
+from typing import Annotated, Any, Generic, Literal, Protocol, TypeVar
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
@@ -34,8 +33,8 @@ from starlette.concurrency import run_in_threadpool
 from gateway.app.state import GatewayState, get_state
 from gateway.db import crud
 from gateway.db.errors import AlreadyExists, Conflict, DomainError, InUse, InvalidInput, NotFound
-from gateway.db.identity import effective_policy
-from gateway.db.models import ApiKey, Backend, Tenant, utcnow
+from gateway.db.identity import EffectivePolicy, effective_policy
+from gateway.db.models import ApiKey, Tenant, utcnow
 from gateway.db.security import display_prefix
 
 ACTOR = "admin-api"
@@ -47,6 +46,20 @@ MAX_AUDIT_ROWS = 1000
 StateDep = Annotated[GatewayState, Depends(get_state)]
 RowT = TypeVar("RowT")
 ItemT = TypeVar("ItemT")
+OutT = TypeVar("OutT")
+
+
+class _Versioned(Protocol):
+    """A row whose ``updated_at`` moves when a change is written (tiers, backends)."""
+
+    @property
+    def id(self) -> int: ...
+
+    @property
+    def updated_at(self) -> datetime: ...
+
+
+VersionedT = TypeVar("VersionedT", bound=_Versioned)
 
 
 # -- errors -----------------------------------------------------------------------------------
@@ -219,20 +232,8 @@ class DeletedOut(BaseModel):
     deleted: Literal[True] = True
 
 
-class TierCreate(_Input):
-    name: str
-    description: str | None = None
-    weight: float
-    ttft_ms: float
-    tpot_ms: float
-    deadline_ms: float | None = None
-    min_ttft_ms: float | None = None
-    min_tpot_ms: float | None = None
-    min_deadline_ms: float | None = None
-    rpm_limit: Limit | None = None
-    tpm_limit: Limit | None = None
-    max_concurrency: Limit | None = None
-    best_effort_allowed: bool = False
+# Each ``*Create`` body is its ``*Update`` (every field optional) with the required fields and
+# the non-null defaults restated: one list of fields per entity.
 
 
 class TierUpdate(_Input):
@@ -251,6 +252,14 @@ class TierUpdate(_Input):
     tpm_limit: Limit | None = None
     max_concurrency: Limit | None = None
     best_effort_allowed: bool | None = None
+
+
+class TierCreate(TierUpdate):
+    name: str
+    weight: float
+    ttft_ms: float
+    tpot_ms: float
+    best_effort_allowed: bool = False
 
 
 class TierOut(_Output):
@@ -273,18 +282,6 @@ class TierOut(_Output):
     updated_at: datetime
 
 
-class TenantCreate(_Input):
-    name: str
-    tier: Ref
-    status: str = "active"
-    ttft_ms: float | None = None
-    tpot_ms: float | None = None
-    deadline_ms: float | None = None
-    rpm_limit: Limit | None = None
-    tpm_limit: Limit | None = None
-    max_concurrency: Limit | None = None
-
-
 class TenantUpdate(_Input):
     """Rename, move to another tier, or set/clear (``null``) overrides; status has actions."""
 
@@ -298,20 +295,10 @@ class TenantUpdate(_Input):
     max_concurrency: Limit | None = None
 
 
-class PolicyOut(BaseModel):
-    """The limits and SLOs in force: the tenant's overrides over its tier's values."""
-
-    weight: float
-    ttft_ms: float
-    tpot_ms: float
-    deadline_ms: float | None
-    min_ttft_ms: float | None
-    min_tpot_ms: float | None
-    min_deadline_ms: float | None
-    best_effort_allowed: bool
-    rpm_limit: int | None
-    tpm_limit: int | None
-    max_concurrency: int | None
+class TenantCreate(TenantUpdate):
+    name: str
+    tier: Ref
+    status: str = "active"
 
 
 class TenantOut(BaseModel):
@@ -327,7 +314,7 @@ class TenantOut(BaseModel):
     rpm_limit: int | None
     tpm_limit: int | None
     max_concurrency: int | None
-    effective: PolicyOut
+    effective: EffectivePolicy  # the limits and SLOs in force (overrides over the tier's)
     created_at: datetime
     updated_at: datetime
 
@@ -345,7 +332,7 @@ class TenantOut(BaseModel):
             rpm_limit=tenant.rpm_limit,
             tpm_limit=tenant.tpm_limit,
             max_concurrency=tenant.max_concurrency,
-            effective=PolicyOut(**asdict(effective_policy(tenant, tenant.tier))),
+            effective=effective_policy(tenant, tenant.tier),
             created_at=tenant.created_at,
             updated_at=tenant.updated_at,
         )
@@ -355,15 +342,13 @@ class TenantOut(BaseModel):
 Expiry = Annotated[AwareDatetime | None, Field(strict=False)]
 
 
-class KeyCreate(_Input):
-    tenant: Ref
-    name: str | None = None
-    expires_at: Expiry = None
-
-
 class KeyUpdate(_Input):
     name: str | None = None
     expires_at: Expiry = None
+
+
+class KeyCreate(KeyUpdate):
+    tenant: Ref
 
 
 class KeyOut(BaseModel):
@@ -417,15 +402,6 @@ def _key_fields(key: ApiKey, now: datetime | None) -> dict[str, Any]:
     }
 
 
-class BackendCreate(_Input):
-    name: str
-    base_url: str
-    model: str
-    profile: str  # a shipped latency profile (see ``priority.profiles.available_profiles``)
-    kind: str = "vllm"
-    enabled: bool = True
-
-
 class BackendUpdate(_Input):
     name: str | None = None
     base_url: str | None = None
@@ -433,6 +409,15 @@ class BackendUpdate(_Input):
     profile: str | None = None
     kind: str | None = None
     enabled: bool | None = None
+
+
+class BackendCreate(BackendUpdate):
+    name: str
+    base_url: str
+    model: str
+    profile: str  # a shipped latency profile (see ``priority.profiles.available_profiles``)
+    kind: str = "vllm"
+    enabled: bool = True
 
 
 class BackendOut(_Output):
@@ -551,6 +536,10 @@ def key_prefixes(tenant: Tenant) -> list[str]:
     return [key.prefix for key in tenant.api_keys]
 
 
+def own_prefix(key: ApiKey) -> list[str]:
+    return [key.prefix]
+
+
 def invalidate(state: GatewayState, prefixes: Iterable[str] | None) -> None:
     """Drop cached identities: of these key prefixes, or all of them (``None``)."""
     if prefixes is None:
@@ -558,6 +547,53 @@ def invalidate(state: GatewayState, prefixes: Iterable[str] | None) -> None:
         return
     for prefix in prefixes:
         state.auth.invalidate(prefix)
+
+
+def patch_row(
+    s: Session,
+    request: Request,
+    ref: str,
+    get: Callable[[Session, int | str], VersionedT],
+    update: Callable[..., VersionedT],
+    body: BaseModel,
+) -> tuple[VersionedT, bool]:
+    """Apply a PATCH body to the row ``ref`` names; the row, and whether anything was written."""
+    row = resolve(get, s, ref)
+    updated_at = row.updated_at
+    row = update(s, row.id, changes_of(body), actor=request_actor(request))
+    return row, row.updated_at != updated_at
+
+
+def delete_row(
+    s: Session,
+    request: Request,
+    delete: Callable[..., None],
+    entity: str,
+    row_id: int,
+    name: str,
+) -> DeletedOut:
+    """Delete a row through its crud function; the answer names what was deleted."""
+    out = DeletedOut(object=entity, id=row_id, name=name)
+    delete(s, row_id, actor=request_actor(request))
+    return out
+
+
+def change_and_invalidate(
+    state: GatewayState,
+    change: Callable[[Session], RowT],
+    present: Callable[[RowT], OutT],
+    prefixes: Callable[[RowT], Iterable[str]],
+) -> OutT:
+    """Commit ``change``, then drop the cached identities of the keys it touched.
+
+    The answer and the prefixes are read inside the transaction; the cache is dropped only
+    once the change is committed, so no request can re-cache the old identity in between.
+    """
+    with state.session_factory.begin() as s:
+        row = change(s)
+        out, touched = present(row), list(prefixes(row))
+    invalidate(state, touched)
+    return out
 
 
 def usage_window(
@@ -622,11 +658,9 @@ def _tier_routes(router: APIRouter) -> None:
     @router.patch("/tiers/{ref}", tags=["tiers"])
     def update_tier(ref: str, body: TierUpdate, request: Request, state: StateDep) -> TierOut:
         with state.session_factory.begin() as s:
-            tier = resolve(crud.get_tier, s, ref)
-            updated_at = tier.updated_at
-            tier = crud.update_tier(s, tier.id, changes_of(body), actor=request_actor(request))
+            tier, changed = patch_row(s, request, ref, crud.get_tier, crud.update_tier, body)
             out = TierOut.model_validate(tier)
-        if out.updated_at != updated_at:
+        if changed:
             invalidate(state, None)  # every tenant on the tier has a new effective policy
         return out
 
@@ -634,9 +668,7 @@ def _tier_routes(router: APIRouter) -> None:
     def delete_tier(ref: str, request: Request, state: StateDep) -> DeletedOut:
         with state.session_factory.begin() as s:
             tier = resolve(crud.get_tier, s, ref)
-            out = DeletedOut(object="tier", id=tier.id, name=tier.name)
-            crud.delete_tier(s, tier.id, actor=request_actor(request))
-        return out
+            return delete_row(s, request, crud.delete_tier, "tier", tier.id, tier.name)
 
 
 def _tenant_routes(router: APIRouter) -> None:
@@ -665,7 +697,7 @@ def _tenant_routes(router: APIRouter) -> None:
 
     @router.patch("/tenants/{ref}", tags=["tenants"])
     def update_tenant(ref: str, body: TenantUpdate, request: Request, state: StateDep) -> TenantOut:
-        with state.session_factory.begin() as s:
+        def change(s: Session) -> Tenant:
             tenant = resolve(crud.get_tenant, s, ref)
             changes = changes_of(body)
             if "tier" in changes:
@@ -674,18 +706,19 @@ def _tenant_routes(router: APIRouter) -> None:
                         "a tenant must have a tier; tier cannot be null", param="tier"
                     )
                 changes["tier"] = resolve(crud.get_tier, s, changes["tier"]).id
-            tenant = crud.update_tenant(s, tenant.id, changes, actor=request_actor(request))
-            out, prefixes = TenantOut.of(tenant), key_prefixes(tenant)
-        invalidate(state, prefixes)  # overrides and tier are part of each cached identity
-        return out
+            return crud.update_tenant(s, tenant.id, changes, actor=request_actor(request))
+
+        # overrides and tier are part of each cached identity
+        return change_and_invalidate(state, change, TenantOut.of, key_prefixes)
 
     def _set_status(ref: str, request: Request, state: GatewayState, active: bool) -> TenantOut:
-        change = crud.activate_tenant if active else crud.suspend_tenant
-        with state.session_factory.begin() as s:
-            tenant = change(s, resolve(crud.get_tenant, s, ref).id, actor=request_actor(request))
-            out, prefixes = TenantOut.of(tenant), key_prefixes(tenant)
-        invalidate(state, prefixes)
-        return out
+        set_status = crud.activate_tenant if active else crud.suspend_tenant
+
+        def change(s: Session) -> Tenant:
+            tenant_id = resolve(crud.get_tenant, s, ref).id
+            return set_status(s, tenant_id, actor=request_actor(request))
+
+        return change_and_invalidate(state, change, TenantOut.of, key_prefixes)
 
     @router.post("/tenants/{ref}/suspend", tags=["tenants"])
     def suspend_tenant(ref: str, request: Request, state: StateDep) -> TenantOut:
@@ -701,9 +734,8 @@ def _tenant_routes(router: APIRouter) -> None:
         """Delete a tenant and its keys; its usage records stay (tenant set to null)."""
         with state.session_factory.begin() as s:
             tenant = resolve(crud.get_tenant, s, ref)
-            out = DeletedOut(object="tenant", id=tenant.id, name=tenant.name)
             prefixes = key_prefixes(tenant)
-            crud.delete_tenant(s, tenant.id, actor=request_actor(request))
+            out = delete_row(s, request, crud.delete_tenant, "tenant", tenant.id, tenant.name)
         invalidate(state, prefixes)
         return out
 
@@ -743,28 +775,27 @@ def _key_routes(router: APIRouter) -> None:
     @router.patch("/keys/{prefix}", tags=["keys"])
     def update_key(prefix: str, body: KeyUpdate, request: Request, state: StateDep) -> KeyOut:
         """Rename a key or change its expiry (a past expiry expires it now)."""
-        with state.session_factory.begin() as s:
-            key = crud.update_key(s, prefix, changes_of(body), actor=request_actor(request))
-            out, bare = KeyOut.of(key), key.prefix
-        invalidate(state, [bare])
-        return out
+
+        def change(s: Session) -> ApiKey:
+            return crud.update_key(s, prefix, changes_of(body), actor=request_actor(request))
+
+        return change_and_invalidate(state, change, KeyOut.of, own_prefix)
 
     @router.post("/keys/{prefix}/revoke", tags=["keys"])
     def revoke_key(prefix: str, request: Request, state: StateDep) -> KeyOut:
         """Revoke a key; it stops authenticating on the next request."""
-        with state.session_factory.begin() as s:
-            key = crud.revoke_key(s, prefix, actor=request_actor(request))
-            out, bare = KeyOut.of(key), key.prefix
-        invalidate(state, [bare])
-        return out
+
+        def change(s: Session) -> ApiKey:
+            return crud.revoke_key(s, prefix, actor=request_actor(request))
+
+        return change_and_invalidate(state, change, KeyOut.of, own_prefix)
 
     @router.delete("/keys/{prefix}", tags=["keys"])
     def delete_key(prefix: str, request: Request, state: StateDep) -> DeletedOut:
         with state.session_factory.begin() as s:
             key = crud.get_key(s, prefix)
-            out = DeletedOut(object="api_key", id=key.id, name=display_prefix(key.prefix))
             bare = key.prefix
-            crud.delete_key(s, key.id, actor=request_actor(request))
+            out = delete_row(s, request, crud.delete_key, "api_key", key.id, display_prefix(bare))
         invalidate(state, [bare])
         return out
 
@@ -805,11 +836,10 @@ def _backend_routes(router: APIRouter) -> None:
     ) -> BackendOut:
         def work() -> tuple[BackendOut, bool]:
             with state.session_factory.begin() as s:
-                row: Backend = resolve(crud.get_backend, s, ref)
-                updated_at = row.updated_at
-                row = crud.update_backend(s, row.id, changes_of(body), actor=request_actor(request))
-                out = BackendOut.model_validate(row)
-                return out, out.updated_at != updated_at
+                row, changed = patch_row(
+                    s, request, ref, crud.get_backend, crud.update_backend, body
+                )
+                return BackendOut.model_validate(row), changed
 
         out, changed = await run_in_threadpool(work)
         if changed:
@@ -821,9 +851,7 @@ def _backend_routes(router: APIRouter) -> None:
         def work() -> DeletedOut:
             with state.session_factory.begin() as s:
                 row = resolve(crud.get_backend, s, ref)
-                out = DeletedOut(object="backend", id=row.id, name=row.name)
-                crud.delete_backend(s, row.id, actor=request_actor(request))
-                return out
+                return delete_row(s, request, crud.delete_backend, "backend", row.id, row.name)
 
         out = await run_in_threadpool(work)
         await state.pool.reload()

@@ -1,4 +1,8 @@
-"""Shared pieces of the CRUD modules: input checks, snapshots, the audit row, flushing.
+"""Shared pieces of the CRUD modules: input checks, snapshots, and the audited mutations.
+
+Every create, update and delete goes through :func:`add_audited` / :func:`add_named`,
+:func:`update_named` / :func:`record_change` or :func:`delete_audited`, so the write and its
+audit row always happen the same way, in the same transaction.
 
 Validators take the *whole* prospective state of an entity (a mapping), so creation and partial
 updates go through one set of rules and an invalid update never touches the ORM object.
@@ -8,9 +12,9 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import inspect
 from sqlalchemy.exc import IntegrityError
@@ -18,6 +22,10 @@ from sqlalchemy.orm import Session
 
 from gateway.db.errors import AlreadyExists, InvalidInput
 from gateway.db.models import AuditLog, Base, utcnow
+
+RowT = TypeVar("RowT", bound=Base)
+View = Callable[[Any], dict[str, Any]]  # a row -> what the audit log records of it
+Finder = Callable[[Session, str], object | None]  # a row by name, or None
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
@@ -116,19 +124,24 @@ def audit(
     *,
     actor: str,
     action: str,
-    entity_type: str,
-    entity_id: object,
+    entity: str,
     before: dict[str, Any] | None,
     after: dict[str, Any] | None,
 ) -> AuditLog:
-    """Add the audit row of a mutation to the mutation's own session (same transaction)."""
+    """Add the audit row of a mutation to the mutation's own session (same transaction).
+
+    ``before``/``after`` are the entity's snapshots (None on create/delete); its id is read off
+    whichever there is.
+    """
     if not actor or not actor.strip():
         raise InvalidInput("an audited change needs an actor", param="actor")
+    snap = after if after is not None else before
+    assert snap is not None, "an audited change has a before or an after"
     row = AuditLog(
         actor=actor,
         action=action,
-        entity_type=entity_type,
-        entity_id=str(entity_id),
+        entity_type=entity,
+        entity_id=str(snap["id"]),
         before=before,
         after=after,
         at=utcnow(),
@@ -147,3 +160,103 @@ def flush(session: Session, conflict_message: str) -> None:
         session.flush()
     except IntegrityError as exc:
         raise AlreadyExists(conflict_message) from exc
+
+
+def name_taken(entity: str, name: str) -> str:
+    return f"{entity} {name!r} already exists"
+
+
+def ensure_name_free(session: Session, find: Finder, entity: str, name: str) -> None:
+    """Refuse a name another row of the entity already has (checked before any write)."""
+    if find(session, name) is not None:
+        raise AlreadyExists(name_taken(entity, name), param="name")
+
+
+def add_audited(
+    session: Session,
+    row: RowT,
+    *,
+    actor: str,
+    entity: str,
+    conflict: str,
+    view: View = snapshot,
+) -> RowT:
+    """Insert ``row`` and its ``create`` audit entry; ``conflict`` is the lost-race message."""
+    session.add(row)
+    flush(session, conflict)
+    audit(session, actor=actor, action="create", entity=entity, before=None, after=view(row))
+    return row
+
+
+def add_named(
+    session: Session,
+    row: RowT,
+    name: str,
+    find: Finder,
+    *,
+    actor: str,
+    entity: str,
+) -> RowT:
+    """:func:`add_audited` for a row with a unique ``name``, refused up front if it is taken."""
+    ensure_name_free(session, find, entity, name)
+    return add_audited(session, row, actor=actor, entity=entity, conflict=name_taken(entity, name))
+
+
+def update_named(
+    session: Session,
+    row: Base,
+    changes: Mapping[str, Any],
+    *,
+    validate: Callable[[Mapping[str, Any]], dict[str, Any]],
+    find: Finder,
+    actor: str,
+    action: str,
+    entity: str,
+    on_change: Callable[[], None] | None = None,
+) -> None:
+    """Partially update a row with a unique ``name``: validate, name check, diff, write, audit.
+
+    ``validate`` checks the whole prospective state (the row's snapshot with ``changes`` over
+    it). Only fields that differ are set; a no-op writes nothing and no audit row.
+    ``on_change`` runs after the fields are set and before the flush (e.g. to move a
+    relationship).
+    """
+    before = snapshot(row)
+    values = validate({**before, **changes})
+    name = values["name"]
+    if name != before["name"]:
+        ensure_name_free(session, find, entity, name)
+    changed = {k: v for k, v in values.items() if before.get(k) != v}
+    if not changed:
+        return
+    for key, value in changed.items():
+        setattr(row, key, value)
+    if on_change is not None:
+        on_change()
+    flush(session, name_taken(entity, name))
+    audit(session, actor=actor, action=action, entity=entity, before=before, after=snapshot(row))
+
+
+def record_change(
+    session: Session,
+    before: dict[str, Any],
+    after: dict[str, Any],
+    *,
+    actor: str,
+    action: str,
+    entity: str,
+) -> None:
+    """Flush an in-place change and audit it, unless it changed nothing the audit shows."""
+    if after != before:
+        session.flush()
+        audit(session, actor=actor, action=action, entity=entity, before=before, after=after)
+
+
+def delete_audited(
+    session: Session, row: Base, *, actor: str, entity: str, view: View = snapshot
+) -> None:
+    """Delete ``row`` and add its ``delete`` audit entry (the entry keeps what was deleted)."""
+    before = view(row)
+    session.delete(row)
+    session.flush()
+    audit(session, actor=actor, action="delete", entity=entity, before=before, after=None)

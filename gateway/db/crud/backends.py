@@ -10,15 +10,15 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gateway.db.crud._common import (
-    audit,
+    add_named,
     check_bool,
     check_choice,
     check_fields,
     check_name,
-    flush,
-    snapshot,
+    delete_audited,
+    update_named,
 )
-from gateway.db.errors import AlreadyExists, InvalidInput, NotFound
+from gateway.db.errors import InvalidInput, NotFound
 from gateway.db.models import BACKEND_KINDS, Backend
 from priority.profiles import available_profiles
 
@@ -108,21 +108,7 @@ def create_backend(
             "enabled": enabled,
         }
     )
-    if find_backend(session, name) is not None:
-        raise AlreadyExists(f"backend {name!r} already exists", param="name")
-    backend = Backend(**values)
-    session.add(backend)
-    flush(session, f"backend {name!r} already exists")
-    audit(
-        session,
-        actor=actor,
-        action="create",
-        entity_type=ENTITY,
-        entity_id=backend.id,
-        before=None,
-        after=snapshot(backend),
-    )
-    return backend
+    return add_named(session, Backend(**values), name, find_backend, actor=actor, entity=ENTITY)
 
 
 def update_backend(
@@ -136,24 +122,15 @@ def update_backend(
     """Partial update; a no-op writes no audit row."""
     check_fields(changes, UPDATABLE, ENTITY)
     backend = get_backend(session, ref)
-    before = snapshot(backend)
-    values = validate_backend({**before, **changes})
-    if values["name"] != backend.name and find_backend(session, values["name"]) is not None:
-        raise AlreadyExists(f"backend {values['name']!r} already exists", param="name")
-    changed = {k: v for k, v in values.items() if before.get(k) != v}
-    if not changed:
-        return backend
-    for key, value in changed.items():
-        setattr(backend, key, value)
-    flush(session, f"backend {values['name']!r} already exists")
-    audit(
+    update_named(
         session,
+        backend,
+        changes,
+        validate=validate_backend,
+        find=find_backend,
         actor=actor,
         action=action,
-        entity_type=ENTITY,
-        entity_id=backend.id,
-        before=before,
-        after=snapshot(backend),
+        entity=ENTITY,
     )
     return backend
 
@@ -164,16 +141,4 @@ def set_backend_enabled(session: Session, ref: int | str, enabled: bool, *, acto
 
 
 def delete_backend(session: Session, ref: int | str, *, actor: str) -> None:
-    backend = get_backend(session, ref)
-    before = snapshot(backend)
-    session.delete(backend)
-    session.flush()
-    audit(
-        session,
-        actor=actor,
-        action="delete",
-        entity_type=ENTITY,
-        entity_id=before["id"],
-        before=before,
-        after=None,
-    )
+    delete_audited(session, get_backend(session, ref), actor=actor, entity=ENTITY)

@@ -11,11 +11,12 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, joinedload
 
 from gateway.db.crud._common import (
-    audit,
+    add_audited,
     check_aware,
     check_fields,
     check_optional_text,
-    flush,
+    delete_audited,
+    record_change,
     snapshot,
 )
 from gateway.db.crud.tenants import get_tenant
@@ -109,16 +110,13 @@ def create_key(
         created_at=now,
         expires_at=expires_at,
     )
-    session.add(key)
-    flush(session, "key prefix collision; try again")
-    audit(
+    add_audited(
         session,
+        key,
         actor=actor,
-        action="create",
-        entity_type=ENTITY,
-        entity_id=key.id,
-        before=None,
-        after=_audit_view(key),
+        entity=ENTITY,
+        conflict="key prefix collision; try again",
+        view=_audit_view,
     )
     return CreatedKey(api_key=key, plaintext=generated.plaintext)
 
@@ -134,18 +132,7 @@ def update_key(
         key.name = check_optional_text(changes["name"], "name", 128)
     if "expires_at" in changes:
         key.expires_at = check_aware(changes["expires_at"], "expires_at")
-    after = _audit_view(key)
-    if after != before:
-        session.flush()
-        audit(
-            session,
-            actor=actor,
-            action="update",
-            entity_type=ENTITY,
-            entity_id=key.id,
-            before=before,
-            after=after,
-        )
+    record_change(session, before, _audit_view(key), actor=actor, action="update", entity=ENTITY)
     return key
 
 
@@ -158,33 +145,12 @@ def revoke_key(
         return key
     before = _audit_view(key)
     key.revoked_at = now or utcnow()
-    session.flush()
-    audit(
-        session,
-        actor=actor,
-        action="revoke",
-        entity_type=ENTITY,
-        entity_id=key.id,
-        before=before,
-        after=_audit_view(key),
-    )
+    record_change(session, before, _audit_view(key), actor=actor, action="revoke", entity=ENTITY)
     return key
 
 
 def delete_key(session: Session, ref: int | str, *, actor: str) -> None:
-    key = get_key(session, ref)
-    before = _audit_view(key)
-    session.delete(key)
-    session.flush()
-    audit(
-        session,
-        actor=actor,
-        action="delete",
-        entity_type=ENTITY,
-        entity_id=before["id"],
-        before=before,
-        after=None,
-    )
+    delete_audited(session, get_key(session, ref), actor=actor, entity=ENTITY, view=_audit_view)
 
 
 def authenticate(

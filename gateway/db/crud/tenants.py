@@ -9,17 +9,19 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, joinedload
 
 from gateway.db.crud._common import (
-    audit,
+    add_audited,
     check_choice,
     check_fields,
     check_limit,
     check_name,
     check_positive,
-    flush,
-    snapshot,
+    delete_audited,
+    ensure_name_free,
+    name_taken,
+    update_named,
 )
 from gateway.db.crud.tiers import get_tier
-from gateway.db.errors import AlreadyExists, InvalidInput, NotFound
+from gateway.db.errors import InvalidInput, NotFound
 from gateway.db.models import TENANT_STATUSES, Tenant, Tier
 
 ENTITY = "tenant"
@@ -106,22 +108,13 @@ def create_tenant(
         },
         tier_row,
     )
-    if find_tenant(session, name) is not None:
-        raise AlreadyExists(f"tenant {name!r} already exists", param="name")
+    # The name check comes first: it queries, and the query's autoflush must not meet a
+    # tenant already attached to its tier but not yet in the session.
+    ensure_name_free(session, find_tenant, ENTITY, name)
     tenant = Tenant(**values)
     tenant.tier = tier_row
-    session.add(tenant)
-    flush(session, f"tenant {name!r} already exists")
-    audit(
-        session,
-        actor=actor,
-        action="create",
-        entity_type=ENTITY,
-        entity_id=tenant.id,
-        before=None,
-        after=snapshot(tenant),
-    )
-    return tenant
+    conflict = name_taken(ENTITY, name)
+    return add_audited(session, tenant, actor=actor, entity=ENTITY, conflict=conflict)
 
 
 def update_tenant(
@@ -135,27 +128,21 @@ def update_tenant(
     """Partial update; ``tier`` takes a tier id or name. A no-op writes no audit row."""
     check_fields(changes, UPDATABLE, ENTITY)
     tenant = get_tenant(session, ref)
-    before = snapshot(tenant)
     new_tier = get_tier(session, changes["tier"]) if "tier" in changes else tenant.tier
-    state = {**before, **{k: v for k, v in changes.items() if k != "tier"}}
-    values = validate_tenant(state, new_tier)
-    if values["name"] != tenant.name and find_tenant(session, values["name"]) is not None:
-        raise AlreadyExists(f"tenant {values['name']!r} already exists", param="name")
-    changed = {k: v for k, v in values.items() if before.get(k) != v}
-    if not changed:
-        return tenant
-    for key, value in changed.items():
-        setattr(tenant, key, value)
-    tenant.tier = new_tier
-    flush(session, f"tenant {values['name']!r} already exists")
-    audit(
+
+    def move() -> None:
+        tenant.tier = new_tier
+
+    update_named(
         session,
+        tenant,
+        {k: v for k, v in changes.items() if k != "tier"},
+        validate=lambda state: validate_tenant(state, new_tier),
+        find=find_tenant,
         actor=actor,
         action=action,
-        entity_type=ENTITY,
-        entity_id=tenant.id,
-        before=before,
-        after=snapshot(tenant),
+        entity=ENTITY,
+        on_change=move,
     )
     return tenant
 
@@ -171,16 +158,4 @@ def activate_tenant(session: Session, ref: int | str, *, actor: str) -> Tenant:
 
 def delete_tenant(session: Session, ref: int | str, *, actor: str) -> None:
     """Delete a tenant and its keys; its usage records stay, with tenant and key set to NULL."""
-    tenant = get_tenant(session, ref)
-    before = snapshot(tenant)
-    session.delete(tenant)
-    session.flush()
-    audit(
-        session,
-        actor=actor,
-        action="delete",
-        entity_type=ENTITY,
-        entity_id=before["id"],
-        before=before,
-        after=None,
-    )
+    delete_audited(session, get_tenant(session, ref), actor=actor, entity=ENTITY)

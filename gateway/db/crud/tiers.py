@@ -9,17 +9,17 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from gateway.db.crud._common import (
-    audit,
+    add_named,
     check_bool,
     check_fields,
     check_limit,
     check_name,
     check_optional_text,
     check_positive,
-    flush,
-    snapshot,
+    delete_audited,
+    update_named,
 )
-from gateway.db.errors import AlreadyExists, InUse, InvalidInput, NotFound
+from gateway.db.errors import InUse, InvalidInput, NotFound
 from gateway.db.models import Tenant, Tier
 
 ENTITY = "tier"
@@ -127,21 +127,7 @@ def create_tier(
             "best_effort_allowed": best_effort_allowed,
         }
     )
-    if find_tier(session, name) is not None:
-        raise AlreadyExists(f"tier {name!r} already exists", param="name")
-    tier = Tier(**values)
-    session.add(tier)
-    flush(session, f"tier {name!r} already exists")
-    audit(
-        session,
-        actor=actor,
-        action="create",
-        entity_type=ENTITY,
-        entity_id=tier.id,
-        before=None,
-        after=snapshot(tier),
-    )
-    return tier
+    return add_named(session, Tier(**values), name, find_tier, actor=actor, entity=ENTITY)
 
 
 def update_tier(
@@ -150,25 +136,15 @@ def update_tier(
     """Apply a partial update (field → new value); a no-op update writes no audit row."""
     check_fields(changes, UPDATABLE, ENTITY)
     tier = get_tier(session, ref)
-    before = snapshot(tier)
-    values = validate_tier({**before, **changes})
-    new_name = values["name"]
-    if new_name != tier.name and find_tier(session, new_name) is not None:
-        raise AlreadyExists(f"tier {new_name!r} already exists", param="name")
-    changed = {k: v for k, v in values.items() if before.get(k) != v}
-    if not changed:
-        return tier
-    for key, value in changed.items():
-        setattr(tier, key, value)
-    flush(session, f"tier {new_name!r} already exists")
-    audit(
+    update_named(
         session,
+        tier,
+        changes,
+        validate=validate_tier,
+        find=find_tier,
         actor=actor,
         action="update",
-        entity_type=ENTITY,
-        entity_id=tier.id,
-        before=before,
-        after=snapshot(tier),
+        entity=ENTITY,
     )
     return tier
 
@@ -182,15 +158,4 @@ def delete_tier(session: Session, ref: int | str, *, actor: str) -> None:
             f"tier {tier.name!r} still has {tenants} tenant(s); move or delete them first",
             param="tier",
         )
-    before = snapshot(tier)
-    session.delete(tier)
-    session.flush()
-    audit(
-        session,
-        actor=actor,
-        action="delete",
-        entity_type=ENTITY,
-        entity_id=before["id"],
-        before=before,
-        after=None,
-    )
+    delete_audited(session, tier, actor=actor, entity=ENTITY)
