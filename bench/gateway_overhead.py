@@ -1,0 +1,841 @@
+"""Latency the gateway adds to streaming requests: direct to an emulated engine vs through it.
+
+    python bench/gateway_overhead.py [--rps R] [--duration S] [--warmup S] [--json] [--pin]
+        [--direct-ratio K] [--max-tokens N] [--profile NAME] [--policy NAME]
+    python bench/gateway_overhead.py --find-max [--rates 25,50,...] [--max-added-p99-ms 50]
+
+One emulated engine and one gateway in front of it (SQLite seeded with an unlimited tier) run in
+child processes of their own; this process generates the load. ``--rps`` is the rate through the
+gateway; as many requests again (``--direct-ratio`` times as many) go straight to the same
+engine. The two open-loop Poisson streams are merged and each arrival's path drawn by a coin, so
+both paths share the engine's load and the machine's noise in one run. Every request streams a
+short chat completion of exactly ``--max-tokens`` tokens.
+
+At the client: TTFT is request start to the first event carrying content; inter-token latency
+(ITL) is the gap between successive content events (the emulated engine sends one event per
+token unless it falls behind). Added latency at a percentile is the gateway path's percentile
+minus the direct path's; a 95% bootstrap interval for the added TTFT p99 shows how much of it
+is sampling noise. Also reported: the gateway's own ``tiergate_gateway_overhead_seconds``
+histogram over the measured window (a bucket bound; processing before the upstream request is
+sent), and each process's CPU use (``gateway_cpu_ms_per_request`` is the gateway's CPU time over
+the window per gateway request).
+
+``--find-max`` steps through ``--rates`` until one is not sustained — more than 1% errors, added
+TTFT p99 above ``--max-added-p99-ms``, or the client unable to keep its own schedule — and
+reports the last sustained rate. ``--json`` prints one object for a single rate and a list of
+objects (one per rate tried) with ``--find-max``; the required keys come first, in the order
+``rps, requests, direct_ttft_p50_ms, direct_ttft_p99_ms, gateway_ttft_p50_ms,
+gateway_ttft_p99_ms, added_ttft_p50_ms, added_ttft_p99_ms, errors``, then extras. ``requests``
+and ``errors`` count both paths.
+
+Setting ``TIERGATE_BENCH_PROFILE=<file>`` runs the gateway process under cProfile and dumps its
+stats to ``<file>`` when it stops (read them with ``python -m pstats``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import math
+import os
+import select
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import httpx
+import numpy as np
+
+MODEL = "bench-model"
+SECRET = "gateway-overhead-bench-secret"
+TENANT = "bench"
+PROMPT = "Say hello to the benchmark."
+DEFAULT_RATES = (25, 50, 75, 100, 150, 200, 300, 400, 600, 800)
+MAX_ERROR_RATE = 0.01
+MAX_CLIENT_LAG_MS = 50.0
+"""Client lag p99 above this: the load generator, not the system under test, is the limit."""
+STARTUP_TIMEOUT_S = 30.0
+MAX_IDLE_S = 3.0
+"""Idle keep-alive connections older than this are not reused (uvicorn closes them at 5 s)."""
+PROFILE_ENV = "TIERGATE_BENCH_PROFILE"
+REQUIRED_KEYS = (
+    "rps",
+    "requests",
+    "direct_ttft_p50_ms",
+    "direct_ttft_p99_ms",
+    "gateway_ttft_p50_ms",
+    "gateway_ttft_p99_ms",
+    "added_ttft_p50_ms",
+    "added_ttft_p99_ms",
+    "errors",
+)
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What the servers run and how the load looks."""
+
+    profile: str = "a100-qwen2-7b"
+    policy: str = "vllm-fcfs"
+    """FCFS: the engine ignores the priority and SLO the gateway attaches, so both paths are
+    scheduled alike."""
+    time_scale: float = 1.0
+    max_tokens: int = 16
+    warmup_s: float = 3.0
+    direct_ratio: float = 1.0
+    """Direct requests per gateway request: the two paths are two Poisson streams, the direct one
+    at ``direct_ratio`` times the gateway's rate, merged and drawn by a coin per arrival."""
+    seed: int = 0
+    pin: bool = False
+
+
+# ---- servers (child processes) ------------------------------------------------------------
+
+
+@dataclass
+class Servers:
+    engine_url: str
+    gateway_url: str
+    api_key: str
+    processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    """The engine's, then the gateway's."""
+
+    def cpu_seconds(self) -> dict[str, float]:
+        """CPU time used so far by each process (servers from ``/proc``; NaN where unreadable)."""
+        return {
+            "engine": _process_cpu_seconds(self.processes[0].pid),
+            "gateway": _process_cpu_seconds(self.processes[1].pid),
+            "client": time.process_time(),
+        }
+
+
+def _process_cpu_seconds(pid: int) -> float:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return math.nan
+    # after the command name: state is field 3, utime and stime fields 14 and 15 (man 5 proc)
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _spawn(
+    role_args: list[str], env: dict[str, str], log: IO[bytes]
+) -> tuple[subprocess.Popen[bytes], int]:
+    """Start this script in a server role; it prints ``PORT <n>`` once it accepts connections."""
+    proc = subprocess.Popen(
+        [sys.executable, str(Path(__file__).resolve()), *role_args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=log,
+        env=env,
+    )
+    assert proc.stdout is not None
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([proc.stdout], [], [], 0.1)
+        if ready:
+            line = proc.stdout.readline().decode().strip()
+            if line.startswith("PORT "):
+                return proc, int(line.split()[1])
+            if not line and proc.poll() is not None:
+                break
+        elif proc.poll() is not None:
+            break
+    _stop(proc)
+    raise RuntimeError(f"server {role_args[:2]} did not start (exit code {proc.poll()})")
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """Closing stdin asks a server child to stop (so it also stops if this process dies)."""
+    if proc.stdin is not None:
+        with contextlib.suppress(OSError):
+            proc.stdin.close()
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def _seed_database(url: str) -> str:
+    """An unlimited tier (best effort allowed, so nothing is shed), a tenant and its key."""
+    from gateway.db import crud
+    from gateway.db.models import Base
+    from gateway.db.session import make_engine, make_session_factory
+
+    engine = make_engine(url)
+    try:
+        Base.metadata.create_all(engine)
+        with make_session_factory(engine).begin() as session:
+            crud.create_tier(
+                session,
+                actor="bench",
+                name="bench",
+                weight=1.0,
+                ttft_ms=60_000.0,
+                tpot_ms=10_000.0,
+                best_effort_allowed=True,
+            )
+            crud.create_tenant(session, actor="bench", name=TENANT, tier="bench")
+            return crud.create_key(session, actor="bench", tenant=TENANT, secret=SECRET).plaintext
+    finally:
+        engine.dispose()
+
+
+def _pin(pid: int, cpus: set[int]) -> None:
+    with contextlib.suppress(OSError):
+        os.sched_setaffinity(pid, cpus)
+
+
+@contextlib.contextmanager
+def running_servers(setup: Setup) -> Iterator[Servers]:
+    """Engine and gateway in child processes, on free ports, against a temporary database."""
+    with tempfile.TemporaryDirectory(prefix="tiergate-bench-") as tmp:
+        db_url = f"sqlite:///{Path(tmp) / 'tiergate.db'}"
+        key = _seed_database(db_url)
+        env = dict(os.environ)
+        env.update(TIERGATE_DATABASE_URL=db_url, TIERGATE_SECRET=SECRET, TIERGATE_DATA_DIR=tmp)
+        env.pop("TIERGATE_REDIS_URL", None)  # in-process limits: no Redis round trip
+        cpus = sorted(os.sched_getaffinity(0))
+        procs: list[subprocess.Popen[bytes]] = []
+        log_path = Path(tmp) / "servers.log"
+        log = log_path.open("wb")
+        try:
+            engine, engine_port = _spawn(
+                [
+                    "--role",
+                    "engine",
+                    "--profile",
+                    setup.profile,
+                    "--policy",
+                    setup.policy,
+                    "--time-scale",
+                    str(setup.time_scale),
+                    "--seed",
+                    str(setup.seed),
+                ],
+                env,
+                log,
+            )
+            procs.append(engine)
+            engine_url = f"http://127.0.0.1:{engine_port}"
+            gateway, gateway_port = _spawn(
+                ["--role", "gateway", "--engine-url", engine_url, "--profile", setup.profile],
+                env,
+                log,
+            )
+            procs.append(gateway)
+            if setup.pin and len(cpus) >= 2:  # client on the first CPU, gateway on the second
+                _pin(os.getpid(), {cpus[0]})
+                _pin(gateway.pid, {cpus[1]})
+            servers = Servers(engine_url, f"http://127.0.0.1:{gateway_port}", key, procs)
+            _wait_ready(servers.gateway_url)
+            yield servers
+        finally:
+            for proc in reversed(procs):
+                _stop(proc)
+            log.close()
+            _report_server_log(log_path)
+            if setup.pin:
+                _pin(os.getpid(), set(cpus))
+
+
+def _report_server_log(path: Path, tail: int = 12) -> None:
+    """The servers' stderr, summarised: an overload can make them log thousands of tracebacks."""
+    lines = path.read_text(errors="replace").splitlines()
+    if not lines:
+        return
+    tracebacks = sum(line.startswith("Traceback") for line in lines)
+    print(
+        f"servers wrote {len(lines)} lines to stderr ({tracebacks} tracebacks); the last:",
+        *lines[-tail:],
+        sep="\n  ",
+        file=sys.stderr,
+    )
+
+
+def _wait_ready(gateway_url: str) -> None:
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while time.monotonic() < deadline:
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{gateway_url}/health/readiness", timeout=2).status_code == 200:
+                return
+        time.sleep(0.1)
+    raise RuntimeError("the gateway never saw its engine healthy")
+
+
+def _serve_role(args: argparse.Namespace) -> int:
+    """Child process: serve the engine or the gateway until stdin closes."""
+    import socket
+
+    import uvicorn
+
+    if args.role == "engine":
+        from gateway.engine_sim.serve import EngineSpec
+
+        app = EngineSpec(
+            args.profile, args.policy, MODEL, seed=args.seed, time_scale=args.time_scale
+        ).create_app()
+    else:
+        from gateway.app import BackendSpec, create_app
+
+        backend = BackendSpec("bench-engine", args.engine_url, MODEL, args.profile, kind="emulated")
+        app = create_app(backends=[backend])
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            log_level="warning",
+            access_log=False,
+            lifespan="on",
+            timeout_graceful_shutdown=2,
+            backlog=4096,
+        )
+    )
+
+    async def serve() -> None:
+        loop = asyncio.get_running_loop()
+        stdin = sys.stdin.buffer
+
+        def on_stdin() -> None:
+            if not os.read(stdin.fileno(), 4096):
+                loop.remove_reader(stdin.fileno())
+                server.should_exit = True
+
+        loop.add_reader(stdin.fileno(), on_stdin)
+        task = asyncio.ensure_future(server.serve(sockets=[sock]))
+        while not server.started and not task.done():
+            await asyncio.sleep(0.01)
+        print(f"PORT {sock.getsockname()[1]}", flush=True)
+        await task
+
+    profile_path = os.environ.get(PROFILE_ENV) if args.role == "gateway" else None
+    if profile_path:
+        import cProfile
+
+        profiler = cProfile.Profile()
+        profiler.enable()
+        try:
+            _run(serve())
+        finally:
+            profiler.disable()
+            profiler.dump_stats(profile_path)
+    else:
+        _run(serve())
+    return 0
+
+
+def _run(coro: Any) -> Any:
+    """Run on uvloop when installed (uvicorn's own choice for the servers)."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(coro)
+
+
+# ---- load ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Sample:
+    """One request as the client saw it (times in seconds, ``time.perf_counter``)."""
+
+    via_gateway: bool
+    scheduled: float
+    start: float = 0.0
+    first: float | None = None
+    gaps: list[float] = field(default_factory=list)
+    error: str | None = None
+
+
+class SseClient:
+    """A minimal keep-alive HTTP/1.1 client for streamed POSTs to one host.
+
+    Not httpx: httpcore's pool rescans every pooled connection for every idle one on each
+    request start and end (O(n²); encode/httpcore#1035), which at a few hundred streams in
+    flight made the load generator, not the servers, the bottleneck. This client does only what
+    the benchmark needs — fixed headers, ``Content-Length`` bodies, chunked or sized responses —
+    so the client's own CPU time stays small next to the servers' on a shared machine.
+    """
+
+    def __init__(self, url: str, path: str, headers: dict[str, str], body: bytes) -> None:
+        host, port = httpx.URL(url).host, httpx.URL(url).port
+        assert port is not None
+        self.host, self.port = host, port
+        lines = [
+            f"POST {path} HTTP/1.1",
+            f"host: {host}:{port}",
+            f"content-length: {len(body)}",
+            *(f"{k}: {v}" for k, v in headers.items()),
+        ]
+        self.request = ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+        self.idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter, float]] = []
+        """Kept-alive connections, most recently used last, with the time each became idle."""
+        self.opened: list[asyncio.StreamWriter] = []
+
+    async def stream(self, sample: Sample, timeout_s: float = 60.0) -> None:
+        """Send the request; record the first content event's time and the gaps after it."""
+        sample.start = time.perf_counter()
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self._exchange(sample)
+        except (
+            OSError,
+            asyncio.IncompleteReadError,
+            asyncio.LimitOverrunError,
+            ValueError,
+            TimeoutError,
+        ) as exc:
+            sample.error = type(exc).__name__
+        if sample.first is None and sample.error is None:
+            sample.error = "no content"
+
+    async def _connection(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, bool]:
+        """An idle connection the server has not timed out yet, else a new one; and whether it
+        was reused."""
+        if self.idle and time.perf_counter() - self.idle[-1][2] > MAX_IDLE_S:
+            for _, stale, _ in self.idle:  # the freshest is too old: so are all the others
+                stale.close()
+            self.idle.clear()
+        if self.idle:
+            reader, writer, _ = self.idle.pop()
+            return reader, writer, True
+        reader, writer = await asyncio.open_connection(self.host, self.port)
+        self.opened.append(writer)
+        return reader, writer, False
+
+    async def _exchange(self, sample: Sample) -> None:
+        reader, writer, reused = await self._connection()
+        writer.write(self.request)
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+        except (OSError, asyncio.IncompleteReadError):
+            if not reused:
+                raise
+            writer.close()  # closed by the server as we reused it: once more on a new one
+            reader, writer = await asyncio.open_connection(self.host, self.port)
+            self.opened.append(writer)
+            writer.write(self.request)
+            head = await reader.readuntil(b"\r\n\r\n")
+        status = int(head.split(b" ", 2)[1])
+        headers = head.lower()
+        if status != 200:
+            sample.error = f"HTTP {status}"
+            writer.close()
+            return
+        if b"transfer-encoding: chunked" not in headers:
+            raise ValueError("expected a chunked event stream")
+        buffer, last = b"", 0.0
+        while True:
+            size = int((await reader.readuntil(b"\r\n"))[:-2].split(b";", 1)[0], 16)
+            data = await reader.readexactly(size + 2)
+            if size == 0:
+                break
+            now = time.perf_counter()
+            buffer += data[:-2]
+            while (end := buffer.find(b"\n\n")) >= 0:
+                event, buffer = buffer[:end], buffer[end + 2 :]
+                if not _has_content(event):
+                    if b'"error"' in event:
+                        sample.error = "stream error event"
+                    continue
+                if sample.first is None:
+                    sample.first = now
+                else:
+                    sample.gaps.append(now - last)
+                last = now
+        if b"connection: close" in headers:
+            writer.close()
+        else:
+            self.idle.append((reader, writer, time.perf_counter()))
+
+    async def aclose(self) -> None:
+        for writer in self.opened:
+            writer.close()
+        for writer in self.opened:
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+
+
+def _has_content(event: bytes) -> bool:
+    if not event.startswith(b"data: {"):
+        return False
+    try:
+        data = json.loads(event[6:])
+    except ValueError:
+        return False
+    return any((c.get("delta") or {}).get("content") for c in data.get("choices") or ())
+
+
+@dataclass
+class LoadRun:
+    """What one rate's load produced, over its measured window (warm-up excluded)."""
+
+    samples: list[Sample]
+    overhead_before: dict[str, float]
+    overhead_after: dict[str, float]
+    cpu_s: dict[str, float]
+    """CPU seconds per process from the end of warm-up until the last stream ended."""
+    window_s: float
+
+
+async def generate_load(
+    servers: Servers, rps: float, duration_s: float, setup: Setup, rng: np.random.Generator
+) -> LoadRun:
+    """Open-loop Poisson arrivals for ``warmup + duration``, then wait for every stream."""
+    body = json.dumps(
+        {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": PROMPT}],
+            "max_tokens": setup.max_tokens,
+            "stream": True,
+        }
+    ).encode()
+    path = "/v1/chat/completions"
+    json_type = {"content-type": "application/json"}
+    direct = SseClient(servers.engine_url, path, json_type, body)
+    gateway = SseClient(
+        servers.gateway_url,
+        path,
+        {**json_type, "authorization": f"Bearer {servers.api_key}"},
+        body,
+    )
+    total = setup.warmup_s + duration_s
+    rate = rps * (1.0 + setup.direct_ratio)  # ``rps`` is the gateway's share
+    p_gateway = 1.0 / (1.0 + setup.direct_ratio)
+    samples: list[Sample] = []
+    tasks: set[asyncio.Task[None]] = set()
+    async with httpx.AsyncClient(timeout=10.0) as scraper:
+        scrape: asyncio.Task[dict[str, float]] | None = None
+        cpu_start: dict[str, float] = {}
+        window_start = 0.0
+        t0 = time.perf_counter()
+        offset = float(rng.exponential(1.0 / rate))
+        try:
+            while offset < total:
+                delay = t0 + offset - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                if scrape is None and offset >= setup.warmup_s:
+                    scrape = asyncio.ensure_future(
+                        _overhead_histogram(scraper, servers.gateway_url)
+                    )
+                    cpu_start, window_start = servers.cpu_seconds(), time.perf_counter()
+                via_gateway = bool(rng.random() < p_gateway)
+                sample = Sample(via_gateway, t0 + offset)
+                if offset >= setup.warmup_s:
+                    samples.append(sample)
+                task = asyncio.ensure_future((gateway if via_gateway else direct).stream(sample))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+                offset += float(rng.exponential(1.0 / rate))
+            if tasks:
+                await asyncio.wait(set(tasks))
+        finally:
+            await direct.aclose()
+            await gateway.aclose()
+        cpu_end, window_end = servers.cpu_seconds(), time.perf_counter()
+        before = await scrape if scrape is not None else {}
+        after = await _overhead_histogram(scraper, servers.gateway_url)
+    cpu = {k: cpu_end[k] - cpu_start.get(k, math.nan) for k in cpu_end}
+    return LoadRun(samples, before, after, cpu, window_end - window_start)
+
+
+async def _overhead_histogram(client: httpx.AsyncClient, gateway_url: str) -> dict[str, float]:
+    """Cumulative bucket counts of ``tiergate_gateway_overhead_seconds`` by upper bound."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        text = (await client.get(f"{gateway_url}/metrics")).text
+    except httpx.HTTPError:
+        return {}
+    buckets: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name != "tiergate_gateway_overhead_seconds":
+            continue
+        for s in family.samples:
+            if s.name.endswith("_bucket"):
+                buckets[s.labels["le"]] = s.value
+    return buckets
+
+
+# ---- results ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Result:
+    rps: float
+    requests: int
+    errors: int
+    direct_ttft_ms: np.ndarray
+    gateway_ttft_ms: np.ndarray
+    direct_itl_ms: np.ndarray
+    gateway_itl_ms: np.ndarray
+    achieved_rps: float
+    client_lag_p99_ms: float
+    added_ttft_p99_ci_ms: tuple[float, float]
+    gateway_overhead_p99_ms: float | None
+    error_kinds: dict[str, int]
+    cpu_util: dict[str, float]
+    """Cores' worth of CPU each process used over the measured window."""
+    gateway_cpu_ms_per_request: float
+
+    def sustained(self, max_added_p99_ms: float) -> bool:
+        return (
+            self.errors <= MAX_ERROR_RATE * max(1, self.requests)
+            and self.client_lag_p99_ms <= MAX_CLIENT_LAG_MS
+            and math.isfinite(self.added_ttft_p99_ms)
+            and self.added_ttft_p99_ms <= max_added_p99_ms
+        )
+
+    @property
+    def added_ttft_p99_ms(self) -> float:
+        return _pct(self.gateway_ttft_ms, 99) - _pct(self.direct_ttft_ms, 99)
+
+    def as_dict(self, max_added_p99_ms: float) -> dict[str, Any]:
+        d_ttft, g_ttft = self.direct_ttft_ms, self.gateway_ttft_ms
+        d_itl, g_itl = self.direct_itl_ms, self.gateway_itl_ms
+        out: dict[str, Any] = {
+            "rps": self.rps,
+            "requests": self.requests,
+            "direct_ttft_p50_ms": _pct(d_ttft, 50),
+            "direct_ttft_p99_ms": _pct(d_ttft, 99),
+            "gateway_ttft_p50_ms": _pct(g_ttft, 50),
+            "gateway_ttft_p99_ms": _pct(g_ttft, 99),
+            "added_ttft_p50_ms": _pct(g_ttft, 50) - _pct(d_ttft, 50),
+            "added_ttft_p99_ms": self.added_ttft_p99_ms,
+            "errors": self.errors,
+            "added_ttft_p99_ci95_ms": list(self.added_ttft_p99_ci_ms),
+            "direct_itl_p50_ms": _pct(d_itl, 50),
+            "direct_itl_p99_ms": _pct(d_itl, 99),
+            "gateway_itl_p50_ms": _pct(g_itl, 50),
+            "gateway_itl_p99_ms": _pct(g_itl, 99),
+            "added_itl_p50_ms": _pct(g_itl, 50) - _pct(d_itl, 50),
+            "added_itl_p99_ms": _pct(g_itl, 99) - _pct(d_itl, 99),
+            "direct_requests": int(d_ttft.size),
+            "gateway_requests": int(g_ttft.size),
+            "achieved_rps": self.achieved_rps,
+            "client_lag_p99_ms": self.client_lag_p99_ms,
+            "gateway_overhead_p99_ms": self.gateway_overhead_p99_ms,
+            "gateway_cpu_ms_per_request": self.gateway_cpu_ms_per_request,
+            "cpu_util": {k: _round(v) for k, v in self.cpu_util.items()},
+            "error_kinds": self.error_kinds,
+            "sustained": self.sustained(max_added_p99_ms),
+        }
+        return {k: _round(v) for k, v in out.items()}
+
+
+def _round(value: Any) -> Any:
+    if isinstance(value, float):
+        return round(value, 3) if math.isfinite(value) else None
+    if isinstance(value, list):
+        return [_round(v) for v in value]
+    return value
+
+
+def _pct(values: np.ndarray, q: float) -> float:
+    return float(np.percentile(values, q)) if values.size else math.nan
+
+
+def summarize(run: LoadRun, rps: float, duration_s: float, rng: np.random.Generator) -> Result:
+    samples = run.samples
+    ok = [s for s in samples if s.error is None and s.first is not None]
+    kinds: dict[str, int] = {}
+    for s in samples:
+        if s.error is not None:
+            kind = f"{'gateway' if s.via_gateway else 'direct'}: {s.error}"
+            kinds[kind] = kinds.get(kind, 0) + 1
+
+    def ttft(gw: bool) -> np.ndarray:
+        return np.array([(s.first - s.start) * 1e3 for s in ok if s.via_gateway is gw and s.first])
+
+    def itl(gw: bool) -> np.ndarray:
+        return np.array([g * 1e3 for s in ok if s.via_gateway is gw for g in s.gaps])
+
+    direct, gateway = ttft(False), ttft(True)
+    lag = np.array([(s.start - s.scheduled) * 1e3 for s in samples])
+    span = (samples[-1].scheduled - samples[0].scheduled) if len(samples) > 1 else duration_s
+    via_gateway = sum(s.via_gateway for s in samples)
+    window = max(run.window_s, 1e-9)
+    return Result(
+        rps=rps,
+        requests=len(samples),
+        errors=len(samples) - len(ok),
+        direct_ttft_ms=direct,
+        gateway_ttft_ms=gateway,
+        direct_itl_ms=itl(False),
+        gateway_itl_ms=itl(True),
+        achieved_rps=via_gateway / max(span, 1e-9),
+        client_lag_p99_ms=_pct(lag, 99),
+        added_ttft_p99_ci_ms=_bootstrap_added_p99(direct, gateway, rng),
+        gateway_overhead_p99_ms=_histogram_p99_ms(run.overhead_before, run.overhead_after),
+        error_kinds=kinds,
+        cpu_util={k: v / window for k, v in run.cpu_s.items()},
+        gateway_cpu_ms_per_request=run.cpu_s["gateway"] * 1e3 / max(1, via_gateway),
+    )
+
+
+def _bootstrap_added_p99(
+    direct: np.ndarray, gateway: np.ndarray, rng: np.random.Generator, rounds: int = 500
+) -> tuple[float, float]:
+    """95% percentile-bootstrap interval of p99(gateway) - p99(direct)."""
+    if direct.size < 2 or gateway.size < 2:
+        return (math.nan, math.nan)
+    d = np.percentile(rng.choice(direct, (rounds, direct.size)), 99, axis=1)
+    g = np.percentile(rng.choice(gateway, (rounds, gateway.size)), 99, axis=1)
+    lo, hi = np.percentile(g - d, [2.5, 97.5])
+    return (float(lo), float(hi))
+
+
+def _histogram_p99_ms(before: dict[str, float], after: dict[str, float]) -> float | None:
+    """Upper bound of the bucket holding the window's 99th percentile (None if unavailable)."""
+    if not after:
+        return None
+    bounds = sorted((float(le), after[le] - before.get(le, 0.0)) for le in after)
+    total = bounds[-1][1]
+    if total <= 0:
+        return None
+    for bound, count in bounds:
+        if count >= 0.99 * total:
+            return bound * 1e3 if math.isfinite(bound) else math.inf
+    return None
+
+
+def measure(servers: Servers, rps: float, duration_s: float, setup: Setup) -> Result:
+    rng = np.random.default_rng([setup.seed, int(rps * 1000)])
+    run = _run(generate_load(servers, rps, duration_s, setup, rng))
+    return summarize(run, rps, duration_s, rng)
+
+
+# ---- command line -------------------------------------------------------------------------
+
+
+def _print_table(rows: list[dict[str, Any]], title: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    def fmt(v: Any) -> str:
+        return "—" if v is None else f"{v:.2f}" if isinstance(v, float) else str(v)
+
+    table = Table(title=title)
+    columns = (
+        ("rps", "rps"),
+        ("achieved", "achieved_rps"),
+        ("requests", "requests"),
+        ("errors", "errors"),
+        ("direct TTFT p50/p99", ("direct_ttft_p50_ms", "direct_ttft_p99_ms")),
+        ("gateway TTFT p50/p99", ("gateway_ttft_p50_ms", "gateway_ttft_p99_ms")),
+        ("added TTFT p50/p99", ("added_ttft_p50_ms", "added_ttft_p99_ms")),
+        ("added p99 95% CI", "added_ttft_p99_ci95_ms"),
+        ("added ITL p50/p99", ("added_itl_p50_ms", "added_itl_p99_ms")),
+        ("overhead hist p99 ≤", "gateway_overhead_p99_ms"),
+        ("gateway CPU ms/req", "gateway_cpu_ms_per_request"),
+        ("client lag p99", "client_lag_p99_ms"),
+        ("sustained", "sustained"),
+    )
+    for name, _ in columns:
+        table.add_column(name, justify="right")
+    for row in rows:
+        cells = []
+        for _, key in columns:
+            if isinstance(key, tuple):
+                cells.append(" / ".join(fmt(row[k]) for k in key))
+            elif isinstance(row[key], list):
+                cells.append("[" + ", ".join(fmt(v) for v in row[key]) + "]")
+            else:
+                cells.append(fmt(row[key]))
+        table.add_row(*cells)
+    console = Console(width=max(Console().width, 180))
+    console.print(table)
+    console.print("latencies in ms; added = gateway percentile − direct percentile")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--rps", type=float, default=300.0, help="request rate through the gateway (per second)"
+    )
+    parser.add_argument(
+        "--direct-ratio", type=float, default=1.0, help="direct requests per gateway request"
+    )
+    parser.add_argument("--duration", type=float, default=20.0, help="measured seconds per rate")
+    parser.add_argument("--warmup", type=float, default=3.0, help="unmeasured seconds first")
+    parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--profile", default="a100-qwen2-7b", help="emulated engine's profile")
+    parser.add_argument("--policy", default="vllm-fcfs", help="emulated engine's policy")
+    parser.add_argument("--time-scale", type=float, default=1.0, help="engine speed-up")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--pin", action="store_true", help="client on the first CPU, gateway on the second"
+    )
+    parser.add_argument("--find-max", action="store_true", help="step up --rates until one fails")
+    parser.add_argument("--rates", help=f"comma-separated (default {DEFAULT_RATES})")
+    parser.add_argument(
+        "--max-added-p99-ms",
+        type=float,
+        default=50.0,
+        help="--find-max: a rate whose added TTFT p99 exceeds this fails",
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument("--role", choices=("engine", "gateway"), help=argparse.SUPPRESS)
+    parser.add_argument("--engine-url", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.role is not None:
+        return _serve_role(args)
+
+    setup = Setup(
+        profile=args.profile,
+        policy=args.policy,
+        time_scale=args.time_scale,
+        max_tokens=args.max_tokens,
+        direct_ratio=args.direct_ratio,
+        warmup_s=args.warmup,
+        seed=args.seed,
+        pin=args.pin,
+    )
+    if args.find_max:
+        rates = [float(r) for r in args.rates.split(",")] if args.rates else list(DEFAULT_RATES)
+    else:
+        rates = [args.rps]
+    rows: list[dict[str, Any]] = []
+    with running_servers(setup) as servers:
+        for rate in rates:
+            result = measure(servers, rate, args.duration, setup)
+            rows.append(result.as_dict(args.max_added_p99_ms))
+            if not args.json:
+                print(
+                    f"{rate:g} rps: added TTFT p99 {rows[-1]['added_ttft_p99_ms']} ms, "
+                    f"errors {result.errors}/{result.requests}",
+                    file=sys.stderr,
+                )
+            if args.find_max and not rows[-1]["sustained"]:
+                break
+            time.sleep(1.0)  # let the engine drain before the next rate
+    if args.json:
+        json.dump(rows if args.find_max else rows[0], sys.stdout, indent=2)
+        print()
+        return 0
+    _print_table(
+        rows,
+        f"Gateway overhead ({args.profile}, {args.policy}, "
+        f"max_tokens {args.max_tokens}, {args.duration:g} s per rate)",
+    )
+    if args.find_max:
+        sustained = [r["rps"] for r in rows if r["sustained"]]
+        print(f"highest sustained rate: {max(sustained) if sustained else 'none'} requests/s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
