@@ -25,7 +25,9 @@ tokens each computes and whom to preempt. The hooks, all as thin as vLLM allows:
 vLLM admits a waiting request only if its whole current sequence fits in the free blocks
 (``scheduler_reserve_full_isl``, on by default), stricter than the policy's per-chunk check, and
 stops admitting at the first refusal; the adapter replays that check on the plan and re-plans
-without a request vLLM would refuse, so such a plan is never handed to vLLM.
+without a request vLLM would refuse, so such a plan is never handed to vLLM. A policy may thus
+plan one step several times: only the plan that ran reaches its ``on_step_end`` (once per
+executed step), and policies commit their state there, never in ``schedule()``.
 
 Where vLLM may still deviate from the plan, always by doing *less*, never more (the budget and
 the caps are upper bounds): a chunk cut by ``long_prefill_token_threshold``, encoder budgets,

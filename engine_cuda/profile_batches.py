@@ -22,6 +22,8 @@ Attention, kept simple and honest:
 
 Timing: ``--warmup`` untimed runs, then the median of ``--repeats`` runs; on CUDA each run is
 bracketed by ``torch.cuda.synchronize()`` and ``time.perf_counter()``; on CPU, perf_counter.
+How a device is timed and named is the one device-specific part, a :class:`Device`;
+``engine_ascend.profile_batches_npu`` reuses everything else with an NPU :class:`Device`.
 torch is imported lazily so the package imports without it.
 """
 
@@ -31,8 +33,9 @@ import argparse
 import math
 import statistics
 import time
-from collections.abc import Sequence
-from dataclasses import replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -43,6 +46,51 @@ if TYPE_CHECKING:
     import torch
 
 Batch = tuple[tuple[tuple[int, int], ...], tuple[int, ...]]
+SOURCE = "engine_cuda.profile_batches"
+
+Timer = Callable[[Callable[[], object]], float]
+"""Seconds one call of the given function takes on the device (synchronised as it needs)."""
+
+
+def wall_timer(synchronize: Callable[[], object] | None = None) -> Timer:
+    """``time.perf_counter`` around the call, bracketed by ``synchronize`` when the device runs
+    asynchronously to the host (without it only the kernel launches would be timed)."""
+
+    def timed(run: Callable[[], object]) -> float:
+        if synchronize is not None:
+            synchronize()
+        t0 = time.perf_counter()
+        run()
+        if synchronize is not None:
+            synchronize()
+        return time.perf_counter() - t0
+
+    return timed
+
+
+@dataclass(frozen=True, slots=True)
+class Device:
+    """The device-specific part of profiling: where the model lives and how a pass is timed."""
+
+    spec: str
+    """torch device string (``cuda``, ``cpu``, ``npu:0``)."""
+    name: str
+    """Recorded in the table's ``device`` column."""
+    timer: Timer
+    default_dtype: str
+    meta: Mapping[str, str] = field(default_factory=dict)
+    """Extra metadata columns (e.g. the torch_npu version)."""
+
+
+def cuda_or_cpu(spec: str | None = None) -> Device:
+    """A CUDA device (synchronised wall time, bf16) or the CPU (wall time, fp32)."""
+    import torch
+
+    spec = spec or ("cuda" if torch.cuda.is_available() else "cpu")
+    if spec.startswith("cuda"):
+        name = torch.cuda.get_device_name(spec)
+        return Device(spec, name, wall_timer(partial(torch.cuda.synchronize, spec)), "bfloat16")
+    return Device(spec, spec, wall_timer(), "float32")
 
 
 def batch_grid(kind: str) -> list[Batch]:
@@ -228,23 +276,21 @@ class Decoder:
         return F.linear(self._rms(x[inp["last"]], self.norm), self.lm_head)
 
 
-def time_batch(model: Decoder, batch: Batch, *, warmup: int, repeats: int) -> float:
-    """Median seconds of one forward pass of ``batch`` (synchronised on CUDA)."""
+def time_batch(
+    model: Decoder, batch: Batch, *, warmup: int, repeats: int, timer: Timer | None = None
+) -> float:
+    """Median seconds of one forward pass of ``batch`` (default timer: synchronised on CUDA)."""
     import torch
 
-    cuda = model.device.startswith("cuda")
+    if timer is None:
+        timer = wall_timer(torch.cuda.synchronize if model.device.startswith("cuda") else None)
     inp = model.prepare(batch)
     times = []
     with torch.inference_mode():
         for i in range(warmup + repeats):
-            if cuda:
-                torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            model.forward(inp)
-            if cuda:
-                torch.cuda.synchronize()
+            seconds = timer(lambda: model.forward(inp))
             if i >= warmup:
-                times.append(time.perf_counter() - t0)
+                times.append(seconds)
     return statistics.median(times)
 
 
@@ -252,44 +298,56 @@ def profile(
     cfg: ModelShape,
     grid: Sequence[Batch],
     *,
-    device: str,
-    dtype: str,
+    device: str | Device,
+    dtype: str | None = None,
     warmup: int = 2,
     repeats: int = 5,
     model_name: str = "",
+    source: str = SOURCE,
 ) -> list[BatchRow]:
+    """One row per batch of ``grid`` (``dtype`` default: the device's)."""
     import torch
 
+    dev = cuda_or_cpu(device) if isinstance(device, str) else device
+    dtype = dtype or dev.default_dtype
     torch_dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}[
         dtype
     ]
-    model = Decoder(cfg, device, torch_dtype)
-    dev_name = torch.cuda.get_device_name(device) if device.startswith("cuda") else "cpu"
+    model = Decoder(cfg, dev.spec, torch_dtype)
     meta = {
-        "source": "engine_cuda.profile_batches",
-        "device": dev_name,
+        "source": source,
+        "device": dev.name,
         "dtype": dtype,
         "model": model_name,
         "torch": torch.__version__,
+        **dev.meta,
     }
     rows = []
     for batch in grid:
-        seconds = time_batch(model, batch, warmup=warmup, repeats=repeats)
+        seconds = time_batch(model, batch, warmup=warmup, repeats=repeats, timer=dev.timer)
         rows.append(BatchRow(batch[0], batch[1], seconds, meta=meta))
     return rows
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(
+    argv: Sequence[str] | None = None,
+    *,
+    resolve_device: Callable[[str | None], Device] = cuda_or_cpu,
+    device_help: str = "cuda or cpu (default: cuda if available)",
+    source: str = SOURCE,
+    description: str | None = None,
+) -> None:
+    """The profiling CLI; another device's script passes its own ``resolve_device``."""
+    parser = argparse.ArgumentParser(description=description or __doc__.split("\n\n")[0])
     parser.add_argument(
         "--model", required=True, help=f"preset ({', '.join(PRESETS)}) or config.json"
     )
-    parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
+    parser.add_argument("--device", default=None, help=device_help)
     parser.add_argument(
         "--dtype",
         default=None,
         choices=["bfloat16", "float16", "float32"],
-        help="default: bfloat16 on cuda, float32 on cpu",
+        help="default: bfloat16 on an accelerator, float32 on cpu",
     )
     parser.add_argument("--grid", default="small", choices=["small", "full"])
     parser.add_argument(
@@ -303,10 +361,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("-o", "--output", type=Path, required=True)
     args = parser.parse_args(argv)
 
-    import torch
-
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = args.dtype or ("bfloat16" if device.startswith("cuda") else "float32")
     try:
         cfg = load_model_shape(args.model)
     except ValueError as exc:
@@ -316,11 +370,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     rows = profile(
         cfg,
         batch_grid(args.grid),
-        device=device,
-        dtype=dtype,
+        device=resolve_device(args.device),
+        dtype=args.dtype,
         warmup=args.warmup,
         repeats=args.repeats,
         model_name=args.model,
+        source=source,
     )
     write_rows(args.output, rows)
     print(f"wrote {len(rows)} rows to {args.output}")

@@ -10,12 +10,17 @@
 
 Both can use the oracle length with Gaussian noise (the RR-SJF paper's predictor stand-in:
 ``N(0, sigma^2)`` added per request, floored at 1, capped at the request's output cap).
+
+RR-SJF's :meth:`~RoundRobinSjfPolicy.schedule` only proposes: when a request went back to the
+queue is recorded when its plan is reported executed (:meth:`~RoundRobinSjfPolicy.on_step_end`),
+so planning a step twice changes nothing.
 """
 
 from __future__ import annotations
 
 import math
 import random
+from collections import deque
 from collections.abc import Sequence
 from typing import ClassVar
 
@@ -150,6 +155,9 @@ class RoundRobinSjfPolicy(SchedulingPolicy):
         self.lengths = OracleLengths(sigma=noise_sigma, seed=seed)
         self._requeued_s: dict[str, float] = {}
         """When each request we preempted went back to the waiting queue."""
+        self._planned_at: deque[tuple[StepPlan, float]] = deque(maxlen=64)
+        """Plans not yet reported executed and when they were made, oldest first."""
+        self._last_executed: StepPlan | None = None
 
     def queued_since(self, request: Request) -> float:
         """When the request was (last) placed on the waiting queue."""
@@ -177,10 +185,26 @@ class RoundRobinSjfPolicy(SchedulingPolicy):
             self._admit(builder, inp.waiting, eligible)
         fill(builder, eligible)  # the ones the admissions left in place
         plan = builder.plan
-        for r in plan.preempted:
-            self._requeued_s[r.request_id] = inp.now
         plan.repeatable = all_decode_repeatable(inp, plan)
+        self._planned_at.append((plan, inp.now))
         return plan
+
+    def on_step_end(self, plan: StepPlan, now: float) -> None:
+        """The plan ran: its victims went back to the queue when it was made; its admissions
+        left the queue."""
+        if plan is self._last_executed:
+            return  # a fast-forward reports one plan once per step: committed already
+        self._last_executed = plan
+        planned = self._planned_at
+        at = now  # a plan we did not make
+        if any(p is plan for p, _ in planned):
+            while planned[0][0] is not plan:  # older plans never ran
+                planned.popleft()
+            at = planned.popleft()[1]
+        for r in plan.preempted:
+            self._requeued_s[r.request_id] = at
+        for r, _ in plan.scheduled:
+            self._requeued_s.pop(r.request_id, None)
 
     def waiting_order(self, waiting: Sequence[Request]) -> list[Request]:
         """Longest waiting first, then shortest predicted length, then arrival."""
@@ -220,8 +244,5 @@ class RoundRobinSjfPolicy(SchedulingPolicy):
                 if not builder.is_scheduled(victim):
                     builder.preempt(victim)
                     reserve -= 1
-            granted = builder.add(request, need)
-            if granted:
-                self._requeued_s.pop(request.request_id, None)
-            if granted < need:
+            if builder.add(request, need) < need:
                 return

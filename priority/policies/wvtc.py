@@ -16,6 +16,10 @@ nothing. Service is charged when the executor reports the step done (:meth:`on_s
 recomputed tokens of a preempted request count as input tokens, since they cost the engine
 the same.
 
+:meth:`schedule` only proposes: the counter lift and the charges of a plan are committed when
+that plan is reported executed, so an executor may plan a step more than once (the vLLM adapter
+re-plans without a request vLLM would refuse) and only the plan that ran changes the counters.
+
 A VTC *client* is ``Request.tenant`` by default. PROSERVE's evaluation weights clients by
 priority tier; with ``client="tier"`` the tiers themselves are the clients, which reproduces
 that setting on workloads without tenant labels (where every request is tenant "default" and
@@ -25,7 +29,9 @@ VTC would reduce to FCFS).
 from __future__ import annotations
 
 import heapq
-from collections.abc import Mapping
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from operator import attrgetter
 from typing import ClassVar, Literal
 
@@ -37,6 +43,19 @@ from priority.request import Request
 DEFAULT_INPUT_WEIGHT = 1.0
 DEFAULT_OUTPUT_WEIGHT = 2.0
 """VTC's default w_p : w_q = 1 : 2 (output tokens cost more per token)."""
+
+
+@dataclass(slots=True)
+class _Proposal:
+    """What executing one planned step commits: VTC's lift, then the service charges."""
+
+    plan: StepPlan
+    queued: frozenset[str]
+    lifted: dict[str, float]
+    """New counters of the clients that joined the waiting queue."""
+    last_left_counter: float
+    charges: list[tuple[str, float]]
+    lift_committed: bool = False
 
 
 class WeightedVtcPolicy(SchedulingPolicy):
@@ -65,7 +84,9 @@ class WeightedVtcPolicy(SchedulingPolicy):
         self._counters: dict[str, float] = {}
         self._queued_tenants: frozenset[str] = frozenset()
         self._last_left_counter = 0.0
-        self._pending: tuple[StepPlan, list[tuple[str, float]]] | None = None
+        self._proposals: deque[_Proposal] = deque(maxlen=64)
+        """Plans made and not yet reported executed, oldest first (bounded: a plan that never
+        runs is dropped once a later one is reported)."""
 
     @property
     def counters(self) -> Mapping[str, float]:
@@ -74,25 +95,31 @@ class WeightedVtcPolicy(SchedulingPolicy):
 
     def schedule(self, inp: SchedulerInput) -> StepPlan:
         client = self._client
-        self._lift({client(r) for r in inp.waiting})
+        queued = frozenset(client(r) for r in inp.waiting)
+        lifted, last_left = self._lift(queued)
+        counters = self._counters
+
+        def counter_of(tenant: str) -> float:
+            return lifted.get(tenant, counters.get(tenant, 0.0))
+
         builder = BatchBuilder(inp)
         running = arrival_order(inp.running)
-        counter_of = self._counters.get
         victims = running[::-1]  # most-served tenant first, latest arrival first among equals
-        victims.sort(key=lambda r: counter_of(client(r), 0.0), reverse=True)
+        victims.sort(key=lambda r: counter_of(client(r)), reverse=True)
         fill(builder, running, victims=victims, preempt_self=True)
         if inp.waiting and not builder.plan.preempted and room_for_new(builder):
-            self._admit(builder, inp.waiting)
+            self._admit(builder, inp.waiting, counter_of)
         plan = builder.plan
         plan.repeatable = all_decode_repeatable(inp, plan)
-        self._pending = (plan, [(client(r), self._charge(r, t)) for r, t in plan.scheduled])
+        charges = [(client(r), self._charge(r, t)) for r, t in plan.scheduled]
+        self._proposals.append(_Proposal(plan, queued, lifted, last_left, charges))
         return plan
 
     def on_step_end(self, plan: StepPlan, now: float) -> None:
-        """Charge the service of the step that ran (each call is one executed step)."""
-        if self._pending is not None and self._pending[0] is plan:
-            charges = self._pending[1]
-        else:  # a plan we did not make: requests already advanced, charge by token count
+        """Commit the step that ran: its lift (once), then its charges (each call is a step)."""
+        counters = self._counters
+        proposal = self._executed(plan)
+        if proposal is None:  # a plan we did not make: requests already advanced, charge by tokens
             charges = [
                 (
                     self._client(r),
@@ -100,8 +127,17 @@ class WeightedVtcPolicy(SchedulingPolicy):
                 )
                 for r, t in plan.scheduled
             ]
+        else:
+            charges = proposal.charges
+            if not proposal.lift_committed:
+                proposal.lift_committed = True
+                for tenant, value in proposal.lifted.items():
+                    # max: a charge committed after this plan was made is never undone
+                    counters[tenant] = max(counters.get(tenant, 0.0), value)
+                self._queued_tenants = proposal.queued
+                self._last_left_counter = proposal.last_left_counter
         for tenant, amount in charges:
-            self._counters[tenant] = self._counters.get(tenant, 0.0) + amount
+            counters[tenant] = counters.get(tenant, 0.0) + amount
 
     # ---- internals ------------------------------------------------------------------------
 
@@ -113,28 +149,46 @@ class WeightedVtcPolicy(SchedulingPolicy):
             cost += self.output_weight  # completing the compute samples one output token
         return cost / request.weight
 
-    def _lift(self, queued: set[str]) -> None:
-        """VTC's counter lift for tenants that joined the waiting queue since the last step."""
+    def _executed(self, plan: StepPlan) -> _Proposal | None:
+        """The proposal of ``plan``, dropping older ones (plans never run: steps execute in
+        the order they were planned). It stays first: a fast-forward reports it once per step."""
+        proposals = self._proposals
+        if not any(p.plan is plan for p in proposals):
+            return None
+        while proposals[0].plan is not plan:
+            proposals.popleft()
+        return proposals[0]
+
+    def _lift(self, queued: frozenset[str]) -> tuple[dict[str, float], float]:
+        """VTC's counter lift for clients that joined the waiting queue since the last executed
+        step: their new counters, and the counter of the last client to leave (not applied)."""
         previous = self._queued_tenants
         counters = self._counters
+        last_left = self._last_left_counter
         left = previous - queued
         if left:
-            self._last_left_counter = max(counters.get(t, 0.0) for t in left)
+            last_left = max(counters.get(t, 0.0) for t in left)
+        lifted: dict[str, float] = {}
         joined = queued - previous
         if joined:
             stayed = previous & queued
-            floor = min(counters.get(t, 0.0) for t in stayed) if stayed else self._last_left_counter
+            floor = min(counters.get(t, 0.0) for t in stayed) if stayed else last_left
             for tenant in joined:
-                counters[tenant] = max(counters.get(tenant, 0.0), floor)
-        self._queued_tenants = frozenset(queued)
+                lifted[tenant] = max(counters.get(tenant, 0.0), floor)
+        return lifted, last_left
 
-    def _admit(self, builder: BatchBuilder, waiting: list[Request]) -> None:
+    def _admit(
+        self,
+        builder: BatchBuilder,
+        waiting: list[Request],
+        counter_of: Callable[[str], float],
+    ) -> None:
         """Admit the earliest request of the least-served tenant until one does not fit."""
         queues: dict[str, list[Request]] = {}
         for request in arrival_order(waiting):
             queues.setdefault(self._client(request), []).append(request)
         heads = dict.fromkeys(queues, 0)
-        heap = [(self._counters.get(t, 0.0), t) for t in queues]
+        heap = [(counter_of(t), t) for t in queues]
         heapq.heapify(heap)
         while heap and room_for_new(builder):
             counter, tenant = heap[0]
