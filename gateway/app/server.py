@@ -8,25 +8,17 @@ usage writer: after it returns, every usage record is in the database.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import socket
 import threading
 import time
-from collections.abc import Iterator
 from types import TracebackType
 
 import uvicorn
 from fastapi import FastAPI
 
 from gateway.app.state import GatewayState
+from gateway.embedded import EmbeddedServer, bind
 
 STARTUP_TIMEOUT_S = 15.0
-
-
-class _Server(uvicorn.Server):
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:  # the host process keeps its signal handlers
-        yield
 
 
 class GatewayThread:
@@ -35,14 +27,12 @@ class GatewayThread:
     def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0) -> None:
         self.app = app
         self.host = host
-        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._sock.bind((host, port))
+        self._sock = bind(host, port)
         self.port = int(self._sock.getsockname()[1])
         config = uvicorn.Config(
             app, log_level="warning", access_log=False, lifespan="on", timeout_graceful_shutdown=5
         )
-        self.server = _Server(config)
+        self.server = EmbeddedServer(config)
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
 

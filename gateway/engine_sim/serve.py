@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
@@ -21,6 +20,7 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI
 
+from gateway.embedded import EmbeddedServer, bind
 from gateway.engine_sim.app import DEFAULT_MAX_MODEL_LEN, EngineSim, create_engine_app
 from priority.profiles import Profile, load_profile
 
@@ -82,38 +82,17 @@ class RunningEngine:
         return sim
 
 
-class _EmbeddedServer(uvicorn.Server):
-    """A uvicorn server that leaves signal handling to the process hosting it."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-
-def _bind(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sock.setblocking(False)
-    except OSError:
-        sock.close()
-        raise
-    return sock
-
-
 async def serve_engine(
     spec: EngineSpec, host: str = "127.0.0.1", *, log_level: str = "warning"
 ) -> RunningEngine:
     """Start one engine's server on the running loop; returns once it accepts connections."""
     app = spec.create_app()
-    sock = _bind(host, spec.port)
+    sock = bind(host, spec.port, blocking=False)
     config = uvicorn.Config(
         app, log_level=log_level, access_log=False, lifespan="on",
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
     )  # fmt: skip
-    server = _EmbeddedServer(config)
+    server = EmbeddedServer(config)
     task = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]))
     deadline = asyncio.get_running_loop().time() + STARTUP_TIMEOUT_S
     while not server.started:
