@@ -45,7 +45,7 @@ class Settings(BaseSettings):
 
     router: str = Field(default="goroute", description="goroute | min-load | round-robin")
     auth_cache_ttl_s: float = Field(
-        default=1.0, gt=0, le=2.0, description="how long a key's identity is cached (≤ 2 s)"
+        default=2.0, gt=0, le=2.0, description="how long a key's identity is cached (≤ 2 s)"
     )
     max_body_bytes: int = Field(default=MIB, ge=1, description="larger request bodies get 413")
     default_max_tokens: int = Field(

@@ -30,7 +30,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
-from gateway.app.state import GatewayState, get_state
+from gateway.app.state import GatewayState, StateDep, get_state
 from gateway.db import crud
 from gateway.db.errors import AlreadyExists, Conflict, DomainError, InUse, InvalidInput, NotFound
 from gateway.db.identity import EffectivePolicy, effective_policy
@@ -43,7 +43,6 @@ DEFAULT_USAGE_HOURS = 24.0
 MAX_USAGE_HOURS = 24.0 * 366 * 100  # a century: beyond it timedelta arithmetic overflows
 MAX_AUDIT_ROWS = 1000
 
-StateDep = Annotated[GatewayState, Depends(get_state)]
 RowT = TypeVar("RowT")
 ItemT = TypeVar("ItemT")
 OutT = TypeVar("OutT")

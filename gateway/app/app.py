@@ -16,7 +16,6 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
-import httpx
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
@@ -31,9 +30,11 @@ from gateway.app.errors import ApiError
 from gateway.app.metrics import GatewayMetrics
 from gateway.app.proxy import serve
 from gateway.app.state import GatewayState, StateDep
+from gateway.app.upstream import Upstream
 from gateway.db.security import server_secret
 from gateway.db.session import make_engine, make_session_factory
 from gateway.db.usage import UsageWriter
+from gateway.heap import freeze_startup_objects
 from gateway.limits import AdmissionQueue, AdmissionRejected, make_rate_limiter
 from gateway.settings import Settings, get_settings
 
@@ -41,7 +42,6 @@ log = logging.getLogger(__name__)
 
 LAST_USED_FLUSH_S = 5.0
 """How often keys' ``last_used_at`` is written (in one UPDATE, off the request path)."""
-KEEPALIVE_CONNECTIONS = 512
 
 
 def create_app(
@@ -55,6 +55,7 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         state, background = await _start(config, backends)
         app.state.gateway = state
+        freeze_startup_objects()
         try:
             yield
         finally:
@@ -91,15 +92,11 @@ async def _start(
     factory = make_session_factory(engine)
     secret = await asyncio.to_thread(server_secret, config)
     metrics = GatewayMetrics(max_tenants=config.metrics_max_tenants)
-    client = httpx.AsyncClient(
-        timeout=httpx.Timeout(config.upstream_timeout_s, connect=config.upstream_connect_timeout_s),
-        limits=httpx.Limits(
-            max_connections=None,
-            max_keepalive_connections=KEEPALIVE_CONNECTIONS,
-            keepalive_expiry=60.0,
-        ),
+    upstream = Upstream(
+        read_timeout_s=config.upstream_timeout_s,
+        connect_timeout_s=config.upstream_connect_timeout_s,
     )
-    pool = BackendPool(config, client, metrics, session_factory=factory, specs=backends)
+    pool = BackendPool(config, upstream, metrics, session_factory=factory, specs=backends)
     await pool.reload()
     queue = AdmissionQueue(
         max_in_flight=config.max_in_flight or max(1, pool.capacity), max_queued=config.max_queued
@@ -132,7 +129,7 @@ async def _stop(state: GatewayState, background: list[asyncio.Task[None]]) -> No
         with contextlib.suppress(asyncio.CancelledError):
             await task
     await state.pool.stop()
-    await state.pool.client.aclose()
+    await state.pool.upstream.aclose()
     await asyncio.to_thread(state.usage_writer.close)
     with contextlib.suppress(Exception):
         await asyncio.to_thread(state.auth.flush_last_used)

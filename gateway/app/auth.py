@@ -6,11 +6,18 @@ never past the key's own expiry, so a revocation made anywhere takes effect with
 the admin API calls :meth:`AuthCache.invalidate` to make it immediate in this process. Refusals
 are cached too (same TTL), so a flood of bad keys costs the database one query per key per TTL.
 Entries are keyed by the key's HMAC: the cache never holds a plaintext key.
+
+Refresh-ahead: a key in use is re-read in the background once its entry is half its TTL old,
+while requests go on using the still-valid entry — so a busy key never makes a request wait for
+the database (without it, one request per key per TTL paid a database round trip in its TTFT).
+An entry is still never used past its TTL. Lookups that started before an :meth:`invalidate`
+do not store their (possibly stale) result.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from dataclasses import dataclass
 from datetime import datetime
@@ -24,6 +31,8 @@ from gateway.db.identity import KeyIdentity
 from gateway.db.models import ApiKey, Tenant, utcnow
 from gateway.db.security import display_prefix, hash_key, parse_prefix
 
+log = logging.getLogger(__name__)
+
 MAX_ENTRIES = 100_000
 
 
@@ -32,6 +41,8 @@ class _Entry:
     identity: KeyIdentity | None
     refusal: str | None  # the 401 message when identity is None
     expires_mono: float
+    refresh_mono: float
+    """After this (half the TTL), a use triggers a background re-read."""
 
 
 class AuthCache:
@@ -48,6 +59,8 @@ class AuthCache:
         self._entries: dict[str, _Entry] = {}
         self._pending: dict[str, asyncio.Future[_Entry]] = {}
         self._used: set[int] = set()  # key ids seen since the last touch flush
+        self._generation = 0  # bumped by invalidate(): older lookups must not store results
+        self._refreshing: set[asyncio.Task[None]] = set()
 
     def invalidate(self, key_prefix: str | None = None) -> None:
         """Forget one key's cached identity (by prefix, ``abcd1234`` or ``tg-abcd1234``) or all.
@@ -55,6 +68,7 @@ class AuthCache:
         Also drops cached refusals when ``key_prefix`` is None. Synchronous and cheap, so both
         sync and async callers use it directly.
         """
+        self._generation += 1
         if key_prefix is None:
             self._entries.clear()
             return
@@ -71,6 +85,8 @@ class AuthCache:
         entry = self._entries.get(digest)
         if entry is None or entry.expires_mono <= now:
             entry = await self._lookup(digest, key)
+        elif entry.refresh_mono <= now and digest not in self._pending:
+            self._refresh(digest, key)
         if entry.identity is None:
             raise unauthorized(entry.refusal or "invalid API key")
         self._used.add(entry.identity.key_id)
@@ -82,6 +98,7 @@ class AuthCache:
             return await asyncio.shield(pending)
         future: asyncio.Future[_Entry] = asyncio.get_running_loop().create_future()
         self._pending[digest] = future
+        generation = self._generation
         try:
             entry = await asyncio.to_thread(self._load, key)
         except BaseException as exc:
@@ -94,10 +111,25 @@ class AuthCache:
         finally:
             self._pending.pop(digest, None)
         future.set_result(entry)
-        if len(self._entries) >= MAX_ENTRIES:
-            self._entries.clear()  # crude but bounded; a refill costs one query per key
-        self._entries[digest] = entry
+        if generation == self._generation:  # else an invalidation raced this read: don't keep it
+            if len(self._entries) >= MAX_ENTRIES:
+                self._entries.clear()  # crude but bounded; a refill costs one query per key
+            self._entries[digest] = entry
         return entry
+
+    def _refresh(self, digest: str, key: str) -> None:
+        """Re-read one key in the background (refresh-ahead); failures leave the entry to
+        expire on its own."""
+
+        async def refresh() -> None:
+            try:
+                await self._lookup(digest, key)
+            except Exception as exc:
+                log.warning("background refresh of an API key failed: %s", type(exc).__name__)
+
+        task = asyncio.get_running_loop().create_task(refresh())
+        self._refreshing.add(task)
+        task.add_done_callback(self._refreshing.discard)
 
     def _load(self, key: str) -> _Entry:
         """Database lookup (worker thread); on refusal, a second query says why."""
@@ -109,9 +141,9 @@ class AuthCache:
                 if identity.expires_at is not None:
                     left = (identity.expires_at - now_wall).total_seconds()
                     expires = min(expires, now_mono + left)
-                return _Entry(identity, None, expires)
+                return _Entry(identity, None, expires, now_mono + self.ttl_s / 2)
             refusal = self._why_refused(session, key, now_wall)
-        return _Entry(None, refusal, now_mono + self.ttl_s)
+        return _Entry(None, refusal, now_mono + self.ttl_s, now_mono + self.ttl_s)
 
     def _why_refused(self, session: Session, key: str, now: datetime) -> str:
         prefix = parse_prefix(key)

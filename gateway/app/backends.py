@@ -20,11 +20,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-import httpx
-from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy.orm import Session, sessionmaker
 
 from gateway.app.metrics import GatewayMetrics
+from gateway.app.upstream import Upstream, UpstreamError
 from gateway.db.crud import list_backends
 from gateway.settings import Settings
 from priority.gain import GainWeights
@@ -103,7 +102,7 @@ class BackendPool:
     def __init__(
         self,
         settings: Settings,
-        client: httpx.AsyncClient,
+        upstream: Upstream,
         metrics: GatewayMetrics,
         *,
         session_factory: sessionmaker[Session] | None = None,
@@ -111,7 +110,7 @@ class BackendPool:
         weights: GainWeights | None = None,
     ) -> None:
         self.settings = settings
-        self.client = client
+        self.upstream = upstream
         self.metrics = metrics
         self.weights = weights or GainWeights()
         self._factory = session_factory
@@ -224,13 +223,12 @@ class BackendPool:
 
     async def probe(self, backend: Backend) -> bool:
         """Scrape one backend's ``/metrics``; success closes its breaker, failure counts."""
-        timeout = httpx.Timeout(max(0.5, self.settings.scrape_interval_s))
+        timeout = max(0.5, self.settings.scrape_interval_s)
         try:
-            response = await self.client.get(backend.metrics_url, timeout=timeout)
-            response.raise_for_status()
-            gauges = parse_vllm_gauges(response.text)
-        except (httpx.HTTPError, ValueError) as exc:
-            log.info("backend %s: probe failed (%s)", backend.name, type(exc).__name__)
+            text = await self.upstream.get_text(backend.metrics_url, timeout)
+            gauges = parse_vllm_gauges(text)
+        except (UpstreamError, ValueError) as exc:
+            log.info("backend %s: probe failed (%s)", backend.name, exc)
             self.record_failure(backend)
             self._refresh_breaker(backend, time.monotonic())
             self._export(backend)
@@ -277,14 +275,60 @@ class BackendPool:
 
 
 def parse_vllm_gauges(text: str) -> dict[str, float]:
-    """Running / waiting / KV usage from a ``/metrics`` body, summed over engines."""
-    wanted = {RUNNING, WAITING, KV_USAGE}
+    """Running / waiting / KV usage from a ``/metrics`` body, summed over engines.
+
+    A scan for the three sample lines rather than a full exposition parse: a vLLM ``/metrics``
+    body is mostly histogram buckets, and ``prometheus_client``'s parser spent several ms of
+    the event loop on each scrape (a latency spike for every request in flight).
+    """
     found: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        if family.name not in wanted:
+    for line in text.splitlines():
+        if not line.startswith("vllm:"):
             continue
-        values = [s.value for s in family.samples if s.name == family.name]
-        if not values:
-            continue
-        found[family.name] = max(values) if family.name == KV_USAGE else float(sum(values))
+        for name in _GAUGES:
+            if line.startswith(name) and line[len(name) : len(name) + 1] in ("{", " "):
+                value = _sample_value(line, len(name))
+                if value is None:
+                    break
+                if name == KV_USAGE:
+                    found[name] = max(found.get(name, value), value)
+                else:
+                    found[name] = found.get(name, 0.0) + value
+                break
     return found
+
+
+_GAUGES = (RUNNING, WAITING, KV_USAGE)
+
+
+def _sample_value(line: str, name_end: int) -> float | None:
+    """The value of a sample line (after its labels, before an optional timestamp)."""
+    rest = line[name_end:]
+    if rest.startswith("{"):
+        end = _labels_end(rest)
+        if end < 0:
+            return None
+        rest = rest[end + 1 :]
+    fields = rest.split()
+    if not fields:
+        return None
+    try:
+        return float(fields[0])
+    except ValueError:
+        return None
+
+
+def _labels_end(text: str) -> int:
+    """Index of the ``}`` closing a label set that starts at ``text[0]``, honouring quotes and
+    escapes inside label values; -1 if it is not closed."""
+    quoted = escaped = False
+    for i, char in enumerate(text):
+        if escaped:
+            escaped = False
+        elif char == "\\":
+            escaped = quoted
+        elif char == '"':
+            quoted = not quoted
+        elif char == "}" and not quoted:
+            return i
+    return -1

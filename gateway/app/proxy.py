@@ -32,7 +32,6 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any, Literal
 
-import httpx
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
@@ -43,6 +42,7 @@ from gateway.app.errors import ApiError, bad_request
 from gateway.app.schemas import ChatBody, CompletionBody, describe
 from gateway.app.slo import RequestSLO, engine_priority, engine_xargs, resolve_slo
 from gateway.app.state import GatewayState
+from gateway.app.upstream import UpstreamError, UpstreamResponse
 from gateway.db.identity import KeyIdentity
 from gateway.db.usage import UsageEvent
 from gateway.limits import AdmissionRejected, Limits, QueueItem, RejectReason, Reservation
@@ -211,7 +211,7 @@ class Job:
             body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
         return json.dumps(body, separators=(",", ":")).encode()
 
-    async def dispatch(self) -> httpx.Response | Response:
+    async def dispatch(self) -> UpstreamResponse | Response:
         """Send to a backend, failing over before the first token.
 
         Returns the upstream response: for streaming, open and positioned after the first
@@ -262,56 +262,54 @@ class Job:
         self.first_token = False
         self.backend = None
 
-    async def _attempt(self, backend: Backend, payload: bytes) -> httpx.Response | Response:
-        client = self.state.pool.client
+    async def _attempt(self, backend: Backend, payload: bytes) -> UpstreamResponse | Response:
         url = backend.chat_url if self.kind == "chat" else backend.completions_url
-        request = client.build_request(
-            "POST", url, content=payload, headers={"content-type": "application/json"}
-        )
         try:
-            upstream = await client.send(request, stream=True)
-        except httpx.HTTPError as exc:
-            raise UpstreamFailed(type(exc).__name__) from None
+            upstream = await self.state.pool.upstream.post_json(url, payload)
+        except UpstreamError as exc:
+            raise UpstreamFailed(str(exc)) from None
+        keep_open = False
         try:
-            if upstream.status_code >= 500:
-                raise UpstreamFailed(f"HTTP {upstream.status_code}")
-            if upstream.status_code != 200:
-                content = await upstream.aread()
-                return Response(content, upstream.status_code,
-                                media_type=upstream.headers.get("content-type"))  # fmt: skip
+            if upstream.status >= 500:
+                raise UpstreamFailed(f"HTTP {upstream.status}")
+            if upstream.status != 200:
+                content = await upstream.read()
+                return Response(content, upstream.status, media_type=upstream.content_type)
             if not self.stream:
                 timer = self._expect_first_token(backend)
                 try:
-                    content = await upstream.aread()
+                    content = await upstream.read()
                 finally:
                     timer.cancel()
                 if not self.first_token:
                     self._mark_first_token(backend)
                 self._read_usage(content)
                 return Response(content, 200, media_type="application/json")
-            self.events = _events(upstream)
+            self.batches = upstream.event_batches()
             self.pending = await self._until_first_token(backend)
+            keep_open = True
             return upstream
-        except httpx.HTTPError as exc:
-            await upstream.aclose()
-            raise UpstreamFailed(type(exc).__name__) from None
-        except BaseException:
-            await upstream.aclose()
-            raise
+        except UpstreamError as exc:
+            raise UpstreamFailed(str(exc)) from None
         finally:
-            if not self.stream or upstream.status_code != 200:
-                await upstream.aclose()
+            if not keep_open:
+                upstream.close()
 
     async def _until_first_token(self, backend: Backend) -> list[bytes]:
-        """Events up to and including the first one carrying output (parsed until then)."""
+        """Events up to the first one carrying output (parsed until then), and any that came
+        in the same read; ``first_output`` is that event's index."""
         held: list[bytes] = []
-        async for event in self.events:
-            held.append(event)
-            if _has_output(event):
-                self._mark_first_token(backend)
-                return held
-            if event.startswith(b"data: [DONE]"):
-                return held  # a stream with no output at all (e.g. max_tokens reached at once)
+        async for batch in self.batches:
+            for position, event in enumerate(batch):
+                held.append(event)
+                if _has_output(event):
+                    self._mark_first_token(backend)
+                    self.first_output = len(held) - 1
+                    held.extend(batch[position + 1 :])
+                    return held
+                if event.startswith(b"data: [DONE]"):
+                    self.first_output = len(held)  # a stream with no output at all
+                    return held
         raise UpstreamFailed("the stream ended before the first token")
 
     def _expect_first_token(self, backend: Backend) -> asyncio.TimerHandle:
@@ -342,39 +340,49 @@ class Job:
     # ---- relay --------------------------------------------------------------------------
 
     async def relay(self) -> AsyncIterator[bytes]:
-        """The client's SSE stream: held events, then the rest, paced if smoothing is on."""
+        """The client's SSE stream: held events, then the rest as they arrive — what one
+        upstream read brought in one write — or one by one, paced, if smoothing is on."""
         settings = self.state.settings
         pace = settings.smoothing
         margin = settings.smoothing_margin_ms / 1e3
-        times = self.chunk_times
         pending, self.pending = self.pending, []
-        for position, event in enumerate(pending):
-            if event.startswith(b"data: [DONE]"):  # an empty stream
-                self.done = True
-                yield event
-                return
-            out = self._filter(event)
-            if out is None:
-                continue
-            if position == len(pending) - 1:  # the first output; earlier ones carry none
-                if pace:
-                    await self._pace(0, margin)
-                times.append(time.monotonic())
+        first = self.first_output
+        async for out in self._relay_batch(pending[:first], pace=False, margin=margin, timed=False):
             yield out
-        async for event in self.events:
-            if event.startswith(b"data: [DONE]"):
-                self.done = True
-                yield event
-                continue
-            out = self._filter(event)
-            if out is None:
-                continue
-            if pace:
-                await self._pace(len(times), margin)
-            times.append(time.monotonic())
+        async for out in self._relay_batch(pending[first:], pace=pace, margin=margin):
             yield out
+        async for batch in self.batches:
+            async for out in self._relay_batch(batch, pace=pace, margin=margin):
+                yield out
         if not self.done:
             raise UpstreamFailed("the upstream stream ended early")
+
+    async def _relay_batch(
+        self, batch: list[bytes], *, pace: bool, margin: float, timed: bool = True
+    ) -> AsyncIterator[bytes]:
+        """Filter one batch of events; record egress times of the ones with output."""
+        times = self.chunk_times
+        out: list[bytes] = []
+        for event in batch:
+            if event.startswith(b"data: [DONE]"):
+                self.done = True
+                out.append(event)
+                continue
+            kept = self._filter(event)
+            if kept is None:
+                continue
+            if not timed:
+                out.append(kept)
+                continue
+            if pace:
+                if out:
+                    yield b"".join(out)
+                    out = []
+                await self._pace(len(times), margin)
+            times.append(time.monotonic())
+            out.append(kept)
+        if out:
+            yield b"".join(out)
 
     def _filter(self, event: bytes) -> bytes | None:
         """Drop the usage chunk the client did not ask for (after reading it); pass the rest."""
@@ -475,8 +483,9 @@ class Job:
         )
 
     decision_live: RouteDecision
-    events: AsyncIterator[bytes]
+    batches: AsyncIterator[list[bytes]]
     pending: list[bytes]
+    first_output: int = 0
     done: bool = False
     upstream_error: bool = False
 
@@ -517,21 +526,6 @@ def _has_output(event: bytes) -> bool:
     return False
 
 
-async def _events(upstream: httpx.Response) -> AsyncIterator[bytes]:
-    """Complete SSE events (each with its trailing blank line) from an upstream body."""
-    buffer = b""
-    async for chunk in upstream.aiter_bytes():
-        buffer += chunk
-        while True:
-            end = buffer.find(b"\n\n")
-            if end < 0:
-                break
-            yield buffer[: end + 2]
-            buffer = buffer[end + 2 :]
-    if buffer.strip():
-        yield buffer + b"\n\n"
-
-
 class RelayStream(Response):
     """The client's SSE response: relays the job's stream, ends it with an error event if the
     upstream breaks after the first token, and closes the upstream as soon as the client
@@ -539,7 +533,7 @@ class RelayStream(Response):
 
     media_type = "text/event-stream"
 
-    def __init__(self, job: Job, upstream: httpx.Response) -> None:
+    def __init__(self, job: Job, upstream: UpstreamResponse) -> None:
         # no super().__init__(): it would declare a Content-Length for an empty body
         self.status_code = 200
         self.background = None
@@ -568,7 +562,7 @@ class RelayStream(Response):
             await asyncio.shield(self._close(outcome))
 
     async def _close(self, outcome: tuple[str, int]) -> None:
-        await self.upstream.aclose()
+        self.upstream.close()
         await self.job.finish(*outcome)
 
     async def _pump(self, send: Send) -> tuple[str, int]:
@@ -577,7 +571,7 @@ class RelayStream(Response):
         try:
             async for event in job.relay():
                 await send({"type": "http.response.body", "body": event, "more_body": True})
-        except (UpstreamFailed, httpx.HTTPError) as exc:
+        except (UpstreamFailed, UpstreamError) as exc:
             if job.backend is not None:
                 job.state.pool.record_failure(job.backend)
             error = ApiError(502, f"the backend failed mid-stream: {type(exc).__name__}: {exc}",

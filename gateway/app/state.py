@@ -44,10 +44,16 @@ class GatewayState:
 
 
 def get_state(request: Request) -> GatewayState:
-    """FastAPI dependency: the app's :class:`GatewayState`."""
+    """The app's :class:`GatewayState`."""
     state: GatewayState = request.app.state.gateway
     return state
 
 
-StateDep = Annotated[GatewayState, Depends(get_state)]
+async def _state_dependency(request: Request) -> GatewayState:
+    # ``async``: FastAPI runs a plain-function dependency in its thread pool (a thread hop and
+    # a GIL hand-off per request).
+    return get_state(request)
+
+
+StateDep = Annotated[GatewayState, Depends(_state_dependency)]
 """Handler parameter type: ``async def handler(state: StateDep) -> ...``."""

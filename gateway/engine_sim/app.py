@@ -42,6 +42,7 @@ from gateway.engine_sim.schemas import (
     _GenerationRequest,
     describe_validation_error,
 )
+from gateway.heap import freeze_startup_objects
 from priority.policies import make_policy
 from priority.profiles import Profile
 from priority.sim.engine import EngineCore
@@ -133,6 +134,7 @@ def create_engine_app(
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         sim.engine.start()
+        freeze_startup_objects()
         try:
             yield
         finally:

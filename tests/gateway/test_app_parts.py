@@ -4,10 +4,11 @@ metric parsing and reconciliation, tenant-label bounds, and the auth cache's mis
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -18,6 +19,7 @@ from gateway.app.errors import ApiError
 from gateway.app.metrics import OTHER_TENANT, GatewayMetrics, TenantLabels
 from gateway.app.proxy import _token_times
 from gateway.app.slo import engine_priority, resolve_slo
+from gateway.app.upstream import Upstream
 from gateway.db import crud
 from gateway.db.identity import EffectivePolicy
 from gateway.db.models import Base
@@ -100,8 +102,12 @@ def test_vllm_gauges_are_summed_over_engines() -> None:
     }
 
 
+def _upstream() -> Upstream:
+    return Upstream(read_timeout_s=5.0, connect_timeout_s=1.0)
+
+
 def test_reconcile_counts_load_the_gateway_did_not_send() -> None:
-    pool = BackendPool(Settings(), httpx.AsyncClient(), GatewayMetrics())
+    pool = BackendPool(Settings(), _upstream(), GatewayMetrics())
     pool.configure([BackendSpec("a", "http://a:8000", "m", "a100-qwen2-7b")])
     backend = pool.backends[0]
     backend.own_decoding = 2
@@ -112,7 +118,7 @@ def test_reconcile_counts_load_the_gateway_did_not_send() -> None:
 
 
 def test_breaker_opens_after_consecutive_failures_and_closes_on_success() -> None:
-    pool = BackendPool(Settings(breaker_failures=2), httpx.AsyncClient(), GatewayMetrics())
+    pool = BackendPool(Settings(breaker_failures=2), _upstream(), GatewayMetrics())
     pool.configure([BackendSpec("a", "http://a:8000/v1", "m", "910b-qwen2-7b")])
     backend = pool.backends[0]
     assert backend.chat_url == "http://a:8000/v1/chat/completions"
@@ -158,3 +164,115 @@ def test_auth_cache_coalesces_concurrent_misses(tmp_path: Path) -> None:
     assert loads == 2
     assert cache.flush_last_used() == 1
     engine.dispose()
+
+
+def _slow_auth_cache(tmp_path: Path, ttl_s: float) -> tuple[Any, AuthCache, str, Any]:
+    """A cache whose database reads after the first one are held until ``gate`` is set (the
+    read itself happens first, so a held read returns what the database said before)."""
+    engine = make_engine(f"sqlite:///{tmp_path / 'auth.db'}")
+    Base.metadata.create_all(engine)
+    factory = make_session_factory(engine)
+    with factory.begin() as session:
+        seed_defaults(session)
+        key = crud.create_key(session, actor="t", tenant="demo", secret="s").plaintext
+    cache = AuthCache(factory, "s", ttl_s=ttl_s)
+    gate = threading.Event()
+    original = cache._load
+    cache.loads = 0  # type: ignore[attr-defined]
+
+    def held(presented: str) -> Any:
+        cache.loads += 1  # type: ignore[attr-defined]
+        entry = original(presented)
+        if cache.loads > 1:  # type: ignore[attr-defined]
+            gate.wait(5.0)
+        return entry
+
+    cache._load = held  # type: ignore[method-assign,assignment]
+    return engine, cache, key, gate
+
+
+def test_auth_cache_refreshes_a_busy_key_without_making_requests_wait(tmp_path: Path) -> None:
+    engine, cache, key, gate = _slow_auth_cache(tmp_path, ttl_s=0.4)
+
+    async def scenario() -> float:
+        await cache.authenticate(f"Bearer {key}")  # a miss: the one read a request waits for
+        await asyncio.sleep(0.25)  # past half the TTL, before its end
+        started = time.monotonic()
+        identity = await cache.authenticate(f"Bearer {key}")
+        waited = time.monotonic() - started
+        assert identity.tenant_name == "demo"
+        await asyncio.sleep(0.05)
+        assert cache.loads == 2  # type: ignore[attr-defined]  # the refresh is under way
+        gate.set()
+        await asyncio.sleep(0.05)
+        return waited
+
+    assert asyncio.run(scenario()) < 0.1  # served from the cache while the read was held
+    engine.dispose()
+
+
+def test_auth_cache_drops_a_refresh_that_raced_an_invalidation(tmp_path: Path) -> None:
+    engine, cache, key, gate = _slow_auth_cache(tmp_path, ttl_s=0.4)
+    factory = make_session_factory(engine)
+
+    async def scenario() -> None:
+        await cache.authenticate(f"Bearer {key}")
+        await asyncio.sleep(0.25)
+        await cache.authenticate(f"Bearer {key}")  # starts a refresh that reads "valid"
+        await asyncio.sleep(0.05)
+        with factory.begin() as session:
+            crud.revoke_key(session, key.split("-")[1], actor="t")
+        cache.invalidate(key.split("-")[1])
+        gate.set()
+        await asyncio.sleep(0.05)  # the stale read completes now, after the invalidation
+        with pytest.raises(ApiError) as refused:
+            await cache.authenticate(f"Bearer {key}")
+        assert refused.value.status == 401 and "revoked" in refused.value.message
+
+    asyncio.run(scenario())
+    engine.dispose()
+
+
+label_values = st.text(alphabet=st.sampled_from('ab }{"\\\n=,'), max_size=6)
+
+
+@given(
+    samples=st.lists(
+        st.tuples(
+            st.sampled_from(
+                [
+                    "vllm:num_requests_running",
+                    "vllm:num_requests_waiting",
+                    "vllm:kv_cache_usage_perc",
+                    "vllm:num_requests_running_total",
+                ]
+            ),
+            label_values,
+            st.floats(0, 1e4, allow_nan=False),
+        ),
+        max_size=12,
+    )
+)
+def test_vllm_gauge_scan_agrees_with_prometheus_parser(
+    samples: list[tuple[str, str, float]],
+) -> None:
+    """The fast line scan reads what ``prometheus_client``'s full parser reads, from text
+    ``prometheus_client`` itself wrote (label values with quotes, braces and escapes)."""
+    from prometheus_client import CollectorRegistry, Gauge, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    registry = CollectorRegistry()
+    gauges: dict[str, Gauge] = {}
+    for index, (name, label, value) in enumerate(samples):
+        if name not in gauges:
+            gauges[name] = Gauge(name, "h", ["engine", "model_name"], registry=registry)
+        gauges[name].labels(str(index), label).set(value)
+    text = generate_latest(registry).decode()
+    expected: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        values = [s.value for s in family.samples if s.name == family.name]
+        if family.name in ("vllm:num_requests_running", "vllm:num_requests_waiting"):
+            expected[family.name] = float(sum(values))
+        elif family.name == "vllm:kv_cache_usage_perc" and values:
+            expected[family.name] = max(values)
+    assert parse_vllm_gauges(text) == pytest.approx(expected)

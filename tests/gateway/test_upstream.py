@@ -1,0 +1,164 @@
+"""The upstream client against a real HTTP server: SSE events split and batched as they arrive,
+broken streams reported, unfinished responses never returned to the pool."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+from aiohttp import web
+
+from gateway.app.upstream import Upstream, UpstreamError
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+async def _serve(handler: Handler) -> tuple[web.AppRunner, str]:
+    app = web.Application()
+    app.router.add_post("/stream", handler)
+    app.router.add_get("/metrics", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    return runner, f"http://127.0.0.1:{port}"
+
+
+async def _writes(request: web.Request, *parts: bytes | float) -> web.StreamResponse:
+    """Answer with a chunked body written in ``parts``; a float is a pause in seconds."""
+    response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+    await response.prepare(request)
+    for part in parts:
+        if isinstance(part, float):
+            await asyncio.sleep(part)
+        else:
+            await response.write(part)
+    await response.write_eof()
+    return response
+
+
+async def _collect(batches: AsyncIterator[list[bytes]]) -> list[list[bytes]]:
+    return [batch async for batch in batches]
+
+
+def test_events_are_split_completed_and_batched_per_read() -> None:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        return await _writes(
+            request,
+            b"data: 1\n\ndata: 2",  # one whole event and half of the next
+            0.05,
+            b"\n\ndata: 3\n\n",  # the rest of 2, and 3: they arrive together
+            0.05,
+            b"data: [DONE]\n\ndata: tail",  # a last event without its blank line
+        )
+
+    async def scenario() -> list[list[bytes]]:
+        runner, url = await _serve(handler)
+        upstream = Upstream(read_timeout_s=5.0, connect_timeout_s=1.0)
+        try:
+            response = await upstream.post_json(f"{url}/stream", b"{}")
+            assert response.status == 200 and response.content_type == "text/event-stream"
+            batches = await _collect(response.event_batches())
+            assert response.complete
+            response.close()
+            return batches
+        finally:
+            await upstream.aclose()
+            await runner.cleanup()
+
+    batches = asyncio.run(scenario())
+    events = [event for batch in batches for event in batch]
+    assert events == [
+        b"data: 1\n\n",
+        b"data: 2\n\n",
+        b"data: 3\n\n",
+        b"data: [DONE]\n\n",
+        b"data: tail\n\n",
+    ]
+    assert [b"data: 2\n\n", b"data: 3\n\n"] in batches  # one read, one batch
+
+
+def test_a_stream_cut_mid_body_raises_upstream_error() -> None:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(b"data: 1\n\n")
+        await asyncio.sleep(0.05)
+        assert request.transport is not None
+        request.transport.close()  # the engine dies mid-stream
+        return response
+
+    async def scenario() -> list[bytes]:
+        runner, url = await _serve(handler)
+        upstream = Upstream(read_timeout_s=5.0, connect_timeout_s=1.0)
+        seen: list[bytes] = []
+        try:
+            response = await upstream.post_json(f"{url}/stream", b"{}")
+            with pytest.raises(UpstreamError):
+                async for batch in response.event_batches():
+                    seen.extend(batch)
+            assert not response.complete
+            response.close()
+        finally:
+            await upstream.aclose()
+            await runner.cleanup()
+        return seen
+
+    assert asyncio.run(scenario()) == [b"data: 1\n\n"]
+
+
+def test_closing_an_unfinished_response_disconnects_the_engine() -> None:
+    disconnected = asyncio.Event()
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await response.prepare(request)
+        try:
+            for _ in range(100):
+                await response.write(b"data: x\n\n")
+                await asyncio.sleep(0.02)
+        except (ConnectionResetError, asyncio.CancelledError):
+            disconnected.set()
+            raise
+        return response
+
+    async def scenario() -> bool:
+        runner, url = await _serve(handler)
+        upstream = Upstream(read_timeout_s=5.0, connect_timeout_s=1.0)
+        try:
+            response = await upstream.post_json(f"{url}/stream", b"{}")
+            async for _ in response.event_batches():
+                break  # the client went away after the first event
+            response.close()
+            await asyncio.wait_for(disconnected.wait(), 2.0)
+            return disconnected.is_set()
+        finally:
+            await upstream.aclose()
+            await runner.cleanup()
+
+    assert asyncio.run(scenario())
+
+
+def test_unreachable_engine_and_bad_status_are_upstream_errors() -> None:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        return web.Response(status=503, text="down")
+
+    async def scenario() -> None:
+        runner, url = await _serve(handler)
+        upstream = Upstream(read_timeout_s=5.0, connect_timeout_s=1.0)
+        try:
+            with pytest.raises(UpstreamError, match="503"):
+                await upstream.get_text(f"{url}/metrics", timeout_s=1.0)
+        finally:
+            await upstream.aclose()
+            await runner.cleanup()
+        fresh = Upstream(read_timeout_s=5.0, connect_timeout_s=1.0)
+        try:
+            with pytest.raises(UpstreamError, match="Connect"):  # nothing listens there now
+                await fresh.post_json(f"{url}/stream", b"{}")
+        finally:
+            await fresh.aclose()
+
+    asyncio.run(scenario())
