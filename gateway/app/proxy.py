@@ -35,6 +35,7 @@ from typing import Any, Literal
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
+from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
 from gateway.app.backends import Backend, ModelGroup
@@ -604,6 +605,9 @@ async def serve(state: GatewayState, http: Request, kind: Kind) -> Response:
     except ApiError as exc:
         await job.finish("rejected", exc.status, exc.code)
         raise
+    except ClientDisconnect:  # gone while sending its body: nothing to answer, nothing to log
+        await job.finish("cancelled", 499)
+        return Response(status_code=499)
     except BaseException:
         await job.finish("cancelled", 499)
         raise

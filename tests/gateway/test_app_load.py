@@ -8,7 +8,9 @@ flushes the usage writer — or kill its engines.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
+import socket
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -247,6 +249,37 @@ def test_client_disconnect_cancels_the_upstream_request(
         statuses = session.scalars(select(UsageRecord.status)).all()
         total = session.scalar(select(func.count()).select_from(UsageRecord))
     assert statuses == ["cancelled"] and total == 1
+
+
+def test_client_gone_while_sending_its_body_is_a_quiet_499(
+    factory: sessionmaker[Session],
+    engines: list[RunningEngine],
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A client that announces a body and leaves half-way: a cancelled usage record, no
+    traceback in the log, and the gateway keeps serving."""
+    key = _tenant_key(factory, "hasty")
+    uvicorn_errors = logging.getLogger("uvicorn.error")  # does not propagate to the root
+    with _gateway(factory, engines, tmp_path) as gateway:
+        uvicorn_errors.addHandler(caplog.handler)  # after uvicorn configured its logging
+        host, port = gateway.url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=5) as sock:
+            sock.sendall(
+                b"POST /v1/chat/completions HTTP/1.1\r\n"
+                + f"host: {host}\r\nauthorization: Bearer {key}\r\n".encode()
+                + b"content-type: application/json\r\ncontent-length: 1000\r\n\r\n"
+                + b'{"model": "qwen2-7b", "messa'
+            )
+            time.sleep(0.2)  # the gateway is waiting for the rest of the body
+        _wait_for(lambda: gateway.state.usage_writer.submitted == 1)
+        client = openai.OpenAI(base_url=gateway.base_url, api_key=key, max_retries=0)
+        assert client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=2).choices
+    with factory() as session:
+        statuses = session.scalars(select(UsageRecord.status).order_by(UsageRecord.id)).all()
+    uvicorn_errors.removeHandler(caplog.handler)
+    assert statuses == ["cancelled", "ok"]
+    assert not [r for r in caplog.records if r.exc_info], "the disconnect was logged as an error"
 
 
 def test_smoothing_holds_each_chunk_until_shortly_before_its_deadline(
