@@ -1,23 +1,29 @@
-"""Admin command line: ``tiergate db|tiers|tenants|keys|backends|usage``.
+"""Admin command line: ``tiergate db|tiers|tenants|keys|backends|profiles|usage``.
 
 Every command works on ``TIERGATE_DATABASE_URL`` through the same CRUD functions as the admin
 API, so the CLI and the API cannot disagree on rules, and every change is audited with actor
 ``cli:<os user>``. Bad input (unknown tier, duplicate name, bad profile, ...) exits with code 2
 and one precise line on stderr.
+
+``tiergate profiles`` (plural, like the other database-backed groups) manages the latency
+profiles stored in the gateway's database; ``tiergate profile`` (singular, from
+:mod:`priority.cli.profile`) fits profile files and lists the shipped ones, with no database.
 """
 
 from __future__ import annotations
 
 import getpass
+import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
-from typing import Annotated
+from pathlib import Path
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.table import Table
+from rich.table import Column, Table
 from sqlalchemy.exc import OperationalError, ProgrammingError
 from sqlalchemy.orm import Session
 
@@ -37,6 +43,11 @@ tiers_app = typer.Typer(help="Service tiers: weights, SLOs, limits.", no_args_is
 tenants_app = typer.Typer(help="Tenants and their tiers.", no_args_is_help=True)
 keys_app = typer.Typer(help="API keys (shown once, stored hashed).", no_args_is_help=True)
 backends_app = typer.Typer(help="Inference backends the gateway routes to.", no_args_is_help=True)
+profiles_app = typer.Typer(
+    help="Latency profiles stored in the gateway's database (import your calibrated ones here; "
+    "`tiergate profile fit` makes them).",
+    no_args_is_help=True,
+)
 
 
 def register(app: typer.Typer) -> None:
@@ -46,6 +57,7 @@ def register(app: typer.Typer) -> None:
     app.add_typer(tenants_app, name="tenants")
     app.add_typer(keys_app, name="keys")
     app.add_typer(backends_app, name="backends")
+    app.add_typer(profiles_app, name="profiles")
     app.command("usage")(usage)
 
 
@@ -85,9 +97,21 @@ def _transaction() -> Iterator[Session]:
 def _fmt(value: object) -> str:
     if value is None:
         return "—"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
     if isinstance(value, float):
         return f"{value:g}"
     return str(value)
+
+
+def _print_table(
+    title: str, columns: Sequence[str | Column], rows: Iterable[Sequence[object]]
+) -> None:
+    """A listing: one rich table row per item, every value shown through :func:`_fmt`."""
+    table = Table(*columns, title=title)
+    for row in rows:
+        table.add_row(*(_fmt(value) for value in row))
+    console.print(table)
 
 
 # -- db ---------------------------------------------------------------------------------------
@@ -107,7 +131,10 @@ def db_downgrade(
     revision: Annotated[str, typer.Argument(help="target revision ('base' = empty)")],
 ) -> None:
     """Migrate the schema down to REVISION."""
-    migrate.downgrade(revision, get_settings().database_url)
+    try:
+        migrate.downgrade(revision, get_settings().database_url)
+    except DomainError as exc:  # a migration refusing to strand data (e.g. stored profiles)
+        raise _fail(exc.message) from None
     console.print(f"database at {', '.join(migrate.current_revisions()) or 'base'}")
 
 
@@ -186,32 +213,14 @@ def tiers_create(
 def tiers_list() -> None:
     """List tiers, most important first."""
     with _transaction() as session:
-        tiers = crud.list_tiers(session)
-    table = Table(
-        "name",
-        "weight",
-        "TTFT ms",
-        "TPOT ms",
-        "deadline ms",
-        "RPM",
-        "TPM",
-        "concurrency",
-        "best effort",
-        title="tiers",
-    )
-    for t in tiers:
-        table.add_row(
-            t.name,
-            _fmt(t.weight),
-            _fmt(t.ttft_ms),
-            _fmt(t.tpot_ms),
-            _fmt(t.deadline_ms),
-            _fmt(t.rpm_limit),
-            _fmt(t.tpm_limit),
-            _fmt(t.max_concurrency),
-            "yes" if t.best_effort_allowed else "no",
-        )
-    console.print(table)
+        rows = [
+            (t.name, t.weight, t.ttft_ms, t.tpot_ms, t.deadline_ms, t.rpm_limit, t.tpm_limit,
+             t.max_concurrency, t.best_effort_allowed)
+            for t in crud.list_tiers(session)
+        ]  # fmt: skip
+    columns = ("name", "weight", "TTFT ms", "TPOT ms", "deadline ms", "RPM", "TPM",
+               "concurrency", "best effort")  # fmt: skip
+    _print_table("tiers", columns, rows)
 
 
 @tiers_app.command("delete")
@@ -262,10 +271,7 @@ def tenants_list(
             (t.name, t.tier.name, t.status, t.rpm_limit, t.tpm_limit, t.max_concurrency)
             for t in tenants
         ]
-    table = Table("name", "tier", "status", "RPM", "TPM", "concurrency", title="tenants")
-    for row in rows:
-        table.add_row(*(_fmt(v) for v in row))
-    console.print(table)
+    _print_table("tenants", ("name", "tier", "status", "RPM", "TPM", "concurrency"), rows)
 
 
 @tenants_app.command("suspend")
@@ -358,10 +364,8 @@ def keys_list(
                     k.expires_at.strftime("%Y-%m-%d") if k.expires_at else None,
                 )
             )
-    table = Table("prefix", "tenant", "name", "state", "created (UTC)", "expires", title="keys")
-    for row in rows:
-        table.add_row(*(_fmt(v) for v in row))
-    console.print(table)
+    columns = ("prefix", "tenant", "name", "state", "created (UTC)", "expires")
+    _print_table("keys", columns, rows)
 
 
 # -- backends ---------------------------------------------------------------------------------
@@ -372,7 +376,13 @@ def backends_add(
     name: Annotated[str, typer.Argument(help="backend name")],
     url: Annotated[str, typer.Option(help="base URL, e.g. http://10.0.0.5:8000")],
     model: Annotated[str, typer.Option(help="model name the backend serves")],
-    profile: Annotated[str, typer.Option(help="latency profile (see `tiergate profile list`)")],
+    profile: Annotated[
+        str,
+        typer.Option(
+            help="latency profile: a shipped or stored name (`tiergate profiles list`), or a "
+            "profile JSON file, stored first under its own name"
+        ),
+    ],
     kind: Annotated[str, typer.Option(help=f"one of {', '.join(BACKEND_KINDS)}")] = "vllm",
 ) -> None:
     """Register a backend."""
@@ -383,7 +393,7 @@ def backends_add(
             name=name,
             base_url=url,
             model=model,
-            profile=profile,
+            profile=_backend_profile(session, profile),
             kind=kind,
         )
     console.print(f"added backend [bold]{backend.name}[/] → {backend.base_url}")
@@ -393,11 +403,11 @@ def backends_add(
 def backends_list() -> None:
     """List backends."""
     with _transaction() as session:
-        backends = crud.list_backends(session)
-    table = Table("name", "url", "model", "profile", "kind", "enabled", title="backends")
-    for b in backends:
-        table.add_row(b.name, b.base_url, b.model, b.profile, b.kind, "yes" if b.enabled else "no")
-    console.print(table)
+        rows = [
+            (b.name, b.base_url, b.model, b.profile, b.kind, b.enabled)
+            for b in crud.list_backends(session)
+        ]
+    _print_table("backends", ("name", "url", "model", "profile", "kind", "enabled"), rows)
 
 
 @backends_app.command("disable")
@@ -416,6 +426,78 @@ def backends_enable(name: Annotated[str, typer.Argument(help="backend name")]) -
     console.print(f"enabled backend [bold]{name}[/]")
 
 
+def _backend_profile(session: Session, value: str) -> str:
+    """The profile name a new backend references: a known name as given, or the name of the
+    profile JSON file ``value`` names, imported in the same transaction (once per document)."""
+    if crud.is_known_profile(session, value):
+        return value
+    path = Path(value)
+    if not path.is_file():
+        if path.suffix == ".json" or os.sep in value:
+            raise _fail(f"no profile is named {value!r} and no such profile file exists")
+        return value  # the backend's validation reports the unknown name, listing known ones
+    stored = crud.ensure_profile(session, _read_document(path), actor=actor())
+    console.print(f"using stored profile [bold]{stored.name}[/] from {value}")
+    return stored.name
+
+
+# -- profiles ---------------------------------------------------------------------------------
+
+
+def _read_document(path: Path) -> Any:
+    """A profile file's JSON; unreadable or malformed files exit 2 naming the file."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise _fail(f"cannot read {path}: {exc}") from None
+    except json.JSONDecodeError as exc:
+        raise _fail(f"{path} is not valid JSON: {exc}") from None
+
+
+@profiles_app.command("import")
+def profiles_import(
+    file: Annotated[Path, typer.Argument(help="profile JSON (`tiergate profile fit` output)")],
+    name: Annotated[
+        str | None, typer.Option(help="store under this name (default: the file's own name)")
+    ] = None,
+) -> None:
+    """Store a latency profile in the database, so backends on any gateway can name it."""
+    document = _read_document(file)
+    with _transaction() as session:
+        row = crud.import_profile(session, document, actor=actor(), name=name)
+    console.print(f"imported profile [bold]{row.name}[/] from {file} (id {row.id})")
+
+
+@profiles_app.command("list")
+def profiles_list() -> None:
+    """List the profiles backends can name: shipped ones and stored (custom) ones."""
+    with _transaction() as session:
+        rows = [
+            (
+                e.name,
+                e.source,
+                e.profile.hardware,
+                e.profile.model,
+                e.profile.tensor_parallel,
+                e.row.created_at.strftime("%Y-%m-%d %H:%M") if e.row is not None else None,
+                e.row.created_by if e.row is not None else None,
+            )
+            for e in crud.profile_catalog(session)
+        ]
+    # the name is what backends are given: never cut it short, wrap the rest instead
+    name = Column("name", no_wrap=True)
+    columns = (name, "source", "hardware", "model", "TP", "created (UTC)", "created by")
+    _print_table("latency profiles", columns, rows)
+
+
+@profiles_app.command("delete")
+def profiles_delete(name: Annotated[str, typer.Argument(help="stored profile name")]) -> None:
+    """Delete a stored profile that no backend uses."""
+    with _transaction() as session:
+        crud.delete_profile(session, name, actor=actor())
+    console.print(f"deleted profile [bold]{name}[/]")
+
+
 # -- usage ------------------------------------------------------------------------------------
 
 
@@ -430,28 +512,12 @@ def usage(
     with _transaction() as session:
         summarize = crud.usage_by_tenant if by == "tenant" else crud.usage_by_tier
         summaries = summarize(session, since=since)
-    table = Table(
-        by,
-        "requests",
-        "ok",
-        "rejected",
-        "errors",
-        "tokens",
-        "SLO attainment",
-        "TDG ratio",
-        title=f"usage, last {hours:g} h",
-    )
-    for s in summaries:
-        attainment = s.slo_attainment
-        ratio = s.tdg_ratio
-        table.add_row(
-            _fmt(s.group),
-            str(s.requests),
-            str(s.ok),
-            str(s.rejected),
-            str(s.errors),
-            str(s.total_tokens),
-            "—" if attainment is None else f"{attainment:.1%}",
-            "—" if ratio is None else f"{ratio:.3f}",
-        )
-    console.print(table)
+    rows = [
+        (s.group, s.requests, s.ok, s.rejected, s.errors, s.total_tokens,
+         None if s.slo_attainment is None else f"{s.slo_attainment:.1%}",
+         None if s.tdg_ratio is None else f"{s.tdg_ratio:.3f}")
+        for s in summaries
+    ]  # fmt: skip
+    columns = (by, "requests", "ok", "rejected", "errors", "tokens", "SLO attainment",
+               "TDG ratio")  # fmt: skip
+    _print_table(f"usage, last {hours:g} h", columns, rows)

@@ -1,6 +1,7 @@
 """Serving an ASGI app from inside another program (tests, ``tiergate serve``, benchmarks).
 
-Shared by the gateway's background-thread server and the in-process emulated engines.
+Shared by the gateway's background-thread server and the in-process emulated engines: the
+uvicorn server, the socket binding and the addresses a served app is reached at.
 """
 
 from __future__ import annotations
@@ -10,6 +11,23 @@ import socket
 from collections.abc import Iterator
 
 import uvicorn
+
+
+class Listening:
+    """The addresses of an app served on ``host:port`` (a mixin: the class sets both)."""
+
+    host: str
+    port: int
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host  # IPv6 literals in brackets
+        return f"http://{host}:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        """The OpenAI base URL (``.../v1``)."""
+        return f"{self.url}/v1"
 
 
 class EmbeddedServer(uvicorn.Server):

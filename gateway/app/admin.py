@@ -1,4 +1,5 @@
-"""The admin REST API (mounted at ``/admin/v1``): tiers, tenants, keys, backends, usage, audit.
+"""The admin REST API (mounted at ``/admin/v1``): tiers, tenants, keys, backends, profiles,
+usage, audit.
 
 Every route is a thin shell over :mod:`gateway.db.crud`, so the API, the CLI and the data layer
 share one set of rules and every change is audited there (actor ``admin-api:<client host>``).
@@ -432,6 +433,56 @@ class BackendOut(_Output):
     updated_at: datetime
 
 
+class ProfileImport(_Input):
+    """A profile document (as ``tiergate profile fit`` writes it), stored under ``name`` or,
+    when that is absent, under the document's own ``name``."""
+
+    document: dict[str, Any]
+    name: str | None = None
+
+
+class ProfileSummaryOut(BaseModel):
+    """A profile a backend can name: ``shipped`` with tiergate, or ``custom`` (imported)."""
+
+    object: Literal["latency_profile"] = "latency_profile"
+    name: str
+    source: Literal["shipped", "custom"]
+    id: int | None  # custom profiles only
+    hardware: str
+    model: str
+    tensor_parallel: int
+    created_at: datetime | None
+    created_by: str | None
+
+    @classmethod
+    def fields_of(cls, entry: crud.ProfileEntry) -> dict[str, Any]:
+        row, profile = entry.row, entry.profile
+        return {
+            "name": entry.name,
+            "source": entry.source,
+            "id": row.id if row is not None else None,
+            "hardware": profile.hardware,
+            "model": profile.model,
+            "tensor_parallel": profile.tensor_parallel,
+            "created_at": row.created_at if row is not None else None,
+            "created_by": row.created_by if row is not None else None,
+        }
+
+    @classmethod
+    def of(cls, entry: crud.ProfileEntry) -> ProfileSummaryOut:
+        return cls(**cls.fields_of(entry))
+
+
+class ProfileOut(ProfileSummaryOut):
+    """A profile with its whole document (coefficients, engine limits, provenance, fit)."""
+
+    document: dict[str, Any]
+
+    @classmethod
+    def of(cls, entry: crud.ProfileEntry) -> ProfileOut:
+        return cls(**cls.fields_of(entry), document=entry.profile.to_dict())
+
+
 class UsageOut(BaseModel):
     """One group's totals; ``slo_attainment`` counts rejected and failed requests as misses."""
 
@@ -624,7 +675,10 @@ def build_admin_router() -> APIRouter:
         responses={
             401: {"model": ErrorOut, "description": "missing or invalid admin key"},
             403: {"model": ErrorOut, "description": "no admin key configured"},
-            404: {"model": ErrorOut, "description": "no such tier, tenant, key or backend"},
+            404: {
+                "model": ErrorOut,
+                "description": "no such tier, tenant, key, backend or profile",
+            },
             409: {"model": ErrorOut, "description": "name taken, or still in use"},
             422: {"model": ErrorOut, "description": "invalid input; `param` names the field"},
         },
@@ -633,6 +687,7 @@ def build_admin_router() -> APIRouter:
     _tenant_routes(router)
     _key_routes(router)
     _backend_routes(router)
+    _profile_routes(router)
     _report_routes(router)
     return router
 
@@ -857,6 +912,39 @@ def _backend_routes(router: APIRouter) -> None:
         return out
 
 
+def _profile_routes(router: APIRouter) -> None:
+    # No pool reload: a profile only takes effect through a backend naming it, and a profile
+    # in use cannot be deleted.
+
+    @router.get("/profiles", tags=["profiles"])
+    def list_profiles(state: StateDep) -> ListOut[ProfileSummaryOut]:
+        """Every profile a backend can name: shipped ones and imported (custom) ones."""
+        with state.session_factory() as s:
+            return ListOut(data=[ProfileSummaryOut.of(e) for e in crud.profile_catalog(s)])
+
+    @router.post("/profiles", status_code=201, tags=["profiles"])
+    def import_profile(body: ProfileImport, request: Request, state: StateDep) -> ProfileOut:
+        """Store an operator-calibrated profile; backends can then name it."""
+        with state.session_factory.begin() as s:
+            row = crud.import_profile(
+                s, body.document, actor=request_actor(request), name=body.name
+            )
+            return ProfileOut.of(crud.get_profile_entry(s, row.id))
+
+    @router.get("/profiles/{ref}", tags=["profiles"])
+    def get_profile(ref: str, state: StateDep) -> ProfileOut:
+        """A custom profile by name or id, or a shipped one by name."""
+        with state.session_factory() as s:
+            return ProfileOut.of(resolve(crud.get_profile_entry, s, ref))
+
+    @router.delete("/profiles/{ref}", tags=["profiles"])
+    def delete_profile(ref: str, request: Request, state: StateDep) -> DeletedOut:
+        """Delete a custom profile that no backend names (shipped ones cannot be deleted)."""
+        with state.session_factory.begin() as s:
+            row = resolve(crud.get_deletable_profile, s, ref)
+            return delete_row(s, request, crud.delete_profile, "latency_profile", row.id, row.name)
+
+
 def _report_routes(router: APIRouter) -> None:
     @router.get("/usage/tenants", tags=["usage"])
     def usage_by_tenant(
@@ -896,7 +984,7 @@ def _report_routes(router: APIRouter) -> None:
     def list_audit(
         state: StateDep,
         entity_type: Annotated[
-            str | None, Query(description="tier | tenant | api_key | backend")
+            str | None, Query(description="tier | tenant | api_key | backend | profile")
         ] = None,
         entity_id: Annotated[str | None, Query(description="the entity's id")] = None,
         actor: Annotated[str | None, Query(description="e.g. admin-api:10.0.0.7")] = None,

@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gateway.app.metrics import GatewayMetrics
 from gateway.app.upstream import Upstream, UpstreamError
-from gateway.db.crud import list_backends
+from gateway.db.crud import list_backends, load_stored_profiles
 from gateway.settings import Settings
 from priority.gain import GainWeights
 from priority.profiles import Profile, load_profile
@@ -134,10 +134,15 @@ class BackendPool:
         self.configure(specs)
 
     def _read_specs(self) -> list[BackendSpec]:
+        """The enabled backends; a stored (imported) profile is read here, as a ``Profile``."""
         assert self._factory is not None
         with self._factory() as session:
             rows = list_backends(session, enabled=True)
-            return [BackendSpec(b.name, b.base_url, b.model, b.profile, b.kind) for b in rows]
+            stored = load_stored_profiles(session, {b.profile for b in rows})
+            return [
+                BackendSpec(b.name, b.base_url, b.model, stored.get(b.profile, b.profile), b.kind)
+                for b in rows
+            ]
 
     def configure(self, specs: Sequence[BackendSpec]) -> None:
         by_model: dict[str, list[BackendSpec]] = {}

@@ -40,12 +40,13 @@ from starlette.types import Receive, Scope, Send
 
 from gateway.app.backends import Backend, ModelGroup
 from gateway.app.errors import ApiError, bad_request
-from gateway.app.schemas import ChatBody, CompletionBody, describe
+from gateway.app.schemas import ChatBody, CompletionBody
 from gateway.app.slo import RequestSLO, engine_priority, engine_xargs, resolve_slo
 from gateway.app.state import GatewayState
 from gateway.app.upstream import UpstreamError, UpstreamResponse
 from gateway.db.identity import KeyIdentity
 from gateway.db.usage import UsageEvent
+from gateway.engine_sim.schemas import describe_validation_error
 from gateway.limits import AdmissionRejected, Limits, QueueItem, RejectReason, Reservation
 from gateway.limits.backlog import gain_density
 from priority.gain import ideal_tdg, slo_attained, tdg
@@ -156,7 +157,7 @@ class Job:
         try:
             body = schema.model_validate(payload)
         except ValidationError as exc:
-            message, param = describe(exc)
+            message, param = describe_validation_error(exc)
             raise ApiError(422, message, code="invalid_request", param=param) from None
         self.body = payload
         self.model = body.model

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.engine_sim.mapping import count_chat_tokens, count_text_tokens
 
@@ -71,13 +71,3 @@ class CompletionBody(_Body):
             return len(prompt)
         return sum(count_text_tokens(p) if isinstance(p, str) else max(1, len(p)) for p in prompt)
 
-
-def describe(exc: ValidationError) -> tuple[str, str | None]:
-    """One line naming the first offending field, and that field (OpenAI's ``param``)."""
-    errors = exc.errors()
-    first = errors[0]
-    loc = ".".join(str(part) for part in first.get("loc", ()))
-    message = f"{loc}: {first.get('msg', 'invalid value')}" if loc else str(first.get("msg"))
-    if len(errors) > 1:
-        message += f" (and {len(errors) - 1} more)"
-    return message, loc or None

@@ -16,12 +16,12 @@ import uvicorn
 from fastapi import FastAPI
 
 from gateway.app.state import GatewayState
-from gateway.embedded import EmbeddedServer, bind
+from gateway.embedded import EmbeddedServer, Listening, bind
 
 STARTUP_TIMEOUT_S = 15.0
 
 
-class GatewayThread:
+class GatewayThread(Listening):
     """``with GatewayThread(create_app(...)) as gw: gw.base_url``."""
 
     def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0) -> None:
@@ -35,15 +35,6 @@ class GatewayThread:
         self.server = EmbeddedServer(config)
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-    @property
-    def base_url(self) -> str:
-        """The OpenAI base URL (``.../v1``)."""
-        return f"{self.url}/v1"
 
     @property
     def state(self) -> GatewayState:

@@ -1,4 +1,4 @@
-"""ORM models: tiers, tenants, API keys, backends, usage records and the audit log.
+"""ORM models: tiers, tenants, API keys, backends, latency profiles, usage records, audit log.
 
 Enumerations are plain strings with CHECK constraints rather than native enums, so that adding a
 value is a one-line migration on both SQLite and PostgreSQL. Times are timezone-aware UTC
@@ -180,6 +180,24 @@ class Backend(Timestamped, Base):
     profile: Mapped[str] = mapped_column(String(128))
     kind: Mapped[str] = mapped_column(String(32), default="vllm")
     enabled: Mapped[bool] = mapped_column(Boolean, default=True)
+
+
+class LatencyProfile(Base):
+    """An operator-calibrated latency profile, stored so every gateway reads the same document.
+
+    ``document`` is the profile's JSON (:meth:`priority.profiles.Profile.to_dict`, its ``name``
+    equal to the row's). Backends reference a profile by name — a shipped one or one of these —
+    so there is no foreign key: deletion checks for users instead (:mod:`gateway.db.crud`).
+    Profiles are immutable; re-calibrating means importing under a new name.
+    """
+
+    __tablename__ = "latency_profiles"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    document: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    created_by: Mapped[str] = mapped_column(String(128))
 
 
 class UsageRecord(Base):

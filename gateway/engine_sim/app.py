@@ -110,26 +110,15 @@ def build_engine_sim(
     )
 
 
-def create_engine_app(
-    profile: Profile,
-    policy: str,
-    *,
-    model_name: str,
-    seed: int = 0,
-    noise_sigma: float = 0.0,
-    policy_params: dict[str, Any] | None = None,
-    time_scale: float = 1.0,
-    max_model_len: int = DEFAULT_MAX_MODEL_LEN,
-) -> FastAPI:
+def create_engine_app(profile: Profile, policy: str, **options: Any) -> FastAPI:
     """An OpenAI-compatible app serving ``model_name`` from an emulated engine.
 
+    ``options`` are :func:`build_engine_sim`'s keyword arguments (``model_name`` is required),
+    passed through so the engine's parameters are listed, typed and defaulted in one place.
     The engine loop starts with the app's lifespan, or with the first request when the app
     runs without one (e.g. under ``httpx.ASGITransport``).
     """
-    sim = build_engine_sim(
-        profile, policy, model_name=model_name, seed=seed, noise_sigma=noise_sigma,
-        policy_params=policy_params, time_scale=time_scale, max_model_len=max_model_len,
-    )  # fmt: skip
+    sim = build_engine_sim(profile, policy, **options)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

@@ -101,11 +101,13 @@ class CompletionRequest(_GenerationRequest):
 
 
 def describe_validation_error(exc: ValidationError) -> tuple[str, str | None]:
-    """A one-line message and the offending parameter of a pydantic validation error."""
-    first = exc.errors()[0]
+    """A one-line message naming the first offending field, and that field (OpenAI's
+    ``param``); shared with the gateway's body checks (:mod:`gateway.app.schemas`)."""
+    errors = exc.errors()
+    first = errors[0]
     loc = ".".join(str(part) for part in first.get("loc", ()))
     message = f"{loc}: {first.get('msg', 'invalid value')}" if loc else first.get("msg", "")
-    extra = len(exc.errors()) - 1
+    extra = len(errors) - 1
     if extra:
         message += f" (and {extra} more error{'s' if extra > 1 else ''})"
     return message, loc or None

@@ -20,7 +20,7 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI
 
-from gateway.embedded import EmbeddedServer, bind
+from gateway.embedded import EmbeddedServer, Listening, bind
 from gateway.engine_sim.app import DEFAULT_MAX_MODEL_LEN, EngineSim, create_engine_app
 from priority.profiles import Profile, load_profile
 
@@ -56,7 +56,7 @@ class EngineSpec:
 
 
 @dataclass(eq=False)
-class RunningEngine:
+class RunningEngine(Listening):
     """A served engine: its app, its uvicorn server and where it listens."""
 
     spec: EngineSpec
@@ -65,16 +65,6 @@ class RunningEngine:
     host: str
     port: int
     task: asyncio.Task[None] = field(repr=False)
-
-    @property
-    def url(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
-
-    @property
-    def base_url(self) -> str:
-        """The OpenAI base URL (``.../v1``)."""
-        return f"{self.url}/v1"
 
     @property
     def sim(self) -> EngineSim:

@@ -1,5 +1,6 @@
 """The gateway app's pure parts: token-time attribution, priority mapping, SLO resolution,
-metric parsing and reconciliation, tenant-label bounds, and the auth cache's miss coalescing."""
+metric parsing and reconciliation, tenant-label bounds, the auth cache's miss coalescing, and
+the pieces shared with the emulated engine (addresses, body-error wording)."""
 
 from __future__ import annotations
 
@@ -12,12 +13,15 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
 from gateway.app.auth import AuthCache
 from gateway.app.backends import BackendPool, BackendSpec, parse_vllm_gauges
 from gateway.app.errors import ApiError
 from gateway.app.metrics import OTHER_TENANT, GatewayMetrics, TenantLabels
 from gateway.app.proxy import _token_times
+from gateway.app.schemas import ChatBody
+from gateway.app.server import GatewayThread
 from gateway.app.slo import engine_priority, resolve_slo
 from gateway.app.upstream import Upstream
 from gateway.db import crud
@@ -25,7 +29,10 @@ from gateway.db.identity import EffectivePolicy
 from gateway.db.models import Base
 from gateway.db.seed import seed_defaults
 from gateway.db.session import make_engine, make_session_factory
+from gateway.embedded import Listening
+from gateway.engine_sim import RunningEngine
 from gateway.engine_sim.mapping import weight_from_priority
+from gateway.engine_sim.schemas import ChatCompletionRequest, describe_validation_error
 from gateway.settings import Settings
 
 times_st = st.lists(st.floats(0, 1e3, allow_nan=False), min_size=1, max_size=40).map(sorted)
@@ -276,3 +283,28 @@ def test_vllm_gauge_scan_agrees_with_prometheus_parser(
         elif family.name == "vllm:kv_cache_usage_perc" and values:
             expected[family.name] = max(values)
     assert parse_vllm_gauges(text) == pytest.approx(expected)
+
+
+class _Served(Listening):
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+
+
+def test_served_addresses_bracket_ipv6_hosts_for_gateway_and_engines() -> None:
+    assert issubclass(GatewayThread, Listening) and issubclass(RunningEngine, Listening)
+    assert _Served("127.0.0.1", 8000).url == "http://127.0.0.1:8000"
+    assert _Served("127.0.0.1", 8000).base_url == "http://127.0.0.1:8000/v1"
+    assert _Served("::1", 9).base_url == "http://[::1]:9/v1"
+
+
+def test_gateway_and_engine_word_body_errors_alike() -> None:
+    body = {"model": "m", "messages": [], "max_tokens": 0}
+    messages = []
+    for model in (ChatBody, ChatCompletionRequest):  # lenient gateway body, strict engine body
+        with pytest.raises(ValidationError) as info:
+            model.model_validate(body)
+        message, param = describe_validation_error(info.value)
+        assert param == "max_tokens" and message.startswith("max_tokens: ")
+        assert message.endswith(" (and 1 more error)")
+        messages.append(message)
+    assert messages[0] == messages[1]

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import getpass
+import json
 import re
 from collections.abc import Callable
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 import typer
 from sqlalchemy import select
 from typer.testing import CliRunner, Result
 
+import gateway.cli
 from gateway.cli import register
 from gateway.db import crud
 from gateway.db.models import AuditLog, utcnow
@@ -19,7 +22,7 @@ from gateway.db.security import server_secret
 from gateway.db.session import make_engine, make_session_factory
 from gateway.db.usage import UsageEvent, UsageWriter
 from gateway.settings import get_settings
-from priority.profiles import available_profiles
+from priority.profiles import available_profiles, load_profile
 
 KEY_RE = re.compile(r"tg-[a-z0-9]{8}-[A-Za-z0-9_-]{20,}")
 
@@ -216,6 +219,114 @@ def test_backends_commands(cli: Invoke) -> None:
     assert "gpu-0" in listing and "emulated" in listing and "no" in listing.split("gpu-0")[1]
     _ok(cli("backends", "enable", "gpu-0"))
     _fails(cli("backends", "disable", "gpu-9"), "backend 'gpu-9' does not exist")
+
+
+def _profile_file(directory: Path, name: str, **engine: int) -> Path:
+    """A calibrated profile JSON as an operator would have it: a shipped one, renamed."""
+    document = load_profile("a100-qwen2-7b").to_dict()
+    document["engine"] = {**document["engine"], **engine}
+    path = directory / f"{name}.json"
+    path.write_text(json.dumps({**document, "name": name, "hardware": "site A100"}))
+    return path
+
+
+def _add_backend(cli: Invoke, name: str, profile: str | Path) -> Result:
+    url = "http://10.0.0.5:8000"
+    return cli("backends", "add", name, "--url", url, "--model", "qwen", "--profile", str(profile))
+
+
+def _profile_rows(cli: Invoke) -> dict[str, list[str]]:
+    """``profiles list`` as {name: the row's other cells}."""
+    rows = {}
+    for line in _ok(cli("profiles", "list")).splitlines():
+        cells = [c.strip() for c in line.strip().strip("│┃").split("│")]
+        if len(cells) == 7 and cells[1] in ("shipped", "custom"):
+            rows[cells[0]] = cells[1:]
+    return rows
+
+
+@pytest.fixture
+def wide(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tables as wide as they need: profile names and hardware are longer than 80 columns
+    allow, and rich would cut them short."""
+    monkeypatch.setattr(gateway.cli.console, "_width", 200)
+
+
+@pytest.mark.usefixtures("wide")
+def test_profiles_import_list_delete(cli: Invoke, tmp_path: Path) -> None:
+    path = _profile_file(tmp_path, "site-a100")
+    assert "imported profile site-a100" in _ok(cli("profiles", "import", str(path)))
+    _ok(cli("profiles", "import", str(path), "--name", "site-a100-copy"))
+    _fails(cli("profiles", "import", str(path)), "profile 'site-a100' already exists")
+    _fails(
+        cli("profiles", "import", str(path), "--name", "a100-qwen2-7b"),
+        "profile name 'a100-qwen2-7b' is a shipped profile's",
+    )
+    rows = _profile_rows(cli)
+    assert set(rows) == {*available_profiles(), "site-a100", "site-a100-copy"}
+    assert rows["site-a100"][:4] == ["custom", "site A100", "Qwen2-7B", "1"]
+    assert rows["site-a100"][5] == f"cli:{getpass.getuser()}"
+    assert rows["a100-qwen2-7b"][0] == "shipped" and rows["a100-qwen2-7b"][5] == "—"
+
+    _ok(_add_backend(cli, "gpu-0", "site-a100"))
+    _fails(
+        cli("profiles", "delete", "site-a100"),
+        "profile 'site-a100' is used by backend(s) gpu-0",
+    )
+    _fails(cli("profiles", "delete", "a100-qwen2-7b"), "is shipped with tiergate and cannot be")
+    _fails(cli("profiles", "delete", "nope"), "profile 'nope' does not exist")
+    assert "deleted profile site-a100-copy" in _ok(cli("profiles", "delete", "site-a100-copy"))
+    assert set(_profile_rows(cli)) == {*available_profiles(), "site-a100"}
+
+
+@pytest.mark.usefixtures("wide")
+def test_profile_files_that_are_not_profiles_exit_2(cli: Invoke, tmp_path: Path) -> None:
+    broken = tmp_path / "broken.json"
+    broken.write_text("{not json")
+    _fails(cli("profiles", "import", str(broken)), f"{broken} is not valid JSON")
+    _fails(cli("profiles", "import", str(tmp_path / "missing.json")), "cannot read")
+    wrong = tmp_path / "wrong.json"
+    wrong.write_text(json.dumps({"name": "x", "hardware": "h", "model": "m"}))
+    _fails(cli("profiles", "import", str(wrong)), "the profile document lacks coefficients")
+    _fails(_add_backend(cli, "gpu-9", wrong), "the profile document lacks coefficients")
+    _fails(_add_backend(cli, "gpu-9", tmp_path / "nope.json"), "no such profile file exists")
+    assert set(_profile_rows(cli)) == set(available_profiles())
+    assert "gpu-9" not in _ok(cli("backends", "list"))
+
+
+def test_backends_add_with_a_profile_file_imports_it_once(cli: Invoke, tmp_path: Path) -> None:
+    path = _profile_file(tmp_path, "site-h100", max_num_seqs=64)
+    assert "using stored profile site-h100" in _ok(_add_backend(cli, "gpu-0", path))
+    _ok(_add_backend(cli, "gpu-1", path))  # the same document: stored once, reused
+    listing = _ok(cli("backends", "list"))
+    assert listing.count("site-h100") == 2 and str(tmp_path) not in listing
+    recalibrated = tmp_path / "recalibrated"
+    recalibrated.mkdir()
+    _fails(
+        _add_backend(cli, "gpu-2", _profile_file(recalibrated, "site-h100", max_num_seqs=8)),
+        "a different profile named 'site-h100' is already stored",
+    )
+    assert "gpu-2" not in _ok(cli("backends", "list"))
+    engine = make_engine(get_settings().database_url)
+    try:
+        with make_session_factory(engine)() as s:
+            assert [p.name for p in crud.list_profiles(s)] == ["site-h100"]
+            stored = crud.load_stored_profiles(s, ["site-h100"])["site-h100"]
+            assert stored.engine.max_num_seqs == 64
+            audit = s.scalars(select(AuditLog).where(AuditLog.entity_type == "profile")).all()
+            assert [(a.action, a.actor) for a in audit] == [("create", f"cli:{getpass.getuser()}")]
+    finally:
+        engine.dispose()
+
+
+def test_db_downgrade_refuses_to_strand_backends_on_stored_profiles(
+    cli: Invoke, tmp_path: Path
+) -> None:
+    _ok(_add_backend(cli, "gpu-0", _profile_file(tmp_path, "site-a100")))
+    _fails(cli("db", "downgrade", "0001"), "backend(s) gpu-0 (site-a100) use stored latency")
+    assert "current: 0002" in _ok(cli("db", "current"))
+    _ok(cli("backends", "disable", "gpu-0"))  # disabled backends still name the profile
+    _fails(cli("db", "downgrade", "base"), "cannot downgrade below revision 0002")
 
 
 def test_seed_quiet_key_and_usage(cli: Invoke) -> None:

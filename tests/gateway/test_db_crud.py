@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -10,10 +11,10 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from gateway.db import crud
-from gateway.db.errors import AlreadyExists, InUse, InvalidInput, NotFound
+from gateway.db.errors import AlreadyExists, Conflict, InUse, InvalidInput, NotFound
 from gateway.db.identity import effective_policy
 from gateway.db.models import AuditLog, Tenant
-from priority.profiles import available_profiles
+from priority.profiles import Profile, available_profiles, load_profile
 
 ACTOR = "test:alice"
 
@@ -221,6 +222,131 @@ def test_invalid_backends_are_refused(
     with pytest.raises(InvalidInput, match=re.escape(message)) as info:
         crud.create_backend(db_session, actor=ACTOR, **spec)
     assert info.value.param == field
+
+
+def _calibrated(name: str = "site-a100", **engine: int) -> dict[str, Any]:
+    """An operator's profile document: a shipped one re-measured, under a new name."""
+    document = load_profile("a100-qwen2-7b").to_dict()
+    document["engine"] = {**document["engine"], **engine}
+    return {**document, "name": name, "hardware": "site A100 #3"}
+
+
+def _backend(session: Session, name: str, profile: str) -> Any:
+    return crud.create_backend(
+        session, actor=ACTOR, name=name, base_url="http://h:1", model="m", profile=profile
+    )
+
+
+def test_profile_lifecycle_is_audited(session_factory: sessionmaker[Session]) -> None:
+    with session_factory.begin() as s:
+        own = crud.import_profile(s, _calibrated(max_num_seqs=7), actor=ACTOR)
+        renamed = crud.import_profile(s, _calibrated(), actor=ACTOR, name="site-a100-b")
+        own_id = own.id
+        assert (own.name, own.created_by, renamed.name) == ("site-a100", ACTOR, "site-a100-b")
+        assert own.created_at.tzinfo is not None
+    with session_factory.begin() as s:
+        assert [p.name for p in crud.list_profiles(s)] == ["site-a100", "site-a100-b"]
+        assert crud.get_profile(s, own_id).name == "site-a100"
+        stored = crud.load_stored_profiles(s, ["site-a100", "site-a100-b", "a100-qwen2-7b", "x"])
+        assert set(stored) == {"site-a100", "site-a100-b"}  # shipped and unknown names: absent
+        assert stored["site-a100"] == Profile.from_dict(_calibrated(max_num_seqs=7))
+        assert stored["site-a100-b"].name == "site-a100-b"  # the override renames the document
+        _backend(s, "b1", "site-a100")
+        _backend(s, "b2", "site-a100")
+    with session_factory.begin() as s:
+        with pytest.raises(InUse, match=r"'site-a100' is used by backend\(s\) b1, b2; point"):
+            crud.delete_profile(s, "site-a100", actor=ACTOR)  # refused before any write
+        crud.delete_backend(s, "b1", actor=ACTOR)
+        crud.set_backend_enabled(s, "b2", False, actor=ACTOR)  # disabled still counts as a user
+        with pytest.raises(InUse, match="used by backend"):
+            crud.delete_profile(s, own_id, actor=ACTOR)
+    with session_factory.begin() as s:
+        crud.delete_backend(s, "b2", actor=ACTOR)
+        crud.delete_profile(s, own_id, actor=ACTOR)
+    with session_factory() as s:
+        with pytest.raises(NotFound, match="profile 'site-a100' does not exist"):
+            crud.get_profile(s, "site-a100")
+        create, _, delete = _audit_rows(s, "profile")
+    assert (create.action, create.actor, create.entity_id) == ("create", ACTOR, str(own_id))
+    assert create.after is not None and json.loads(create.after["document"])["name"] == "site-a100"
+    assert delete.action == "delete" and delete.before is not None  # the deleted document kept
+    assert delete.before["document"] == create.after["document"]
+
+
+@pytest.mark.parametrize(
+    ("document", "name", "error", "message", "param"),
+    [
+        (["not", "an", "object"], None, InvalidInput, "must be a JSON object, got list",
+         "document"),
+        ({"name": "x", "hardware": "h", "model": "m"}, None, InvalidInput, "lacks coefficients",
+         "document"),
+        ({**_calibrated(), "coefficients": {"a_p": 1e-9}}, None, InvalidInput,
+         "invalid profile document: malformed profile", "document"),
+        ({**_calibrated(), "coefficients": {**_calibrated()["coefficients"], "a_p": -1}}, None,
+         InvalidInput, "coefficient a_p must be finite and >= 0, got -1.0", "document"),
+        ({**_calibrated(), "coefficients": "fast"}, None, InvalidInput,
+         "the profile document's coefficients must be a JSON object, got 'fast'", "document"),
+        ({**_calibrated(), "engine": {"max_num_seqs": 0}}, None, InvalidInput,
+         "max_num_seqs must be >= 1", "document"),
+        (_calibrated("has space"), None, InvalidInput, "invalid profile name 'has space'", "name"),
+        (_calibrated(), "a100-qwen2-7b", AlreadyExists,
+         "profile name 'a100-qwen2-7b' is a shipped profile's", "name"),
+        (load_profile("a100-qwen2-7b").to_dict(), None, AlreadyExists, "is a shipped profile's",
+         "name"),
+    ],
+)  # fmt: skip
+def test_invalid_profiles_are_refused_precisely(
+    db_session: Session,
+    document: Any,
+    name: str | None,
+    error: type[Exception],
+    message: str,
+    param: str,
+) -> None:
+    with pytest.raises(error, match=re.escape(message)) as info:
+        crud.import_profile(db_session, document, actor=ACTOR, name=name)
+    assert getattr(info.value, "param", None) == param
+    assert crud.list_profiles(db_session) == []
+
+
+def test_a_profile_name_is_taken_once_and_ensure_reuses_the_same_document(
+    db_session: Session,
+) -> None:
+    first = crud.import_profile(db_session, _calibrated(), actor=ACTOR)
+    with pytest.raises(AlreadyExists, match="profile 'site-a100' already exists"):
+        crud.import_profile(db_session, _calibrated(max_num_seqs=9), actor=ACTOR)
+    assert crud.ensure_profile(db_session, _calibrated(), actor=ACTOR) is first
+    with pytest.raises(AlreadyExists, match="a different profile named 'site-a100'"):
+        crud.ensure_profile(db_session, _calibrated(max_num_seqs=9), actor=ACTOR)
+    assert [r.action for r in _audit_rows(db_session, "profile")] == ["create"]
+
+
+def test_shipped_profiles_are_listed_but_cannot_be_deleted(db_session: Session) -> None:
+    crud.import_profile(db_session, _calibrated(), actor=ACTOR)
+    catalog = {e.name: e.source for e in crud.profile_catalog(db_session)}
+    assert catalog == {**dict.fromkeys(available_profiles(), "shipped"), "site-a100": "custom"}
+    entry = crud.get_profile_entry(db_session, "a100-qwen2-7b")
+    assert entry.row is None and entry.profile == load_profile("a100-qwen2-7b")
+    with pytest.raises(Conflict, match="is shipped with tiergate and cannot be deleted"):
+        crud.delete_profile(db_session, "a100-qwen2-7b", actor=ACTOR)
+    with pytest.raises(NotFound, match="profile 'nope' does not exist"):
+        crud.get_profile_entry(db_session, "nope")
+
+
+def test_backends_accept_stored_profile_names(db_session: Session) -> None:
+    with pytest.raises(InvalidInput, match="unknown profile 'site-a100'") as info:
+        _backend(db_session, "b1", "site-a100")
+    assert info.value.param == "profile"
+    crud.import_profile(db_session, _calibrated(), actor=ACTOR)
+    crud.import_profile(db_session, _calibrated("site-h100"), actor=ACTOR)
+    assert _backend(db_session, "b1", "site-a100").profile == "site-a100"
+    assert crud.update_backend(db_session, "b1", {"profile": "site-h100"}, actor=ACTOR).profile == (
+        "site-h100"
+    )
+    with pytest.raises(
+        InvalidInput, match=r"known profiles: .*a100-qwen2-7b.*site-a100, site-h100"
+    ):
+        crud.update_backend(db_session, "b1", {"profile": "site-b200"}, actor=ACTOR)
 
 
 def test_actor_is_required(db_session: Session) -> None:

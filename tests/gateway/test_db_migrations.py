@@ -8,11 +8,14 @@ from alembic.migration import MigrationContext
 from sqlalchemy import inspect, text
 from sqlalchemy.exc import IntegrityError
 
-from gateway.db import migrate
+from gateway.db import crud, migrate
+from gateway.db.errors import InUse
 from gateway.db.models import Base
-from gateway.db.session import make_engine
+from gateway.db.session import make_engine, make_session_factory
+from priority.profiles import load_profile
 
-TABLES = {"tiers", "tenants", "api_keys", "backends", "usage_records", "audit_log"}
+INITIAL_TABLES = {"tiers", "tenants", "api_keys", "backends", "usage_records", "audit_log"}
+TABLES = INITIAL_TABLES | {"latency_profiles"}  # 0002
 
 
 def _schema_diff(url: str) -> list[object]:
@@ -65,3 +68,46 @@ def test_foreign_keys_are_enforced_after_migration(db_url: str) -> None:
             )
     finally:
         engine.dispose()
+
+
+def test_each_revision_upgrades_and_downgrades_by_one_step(db_url: str) -> None:
+    migrate.upgrade(db_url, "0001")
+    assert migrate.current_revisions(db_url) == ("0001",)
+    assert _tables(db_url) == INITIAL_TABLES
+    migrate.upgrade(db_url, "0002")
+    assert _tables(db_url) == TABLES
+    migrate.downgrade("0001", db_url)
+    assert migrate.current_revisions(db_url) == ("0001",)
+    assert _tables(db_url) == INITIAL_TABLES
+    migrate.upgrade(db_url)
+    assert migrate.current_revisions(db_url) == ("0002",) == migrate.head_revisions()
+
+
+def _store_profile_used_by_a_backend(url: str) -> None:
+    engine = make_engine(url)
+    try:
+        with make_session_factory(engine).begin() as s:
+            document = {**load_profile("a100-qwen2-7b").to_dict(), "name": "site-a100"}
+            crud.import_profile(s, document, actor="test")
+            crud.create_backend(
+                s, actor="test", name="b1", base_url="http://h:1", model="m", profile="site-a100"
+            )
+    finally:
+        engine.dispose()
+
+
+def test_downgrade_below_0002_refuses_while_backends_use_stored_profiles(db_url: str) -> None:
+    migrate.upgrade(db_url)
+    _store_profile_used_by_a_backend(db_url)
+    with pytest.raises(InUse, match=r"backend\(s\) b1 \(site-a100\) use stored latency"):
+        migrate.downgrade("0001", db_url)
+    assert migrate.current_revisions(db_url) == ("0002",)
+    assert _tables(db_url) == TABLES  # nothing dropped
+    engine = make_engine(db_url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(text("DELETE FROM backends"))
+    finally:
+        engine.dispose()
+    migrate.downgrade("0001", db_url)
+    assert _tables(db_url) == INITIAL_TABLES

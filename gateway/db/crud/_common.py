@@ -16,11 +16,11 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 from typing import Any, TypeVar
 
-from sqlalchemy import inspect
+from sqlalchemy import inspect, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from gateway.db.errors import AlreadyExists, InvalidInput
+from gateway.db.errors import AlreadyExists, InvalidInput, NotFound
 from gateway.db.models import AuditLog, Base, utcnow
 
 RowT = TypeVar("RowT", bound=Base)
@@ -105,6 +105,23 @@ def check_fields(changes: Mapping[str, Any], allowed: Iterable[str], entity: str
             f"updatable: {', '.join(sorted(allowed_set))}",
             param=unknown[0],
         )
+
+
+def find_named(session: Session, model: type[RowT], name: str) -> RowT | None:
+    """The row of ``model`` with this unique ``name``, or None (a :data:`Finder`)."""
+    return session.scalar(select(model).where(model.__table__.c.name == name))
+
+
+def get_named(session: Session, model: type[RowT], ref: int | str, entity: str) -> RowT:
+    """A row by id (int) or unique name (str); :class:`NotFound` naming ``entity`` otherwise.
+
+    The id/name split is by type, not by looks: the admin API decides what a digit string means.
+    """
+    column = model.__table__.c.id if isinstance(ref, int) else model.__table__.c.name
+    row = session.scalar(select(model).where(column == ref))
+    if row is None:
+        raise NotFound(f"{entity} {ref!r} does not exist", param=entity)
+    return row
 
 
 def snapshot(obj: Base, exclude: Iterable[str] = ()) -> dict[str, Any]:

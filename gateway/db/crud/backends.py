@@ -1,8 +1,13 @@
-"""Backends: the engines the gateway routes to, each tied to a shipped latency profile."""
+"""Backends: the engines the gateway routes to, each tied to a latency profile by name.
+
+The profile is a shipped one (:func:`priority.profiles.available_profiles`) or one stored with
+:func:`gateway.db.crud.profiles.import_profile`.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import partial
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -16,9 +21,12 @@ from gateway.db.crud._common import (
     check_fields,
     check_name,
     delete_audited,
+    find_named,
+    get_named,
     update_named,
 )
-from gateway.db.errors import InvalidInput, NotFound
+from gateway.db.crud.profiles import is_known_profile, stored_profile_names
+from gateway.db.errors import InvalidInput
 from gateway.db.models import BACKEND_KINDS, Backend
 from priority.profiles import available_profiles
 
@@ -37,13 +45,14 @@ def check_url(value: Any) -> str:
     return value.rstrip("/")
 
 
-def check_profile(value: Any) -> str:
-    known = available_profiles()
-    if value not in known:
-        raise InvalidInput(
-            f"unknown profile {value!r}; known profiles: {', '.join(known)}", param="profile"
-        )
-    return str(value)
+def check_profile(session: Session, value: Any) -> str:
+    """A shipped profile's name or a stored (imported) one's."""
+    if isinstance(value, str) and is_known_profile(session, value):
+        return value
+    known = sorted({*available_profiles(), *stored_profile_names(session)})
+    raise InvalidInput(
+        f"unknown profile {value!r}; known profiles: {', '.join(known)}", param="profile"
+    )
 
 
 def check_model(value: Any) -> str:
@@ -52,12 +61,13 @@ def check_model(value: Any) -> str:
     return value
 
 
-def validate_backend(state: Mapping[str, Any]) -> dict[str, Any]:
+def validate_backend(session: Session, state: Mapping[str, Any]) -> dict[str, Any]:
+    """Check a backend's complete state (the profile against the database's stored ones)."""
     return {
         "name": check_name(state.get("name"), ENTITY),
         "base_url": check_url(state.get("base_url")),
         "model": check_model(state.get("model")),
-        "profile": check_profile(state.get("profile")),
+        "profile": check_profile(session, state.get("profile")),
         "kind": check_choice(state.get("kind", "vllm"), "kind", BACKEND_KINDS),
         "enabled": check_bool(state.get("enabled", True), "enabled"),
     }
@@ -65,15 +75,11 @@ def validate_backend(state: Mapping[str, Any]) -> dict[str, Any]:
 
 def get_backend(session: Session, ref: int | str) -> Backend:
     """A backend by id (int) or name (str)."""
-    column = Backend.id if isinstance(ref, int) else Backend.name
-    backend = session.scalar(select(Backend).where(column == ref))
-    if backend is None:
-        raise NotFound(f"backend {ref!r} does not exist", param="backend")
-    return backend
+    return get_named(session, Backend, ref, ENTITY)
 
 
 def find_backend(session: Session, name: str) -> Backend | None:
-    return session.scalar(select(Backend).where(Backend.name == name))
+    return find_named(session, Backend, name)
 
 
 def list_backends(
@@ -99,6 +105,7 @@ def create_backend(
     enabled: bool = True,
 ) -> Backend:
     values = validate_backend(
+        session,
         {
             "name": name,
             "base_url": base_url,
@@ -106,7 +113,7 @@ def create_backend(
             "profile": profile,
             "kind": kind,
             "enabled": enabled,
-        }
+        },
     )
     return add_named(session, Backend(**values), name, find_backend, actor=actor, entity=ENTITY)
 
@@ -126,7 +133,7 @@ def update_backend(
         session,
         backend,
         changes,
-        validate=validate_backend,
+        validate=partial(validate_backend, session),
         find=find_backend,
         actor=actor,
         action=action,

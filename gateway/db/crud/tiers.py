@@ -17,9 +17,11 @@ from gateway.db.crud._common import (
     check_optional_text,
     check_positive,
     delete_audited,
+    find_named,
+    get_named,
     update_named,
 )
-from gateway.db.errors import InUse, InvalidInput, NotFound
+from gateway.db.errors import InUse, InvalidInput
 from gateway.db.models import Tenant, Tier
 
 ENTITY = "tier"
@@ -76,15 +78,11 @@ def validate_tier(state: Mapping[str, Any]) -> dict[str, Any]:
 
 def get_tier(session: Session, ref: int | str) -> Tier:
     """A tier by id (int) or name (str)."""
-    column = Tier.id if isinstance(ref, int) else Tier.name
-    tier = session.scalar(select(Tier).where(column == ref))
-    if tier is None:
-        raise NotFound(f"tier {ref!r} does not exist", param="tier")
-    return tier
+    return get_named(session, Tier, ref, ENTITY)
 
 
 def find_tier(session: Session, name: str) -> Tier | None:
-    return session.scalar(select(Tier).where(Tier.name == name))
+    return find_named(session, Tier, name)
 
 
 def list_tiers(session: Session) -> list[Tier]:
