@@ -29,7 +29,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Literal
 
 from fastapi import Request
@@ -341,28 +341,34 @@ class Job:
 
     # ---- relay --------------------------------------------------------------------------
 
-    async def relay(self) -> AsyncIterator[bytes]:
-        """The client's SSE stream: held events, then the rest as they arrive — what one
-        upstream read brought in one write — or one by one, paced, if smoothing is on."""
+    async def relay(self, write: Callable[[bytes], Awaitable[None]]) -> None:
+        """Write the client's SSE stream: held events, then the rest as they arrive — what one
+        upstream read brought in one write — or one by one, paced, if smoothing is on.
+
+        A plain loop calling ``write`` rather than a generator chain: every relayed chunk
+        passes here, and each generator layer costs a resumption per chunk."""
         settings = self.state.settings
         pace = settings.smoothing
         margin = settings.smoothing_margin_ms / 1e3
         pending, self.pending = self.pending, []
         first = self.first_output
-        async for out in self._relay_batch(pending[:first], pace=False, margin=margin, timed=False):
-            yield out
-        async for out in self._relay_batch(pending[first:], pace=pace, margin=margin):
-            yield out
+        await self._relay_batch(pending[:first], write, pace=False, margin=margin, timed=False)
+        await self._relay_batch(pending[first:], write, pace=pace, margin=margin)
         async for batch in self.batches:
-            async for out in self._relay_batch(batch, pace=pace, margin=margin):
-                yield out
+            await self._relay_batch(batch, write, pace=pace, margin=margin)
         if not self.done:
             raise UpstreamFailed("the upstream stream ended early")
 
     async def _relay_batch(
-        self, batch: list[bytes], *, pace: bool, margin: float, timed: bool = True
-    ) -> AsyncIterator[bytes]:
-        """Filter one batch of events; record egress times of the ones with output."""
+        self,
+        batch: list[bytes],
+        write: Callable[[bytes], Awaitable[None]],
+        *,
+        pace: bool,
+        margin: float,
+        timed: bool = True,
+    ) -> None:
+        """Filter one batch of events, record egress times of the ones with output, write."""
         times = self.chunk_times
         out: list[bytes] = []
         for event in batch:
@@ -378,13 +384,13 @@ class Job:
                 continue
             if pace:
                 if out:
-                    yield b"".join(out)
+                    await write(b"".join(out))
                     out = []
                 await self._pace(len(times), margin)
             times.append(time.monotonic())
             out.append(kept)
         if out:
-            yield b"".join(out)
+            await write(out[0] if len(out) == 1 else b"".join(out))
 
     def _filter(self, event: bytes) -> bytes | None:
         """Drop the usage chunk the client did not ask for (after reading it); pass the rest."""
@@ -570,9 +576,12 @@ class RelayStream(Response):
     async def _pump(self, send: Send) -> tuple[str, int]:
         await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
         job = self.job
+
+        async def write(body: bytes) -> None:
+            await send({"type": "http.response.body", "body": body, "more_body": True})
+
         try:
-            async for event in job.relay():
-                await send({"type": "http.response.body", "body": event, "more_body": True})
+            await job.relay(write)
         except (UpstreamFailed, UpstreamError) as exc:
             if job.backend is not None:
                 job.state.pool.record_failure(job.backend)
