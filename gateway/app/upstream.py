@@ -104,7 +104,9 @@ class Upstream:
             self._session = aiohttp.ClientSession(
                 connector=connector,
                 timeout=self._timeout,
-                auto_decompress=False,  # relay bytes as the engine sent them
+                # Ask for plain bytes (they are relayed as they come); should a proxy compress
+                # anyway, aiohttp decodes it before the relay sees it.
+                headers={"accept-encoding": "identity"},
                 skip_auto_headers=("user-agent",),
             )
         return self._session

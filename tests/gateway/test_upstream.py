@@ -4,6 +4,7 @@ broken streams reported, unfinished responses never returned to the pool."""
 from __future__ import annotations
 
 import asyncio
+import gzip
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
@@ -162,3 +163,30 @@ def test_unreachable_engine_and_bad_status_are_upstream_errors() -> None:
             await fresh.aclose()
 
     asyncio.run(scenario())
+
+
+def test_a_compressed_stream_is_decoded_before_the_relay_sees_it() -> None:
+    """The gateway asks for identity encoding; a proxy that compresses anyway is decoded."""
+    seen_encoding: list[str | None] = []
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        seen_encoding.append(request.headers.get("accept-encoding"))
+        body = gzip.compress(b"data: 1\n\ndata: [DONE]\n\n")
+        return web.Response(
+            body=body, headers={"content-type": "text/event-stream", "content-encoding": "gzip"}
+        )
+
+    async def scenario() -> list[bytes]:
+        runner, url = await _serve(handler)
+        upstream = Upstream(read_timeout_s=5.0, connect_timeout_s=1.0)
+        try:
+            response = await upstream.post_json(f"{url}/stream", b"{}")
+            events = [e for batch in await _collect(response.event_batches()) for e in batch]
+            response.close()
+            return events
+        finally:
+            await upstream.aclose()
+            await runner.cleanup()
+
+    assert asyncio.run(scenario()) == [b"data: 1\n\n", b"data: [DONE]\n\n"]
+    assert seen_encoding == ["identity"]
