@@ -10,7 +10,8 @@ Young collections are made rarer too: CPython starts one every 700 net allocatio
 objects, which a streaming gateway reaches every few requests (measured at 300 requests/s:
 261 young and 23 middle collections in 20 s, 160 ms in all, pauses up to 5.6 ms). A request's
 objects die with it by reference counting, so a threshold of 10,000 leaves little for the
-collector to find and almost never triggers (2 collections, 4 ms in the same run).
+collector to find and almost never triggers (2 collections, 4 ms in the same run). The price:
+a young collection, when one runs, has more to look at (one of 5.6 ms was seen).
 """
 
 from __future__ import annotations
