@@ -7,7 +7,7 @@ OUT ?= out
 # The policy comparison on a bundled Azure trace sample: two A100 and two Ascend 910B instances
 # behind GoRouting, below, near and past capacity (`make sim`).
 SIM_ARGS ?= --trace azure_conv_20min --profile a100-qwen2-7b,910b-qwen2-7b --instances 4 \
-	--router goroute --policy vllm-fcfs,vllm-priority,sarathi-priority,fairbatching,wvtc,slide \
+	--router goroute --policy vllm-v1,vllm-v1-priority,vllm-v0-fcfs,sarathi-priority,fairbatching,wvtc,slide \
 	--rate-scale 2,4,5 --duration 300 --seed 0 --json $(OUT)/sim.json --plot $(OUT)/sim.png
 
 .PHONY: run sim test lint install install-dev

@@ -91,7 +91,7 @@ class Setup:
     """What the servers run and how the load looks."""
 
     profile: str = "a100-qwen2-7b"
-    policy: str = "vllm-fcfs"
+    policy: str = "vllm-v1"
     """FCFS: the engine ignores the priority and SLO the gateway attaches, so both paths are
     scheduled alike."""
     time_scale: float = DEFAULT_TIME_SCALE
@@ -783,7 +783,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=float, default=3.0, help="unmeasured seconds first")
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--profile", default="a100-qwen2-7b", help="emulated engine's profile")
-    parser.add_argument("--policy", default="vllm-fcfs", help="emulated engine's policy")
+    parser.add_argument("--policy", default="vllm-v1", help="emulated engine's policy")
     parser.add_argument(
         "--time-scale",
         type=float,

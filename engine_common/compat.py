@@ -22,6 +22,8 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from priority.policies.base import AdmissionRule
+
 SCHEDULER_MODULE = "vllm.v1.core.sched.scheduler"
 ASYNC_SCHEDULER_MODULE = "vllm.v1.core.sched.async_scheduler"
 
@@ -102,6 +104,14 @@ def admission_blocks(scheduler: Any, request: Any, tokens: int) -> int:
         tokens_needed = max(tokens, request.num_tokens)
     watermark = int(getattr(scheduler.kv_cache_manager, "watermark_blocks", 0))
     return -(-tokens_needed // block_size) + watermark
+
+
+def admission_rule(scheduler: Any) -> AdmissionRule:
+    """vLLM's rule for admitting a waiting request (see :func:`admission_blocks`)."""
+    return AdmissionRule(
+        full_sequence=bool(getattr(scheduler, "scheduler_reserve_full_isl", False)),
+        watermark_blocks=int(getattr(scheduler.kv_cache_manager, "watermark_blocks", 0)),
+    )
 
 
 def preempt(scheduler: Any, request: Any) -> None:

@@ -23,9 +23,11 @@ tokens each computes and whom to preempt. The hooks, all as thin as vLLM allows:
    the waiting loop, which is exactly where the planned admissions end).
 
 vLLM admits a waiting request only if its whole current sequence fits in the free blocks
-(``scheduler_reserve_full_isl``, on by default), stricter than the policy's per-chunk check, and
-stops admitting at the first refusal; the adapter replays that check on the plan and re-plans
-without a request vLLM would refuse, so such a plan is never handed to vLLM. A policy may thus
+(``scheduler_reserve_full_isl``, on by default) and stops admitting at the first refusal. The
+rule reaches the policy in :class:`EngineLimits` (``admission``), and :class:`BatchBuilder` plans
+within it, so a plan is not refused; as a safety net for a policy that plans otherwise, the
+adapter replays vLLM's check on the plan and re-plans without a request vLLM would refuse
+(counted in ``PolicyDriver.replans``). A policy may thus
 plan one step several times: only the plan that ran reaches its ``on_step_end`` (once per
 executed step), and policies commit their state there, never in ``schedule()``.
 
@@ -83,6 +85,11 @@ class PolicyDriver:
         self.token_budget = min(
             int(scheduler.max_num_scheduled_tokens), int(config.max_num_batched_tokens)
         )
+        self.admission = compat.admission_rule(scheduler)
+        """vLLM's admission rule, planned within so that a plan is not refused."""
+        self.replans = 0
+        """Plans redone because vLLM would have refused an admission (policies that plan
+        through :class:`BatchBuilder` never need one)."""
         self.state = PolicyState()
         self.timer: StepTimer[StepPlan | None] = StepTimer()
         self._views: dict[str, Request] = {}
@@ -116,12 +123,13 @@ class PolicyDriver:
                 continue
             running.append(view)
         running.sort(key=lambda v: self._admitted.get(v.request_id, -1))
+        # in vLLM's queue order (new requests appended, preempted ones put back at the front),
+        # as the simulator keeps its queue; a policy that wants another order sorts
         waiting = [
             self._view(req, running=False)
             for req in s.waiting
             if not compat.is_blocked(s, req) and not compat.holds_kv(s, req)
         ]
-        waiting.sort(key=lambda v: (v.arrival_s, self._first_seen[v.request_id]))
         if not running and not waiting:
             return  # nothing for the policy: vLLM's own behaviour
         if self._stalled:
@@ -138,6 +146,7 @@ class PolicyDriver:
             max_num_seqs=max(slots, len(running)),
             block_size=int(s.block_size),
             num_free_blocks=compat.num_free_blocks(s),
+            admission=self.admission,
         )
         candidates = waiting
         for _ in range(len(waiting) + 1):
@@ -146,6 +155,7 @@ class PolicyDriver:
             if refused is None:
                 break
             # vLLM would refuse this admission and stop admitting there: plan without it
+            self.replans += 1
             candidates = [v for v in candidates if v.request_id != refused]
         self._plan = plan
         self._steps += 1

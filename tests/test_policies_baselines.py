@@ -155,7 +155,7 @@ def test_vllm_fcfs_runs_a_prefill_only_step_with_head_of_line_admission() -> Non
         waiting("A", arrival=1.0, prompt=60),
         waiting("B", arrival=2.0, prompt=50),
     ]
-    plan = make_policy("vllm-fcfs", estimator()).schedule(state(running, queued, budget=100))
+    plan = make_policy("vllm-v0-fcfs", estimator()).schedule(state(running, queued, budget=100))
     # A fits whole; B (50) does not fit the 40 left, and C may not overtake it. No decodes.
     assert ids(plan) == ["A"]
     assert tokens(plan) == {"A": 60}
@@ -166,7 +166,7 @@ def test_vllm_fcfs_decodes_in_arrival_order_when_no_prompt_fits() -> None:
     running = [decoding("late", arrival=1.0), decoding("early", arrival=0.5)]
     # The prompt needs 7 blocks, 3 are free; the decodes need none (their blocks have room).
     inp = state(running, [waiting("W", prompt=100)], free=3)
-    plan = make_policy("vllm-fcfs", estimator()).schedule(inp)
+    plan = make_policy("vllm-v0-fcfs", estimator()).schedule(inp)
     assert ids(plan) == ["early", "late"]
     assert set(tokens(plan).values()) == {1}
     assert not plan.repeatable  # something waits
@@ -179,7 +179,7 @@ def test_vllm_fcfs_preempts_the_latest_arrival_on_kv_shortage() -> None:
         at_block_boundary("newest", arrival=3.0),
         at_block_boundary("mid", arrival=1.0),
     ]
-    plan = make_policy("vllm-fcfs", estimator()).schedule(state(running, [], free=1))
+    plan = make_policy("vllm-v0-fcfs", estimator()).schedule(state(running, [], free=1))
     # "old" takes the free block; "mid" needs one: "newest" frees 7, enough for "new" too.
     assert ids(plan) == ["old", "mid", "new"]
     assert [r.request_id for r in plan.preempted] == ["newest"]
@@ -187,12 +187,12 @@ def test_vllm_fcfs_preempts_the_latest_arrival_on_kv_shortage() -> None:
 
 def test_vllm_fcfs_chunks_a_prompt_longer_than_the_budget_alone() -> None:
     queued = [waiting("long", arrival=0.0, prompt=300), waiting("short", arrival=1.0, prompt=8)]
-    plan = make_policy("vllm-fcfs", estimator()).schedule(state([], queued, budget=128))
+    plan = make_policy("vllm-v0-fcfs", estimator()).schedule(state([], queued, budget=128))
     assert tokens(plan) == {"long": 128}
 
 
 def test_vllm_fcfs_all_decode_step_is_repeatable() -> None:
-    plan = make_policy("vllm-fcfs", estimator()).schedule(
+    plan = make_policy("vllm-v0-fcfs", estimator()).schedule(
         state([decoding("D1"), decoding("D2", arrival=1.0)], [])
     )
     assert plan.repeatable

@@ -47,7 +47,7 @@ def run_fig3(policy: str) -> dict[str, Request]:
 
 
 def test_fig3_prefill_first_breaks_the_running_decodes() -> None:
-    done = run_fig3("vllm-fcfs")
+    done = run_fig3("vllm-v0-fcfs")
     # the burst's prompts run as whole prefill-only batches: the 3 running streams stall
     for rid in ("d1", "d2", "d3"):
         assert mean_tpot_s(done[rid].token_times) > 1.0
@@ -72,7 +72,7 @@ def on_time_first_tokens(done: dict[str, Request]) -> int:
 
 def test_fig3_slide_balances_both_stages() -> None:
     slide, prefill_first, decode_first = (
-        run_fig3(p) for p in ("slide", "vllm-fcfs", "sarathi-fcfs")
+        run_fig3(p) for p in ("slide", "vllm-v0-fcfs", "vllm-v1", "sarathi-fcfs")
     )
     # SlideBatching serves 3 of the 4 new prompts in time (SLOs-Serve's outcome) where
     # decode-first manages 2 ...
@@ -106,7 +106,7 @@ def test_every_policy_drains_a_real_trace_with_preemption(policy: str) -> None:
     for r in servable:
         assert r.num_output_tokens == r.target_output_tokens
         assert all(a < b for a, b in zip(r.token_times, r.token_times[1:], strict=False))
-    assert sum(s.preemptions for s in run.instances) > 0 or policy == "vllm-fcfs"
+    assert sum(s.preemptions for s in run.instances) > 0 or policy == "vllm-v0-fcfs"
 
 
 @pytest.mark.parametrize("policy", ["slide", "sarathi-priority"])

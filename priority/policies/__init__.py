@@ -18,8 +18,9 @@ from priority.policies.base import (
 )
 
 _REGISTRY: dict[str, str] = {
-    "vllm-fcfs": "priority.policies.vllm:VllmFcfsPolicy",
-    "vllm-priority": "priority.policies.vllm:VllmPriorityPolicy",
+    "vllm-v1": "priority.policies.vllm:VllmV1Policy",
+    "vllm-v1-priority": "priority.policies.vllm:VllmV1PriorityPolicy",
+    "vllm-v0-fcfs": "priority.policies.vllm:VllmV0FcfsPolicy",
     "sarathi-fcfs": "priority.policies.sarathi:SarathiFcfsPolicy",
     "sarathi-priority": "priority.policies.sarathi:SarathiPriorityPolicy",
     "fairbatching": "priority.policies.fairbatching:FairBatchingPolicy",
@@ -31,11 +32,19 @@ _REGISTRY: dict[str, str] = {
 
 POLICY_NAMES: tuple[str, ...] = tuple(_REGISTRY)
 
+RENAMED: dict[str, str] = {
+    "vllm-fcfs": "vllm-v0-fcfs",  # it schedules like vLLM V0, not the V1 users run
+    "vllm-priority": "vllm-v1-priority",  # now the exact V1 priority scheduler
+}
+"""Old names, refused with a pointer to the new one (a silent alias would hide the change)."""
+
 
 def policy_class(name: str) -> type[SchedulingPolicy]:
     try:
         target = _REGISTRY[name]
     except KeyError:
+        if name in RENAMED:
+            raise KeyError(f"policy {name!r} is now {RENAMED[name]!r}") from None
         raise KeyError(
             f"unknown policy {name!r}; known policies: {', '.join(POLICY_NAMES)}"
         ) from None

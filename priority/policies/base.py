@@ -13,9 +13,19 @@ Semantics the executors implement:
 * a preempted request frees all its KV and recomputes from scratch later (vLLM's recompute);
 * a scheduled waiting request is admitted (becomes running).
 
-:class:`BatchBuilder` enforces the limits (token budget, max sequences, free KV blocks and,
-optionally, a latency budget through the shared estimator) so every policy respects them the
-same way and none can exceed them.
+:class:`BatchBuilder` enforces the limits (token budget, max sequences, free KV blocks, the
+engine's admission rule and, optionally, a latency budget through the shared estimator) so every
+policy respects them the same way and none can exceed them.
+
+**The admission rule.** vLLM (0.23 and 0.33, ``scheduler_reserve_full_isl``, on by default)
+admits a waiting request only if blocks for its *whole current sequence* (prompt plus the output
+it already has: a preempted request resumes only when all of it fits again), plus 0.33's
+watermark, are free at the moment its admission is checked — after the running requests took
+their blocks for the step and after the earlier admissions of the step took theirs. A plan that
+ignores the rule is refused by the real engine, so the rule is part of the limits
+(:class:`AdmissionRule`) and the builder plans within it: an admission is checked against the
+free blocks at that point, and a running request added *after* an admission may take only what
+leaves every earlier admission's check true (the builder keeps the smallest such slack).
 """
 
 from __future__ import annotations
@@ -37,6 +47,31 @@ def cdiv(a: int, b: int) -> int:
 
 
 @dataclass(frozen=True, slots=True)
+class AdmissionRule:
+    """When the engine admits a waiting request (new, or preempted and resuming)."""
+
+    full_sequence: bool = False
+    """vLLM's ``scheduler_reserve_full_isl``: the whole current sequence must fit, not just the
+    first chunk. False: per-chunk admission (an idealised engine; the simulator's old rule)."""
+    watermark_blocks: int = 0
+    """Blocks an admission must leave free while any request holds KV (vLLM 0.33's
+    ``--watermark`` x the pool's blocks; 0 by default and in 0.23)."""
+
+    def blocks(self, request: Request, block_size: int) -> int:
+        """Free blocks needed to admit ``request``, whatever its first chunk (full-sequence
+        rule; the per-chunk rule checks the chunk in :meth:`BatchBuilder.grantable`)."""
+        if not self.full_sequence:
+            return 0
+        return cdiv(request.num_tokens, block_size)
+
+
+PER_CHUNK_ADMISSION = AdmissionRule(full_sequence=False)
+"""Admit on the first chunk's blocks alone (no real engine does this; kept for comparisons)."""
+VLLM_ADMISSION = AdmissionRule(full_sequence=True)
+"""vLLM 0.23 / 0.33 defaults: whole current sequence must fit, no watermark."""
+
+
+@dataclass(frozen=True, slots=True)
 class EngineLimits:
     """Per-step limits of one engine instance (vLLM's names)."""
 
@@ -48,6 +83,8 @@ class EngineLimits:
     """Tokens per KV block."""
     num_free_blocks: int
     """Free KV blocks before this step's allocations."""
+    admission: AdmissionRule = PER_CHUNK_ADMISSION
+    """The engine's admission rule (executors pass theirs; see the module docstring)."""
 
 
 @dataclass(slots=True)
@@ -105,6 +142,8 @@ class BatchBuilder:
 
     __slots__ = (
         "_scheduled_ids",
+        "admission",
+        "admission_slack",
         "block_size",
         "estimator",
         "free_blocks",
@@ -131,6 +170,10 @@ class BatchBuilder:
         self.num_seqs = len(inp.running)
         self.block_size = limits.block_size
         self.free_blocks = limits.num_free_blocks
+        self.admission = limits.admission
+        self.admission_slack: int | None = None
+        """Blocks running requests may still take without failing an earlier admission's check
+        (None: nothing admitted yet)."""
         self.estimator = estimator
         self.time_budget_s = time_budget_s
         self.time_used_s = estimator.t_c if (estimator is not None and time_budget_s) else 0.0
@@ -155,9 +198,31 @@ class BatchBuilder:
         total = cdiv(request.num_computed_tokens + tokens, self.block_size)
         return max(0, total - request.num_kv_blocks)
 
+    @property
+    def usable_blocks(self) -> int:
+        """Free blocks a *running* request may take now (see :attr:`admission_slack`)."""
+        if self.admission_slack is None:
+            return self.free_blocks
+        return min(self.free_blocks, self.admission_slack)
+
+    def admission_blocks(self, request: Request) -> int:
+        """Free blocks the engine requires to admit the waiting ``request`` now (beyond its
+        first chunk's, which :meth:`kv_fit_tokens` checks)."""
+        rule = self.admission
+        watermark = rule.watermark_blocks if self.num_seqs > 0 else 0
+        return rule.blocks(request, self.block_size) + watermark
+
     def kv_fit_tokens(self, request: Request) -> int:
-        """How many more tokens' KV fit in the request's blocks plus the free blocks."""
-        capacity = (request.num_kv_blocks + self.free_blocks) * self.block_size
+        """How many more tokens' KV fit in the request's blocks plus the blocks it may take
+        (a waiting request: 0 unless the admission rule lets it in)."""
+        if request.num_kv_blocks == 0:
+            required = self.admission_blocks(request)
+            if required > self.free_blocks:
+                return 0
+            free = self.free_blocks - (self.admission.watermark_blocks if self.num_seqs else 0)
+        else:
+            free = self.usable_blocks
+        capacity = (request.num_kv_blocks + free) * self.block_size
         return capacity - request.num_computed_tokens
 
     def grantable(self, request: Request, want: int) -> int:
@@ -230,13 +295,13 @@ class BatchBuilder:
         if n <= 0:
             return 0
         blocks = np.cumsum(new_block[:n])
-        fits = blocks <= self.free_blocks
+        fits = blocks <= self.usable_blocks
         if self.time_budget_s is not None:
             fits &= self.time_used_s + np.cumsum(decode_s[:n]) <= self.time_budget_s
         count = n if fits.all() else int(np.argmin(fits))
         if count == 0:
             return 0
-        self.free_blocks -= int(blocks[count - 1])
+        self._take_blocks(int(blocks[count - 1]), running=True)
         self.tokens_left -= count
         if self.time_budget_s is not None:
             self.time_used_s += float(decode_s[:count].sum())
@@ -246,11 +311,25 @@ class BatchBuilder:
         self._scheduled_ids.update(r.request_id for r in requests[:count])
         return count
 
+    def _take_blocks(self, blocks: int, *, running: bool) -> None:
+        self.free_blocks -= blocks
+        if running and self.admission_slack is not None:
+            self.admission_slack -= blocks
+
     def _commit(self, request: Request, tokens: int) -> None:
-        self.free_blocks -= self.blocks_needed(request, tokens)
-        self.tokens_left -= tokens
+        blocks = self.blocks_needed(request, tokens)
         if request.num_kv_blocks == 0:
+            # the engine checks this admission after every running allocation of the step
+            watermark = self.admission.watermark_blocks if self.num_seqs > 0 else 0
+            required = max(self.admission.blocks(request, self.block_size), blocks) + watermark
+            slack = self.free_blocks - required
+            if self.admission_slack is None or slack < self.admission_slack:
+                self.admission_slack = slack
+            self._take_blocks(blocks, running=False)
             self.num_seqs += 1
+        else:
+            self._take_blocks(blocks, running=True)
+        self.tokens_left -= tokens
         if self.estimator is not None and self.time_budget_s is not None:
             self.time_used_s += self.estimator.request_time(tokens, request.num_computed_tokens)
         self._scheduled_ids.add(request.request_id)
@@ -262,7 +341,10 @@ class BatchBuilder:
             raise ValueError(f"{request.request_id} holds no KV and cannot be preempted")
         if request.request_id in self._scheduled_ids:
             raise ValueError(f"{request.request_id} is already scheduled this step")
+        # preemptions happen before any allocation of the step: every admission sees them
         self.free_blocks += request.num_kv_blocks
+        if self.admission_slack is not None:
+            self.admission_slack += request.num_kv_blocks
         self.num_seqs -= 1
         self._scheduled_ids.add(request.request_id)  # never schedule it again this step
         self.plan.preempted.append(request)

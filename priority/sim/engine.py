@@ -38,6 +38,7 @@ from priority.profiles import Profile
 from priority.request import Request, RequestStatus
 from priority.routing.base import InstanceRole
 from priority.sim.kv import KvBlockPool
+from priority.sim.rules import DEFAULT_ENGINE_RULES, EngineRules
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -126,6 +127,7 @@ class EngineCore:
         role: InstanceRole = InstanceRole.COLOCATED,
         fast_forward: bool = True,
         max_fast_forward_steps: int = DEFAULT_MAX_FAST_FORWARD_STEPS,
+        rules: EngineRules = DEFAULT_ENGINE_RULES,
     ) -> None:
         if noise_sigma < 0 or not math.isfinite(noise_sigma):
             raise ValueError(f"noise_sigma must be finite and >= 0, got {noise_sigma}")
@@ -139,11 +141,14 @@ class EngineCore:
         self.role = role
         self.fast_forward = fast_forward
         self.max_fast_forward_steps = max_fast_forward_steps
+        self.rules = rules
         cfg = profile.engine
         self.pool = KvBlockPool(cfg.num_kv_blocks, cfg.block_size)
         self.running: list[Request] = []
         self.waiting: list[Request] = []
-        """Requests holding no KV, in arrival order (new and preempted alike)."""
+        """Requests holding no KV, in the engine's queue order: new ones in arrival order;
+        preempted ones at the front when ``rules.preempted_to_front`` (vLLM), else in arrival
+        order too."""
         self.landing: deque[Request] = deque()
         """Decode-role engines: transferred requests waiting for KV blocks, FIFO."""
         self.rejected: list[Request] = []
@@ -254,6 +259,7 @@ class EngineCore:
                 max_num_seqs=cfg.max_num_seqs,
                 block_size=cfg.block_size,
                 num_free_blocks=self.pool.free,
+                admission=self.rules.admission,
             ),
         )
         plan = self.policy.schedule(inp)
@@ -506,7 +512,10 @@ class EngineCore:
             request.status = RequestStatus.WAITING
             request.num_preemptions += 1
             request.tokens_since_resume = 0
-            insort(self.waiting, request, key=_arrival_key)
+            if self.rules.preempted_to_front:
+                self.waiting.insert(0, request)  # vLLM's prepend_request, one victim at a time
+            else:
+                insort(self.waiting, request, key=_arrival_key)
         self.stats.preemptions += len(plan.preempted)
 
     def _validate(self, plan: StepPlan, inp: SchedulerInput) -> None:
@@ -557,6 +566,32 @@ class EngineCore:
             raise PolicyViolation(
                 f"{self.name}: plan needs {needed} KV blocks, {self.pool.free + freed} available"
             )
+        if admitted:
+            self._validate_admissions(plan, waiting, self.pool.free + freed)
+
+    def _validate_admissions(self, plan: StepPlan, waiting: set[int], free: int) -> None:
+        """The engine's own admission check, in its order: preemptions, then every running
+        allocation, then each admission in plan order against what is left."""
+        bs = self.pool.block_size
+        rule = self.rules.admission
+        admissions = []
+        for request, tokens in plan.scheduled:
+            blocks = -(-(request.num_computed_tokens + tokens) // bs)
+            if id(request) in waiting:
+                admissions.append((request, blocks))
+            else:
+                free -= max(0, blocks - request.num_kv_blocks)
+        seats = len(self.running) - len(plan.preempted)
+        for request, blocks in admissions:
+            watermark = rule.watermark_blocks if seats > 0 else 0
+            required = max(rule.blocks(request, bs), blocks) + watermark
+            if required > free:
+                raise PolicyViolation(
+                    f"{self.name}: the engine would refuse to admit {request.request_id} "
+                    f"({required} blocks required, {free} free at its admission check)"
+                )
+            free -= blocks
+            seats += 1
 
 
 def _prefill_time(c: LatencyCoefficients, l_q: int, l_kv: int) -> float:

@@ -47,7 +47,7 @@ def test_settings_defaults_and_overrides() -> None:
 @pytest.mark.parametrize(
     ("env", "message"),
     [
-        ({"TIERGATE_POLICY": "fifo"}, "known: vllm-fcfs"),
+        ({"TIERGATE_POLICY": "fifo"}, "known: vllm-v1"),
         ({"TIERGATE_POLICY": "sjf"}, "only exist in simulation"),
         ({"TIERGATE_PROFILE": "tpu-v9"}, "shipped profiles: .*910b-qwen2-7b"),
         ({"TIERGATE_POLICY_PARAMS": "[1]"}, "JSON object"),

@@ -19,7 +19,13 @@ import pytest
 
 from priority.estimator import BatchLatencyEstimator
 from priority.policies import POLICY_NAMES, SchedulingPolicy, make_policy
-from priority.policies.base import EngineLimits, SchedulerInput, StepPlan, cdiv
+from priority.policies.base import (
+    PER_CHUNK_ADMISSION,
+    EngineLimits,
+    SchedulerInput,
+    StepPlan,
+    cdiv,
+)
 from priority.profiles import load_profile
 from priority.request import SLO, Request, RequestStatus
 
@@ -214,9 +220,10 @@ def test_replanning_without_a_refused_request_equals_planning_once(name: str, se
 def test_adapter_reports_only_the_executed_plan(
     tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A prompt whose whole sequence cannot fit the free blocks is refused by vLLM while the
-    policy's per-chunk check admits it: the adapter re-plans, and ``on_step_end`` sees exactly
-    the plans that ran, once each, in order."""
+    """A prompt whose whole sequence cannot fit the free blocks is refused by vLLM while a
+    policy planning with per-chunk admission admits it (the adapter hands policies vLLM's rule;
+    here it is withheld to exercise the safety net): the adapter re-plans, and ``on_step_end``
+    sees exactly the plans that ran, once each, in order."""
     harness = pytest.importorskip("vllm_harness")
     from engine_cuda.scheduler import TiergateScheduler
 
@@ -227,6 +234,7 @@ def test_adapter_reports_only_the_executed_plan(
     )
     scheduler = harness.make_scheduler(TiergateScheduler, config)
     scheduler.tiergate.clock = clock
+    scheduler.tiergate.admission = PER_CHUNK_ADMISSION
     p = scheduler.tiergate.policy
     made: list[StepPlan] = []
     ended: list[StepPlan] = []
@@ -266,3 +274,4 @@ def test_adapter_reports_only_the_executed_plan(
     first_small = next(k for k, batch in enumerate(trace.batches) if "small" in batch)
     assert all("too-long" not in batch for batch in trace.batches[: first_small + 1])
     assert scheduler.tiergate.state.plan_deviations == 0
+    assert scheduler.tiergate.replans == len(made) - len(ran)

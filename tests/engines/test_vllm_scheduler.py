@@ -95,7 +95,7 @@ def test_ascend_defaults_to_910b_profile(
 @pytest.mark.parametrize(
     ("name", "value", "message"),
     [
-        ("TIERGATE_POLICY", "nope", "known: vllm-fcfs"),
+        ("TIERGATE_POLICY", "nope", "known: vllm-v1"),
         ("TIERGATE_PROFILE", "no-such-gpu", "shipped profiles"),
         ("TIERGATE_POLICY_PARAMS", '{"gama": 1}', "POLICY_PARAMS"),
     ],

@@ -90,8 +90,8 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     factory = make_session_factory(engine)
     keys = _seed(factory)
     specs = [
-        EngineSpec("a100-qwen2-7b", "vllm-priority", MODEL),
-        EngineSpec("910b-qwen2-7b", "vllm-priority", MODEL),
+        EngineSpec("a100-qwen2-7b", "vllm-v1-priority", MODEL),
+        EngineSpec("910b-qwen2-7b", "vllm-v1-priority", MODEL),
     ]
     settings = Settings(
         database_url=url, secret=SecretStr(SECRET), data_dir=root, redis_url=None,

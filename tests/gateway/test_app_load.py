@@ -61,8 +61,8 @@ def _tenant_key(
 @pytest.fixture(scope="module")
 def engines() -> Iterator[list[RunningEngine]]:
     specs = [
-        EngineSpec("a100-qwen2-7b", "vllm-priority", MODEL),
-        EngineSpec("910b-qwen2-7b", "vllm-priority", MODEL),
+        EngineSpec("a100-qwen2-7b", "vllm-v1-priority", MODEL),
+        EngineSpec("910b-qwen2-7b", "vllm-v1-priority", MODEL),
     ]
     with EngineThread(specs) as running:
         yield running
@@ -163,8 +163,8 @@ def test_failover_when_a_backend_dies(factory: sessionmaker[Session], tmp_path: 
     request must still succeed via engine-1, and the failures are counted."""
     key = _tenant_key(factory, "survivor")
     specs = [
-        EngineSpec("a100-qwen2-7b", "vllm-priority", MODEL),
-        EngineSpec("910b-qwen2-7b", "vllm-priority", MODEL),
+        EngineSpec("a100-qwen2-7b", "vllm-v1-priority", MODEL),
+        EngineSpec("910b-qwen2-7b", "vllm-v1-priority", MODEL),
     ]
     thread = EngineThread(specs)
     engines = thread.start()
@@ -195,8 +195,8 @@ def test_open_breaker_takes_a_dead_backend_out_of_routing(
     factory: sessionmaker[Session], tmp_path: Path
 ) -> None:
     key = _tenant_key(factory, "watcher")
-    thread = EngineThread([EngineSpec("a100-qwen2-7b", "vllm-priority", MODEL),
-                           EngineSpec("910b-qwen2-7b", "vllm-priority", MODEL)])  # fmt: skip
+    thread = EngineThread([EngineSpec("a100-qwen2-7b", "vllm-v1-priority", MODEL),
+                           EngineSpec("910b-qwen2-7b", "vllm-v1-priority", MODEL)])  # fmt: skip
     engines = thread.start()
     try:
         with _gateway(factory, engines, tmp_path, scrape_interval_s=0.05,

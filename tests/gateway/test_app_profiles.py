@@ -43,7 +43,7 @@ def test_gateway_routes_to_a_backend_on_a_stored_profile(tmp_path: Path) -> None
     settings = Settings(
         database_url=url, secret=SecretStr(SECRET), data_dir=tmp_path, redis_url=None
     )
-    with EngineThread([EngineSpec(profile, "vllm-priority", MODEL)]) as engines:
+    with EngineThread([EngineSpec(profile, "vllm-v1-priority", MODEL)]) as engines:
         with factory.begin() as s:
             seed_defaults(s)
             crud.create_tenant(s, actor="test", name="acme", tier="standard")

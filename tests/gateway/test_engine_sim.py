@@ -69,14 +69,14 @@ def tiny_profile(*, max_num_seqs: int = 256, num_kv_blocks: int = 512) -> Profil
 
 SPECS = {
     "main": EngineSpec("a100-qwen2-7b", "slide", "qwen-test", max_model_len=4096),
-    "burst": EngineSpec(tiny_profile(max_num_seqs=2), "vllm-priority", "burst"),
+    "burst": EngineSpec(tiny_profile(max_num_seqs=2), "vllm-v1-priority", "burst"),
     "slide": EngineSpec(
         tiny_profile(max_num_seqs=2),
         "slide",
         "slide",
         policy_params={"starvation_prevention": False},
     ),
-    "abort": EngineSpec(tiny_profile(), "vllm-priority", "abort"),
+    "abort": EngineSpec(tiny_profile(), "vllm-v1-priority", "abort"),
     "load": EngineSpec(tiny_profile(num_kv_blocks=4096), "slide", "load"),
     "fast": EngineSpec(tiny_profile(), "slide", "fast", time_scale=25.0),
 }
@@ -239,7 +239,7 @@ def test_models_card_says_emulated(main: RunningEngine) -> None:
 
 
 def test_engines_side_by_side_get_their_own_ports(engines: dict[str, RunningEngine]) -> None:
-    spec = EngineSpec(tiny_profile(), "vllm-fcfs", "qwen-test")  # the same model name as "main"
+    spec = EngineSpec(tiny_profile(), "vllm-v0-fcfs", "qwen-test")  # the same model name as "main"
     with EngineThread([spec, spec]) as more:
         ports = {e.port for e in [*engines.values(), *more]}
         assert len(ports) == len(engines) + 2
@@ -248,7 +248,7 @@ def test_engines_side_by_side_get_their_own_ports(engines: dict[str, RunningEngi
             assert reply.usage is not None and reply.usage.completion_tokens == 2
             assert (
                 httpx.get(f"{engine.base_url}/models").json()["data"][0]["tiergate"]["policy"]
-                == "vllm-fcfs"
+                == "vllm-v0-fcfs"
             )
 
 
@@ -538,7 +538,7 @@ def test_token_times_follow_the_profile_and_never_run_ahead() -> None:
     c = profile.coefficients
 
     async def run() -> tuple[Request, float, float]:
-        core = EngineCore(profile, make_policy("vllm-priority", profile.estimator()))
+        core = EngineCore(profile, make_policy("vllm-v1-priority", profile.estimator()))
         engine = WallClockEngine(core)
         request = _request("a", engine.now(), 64, 40)
         started = time.monotonic()
@@ -565,7 +565,7 @@ def test_arrival_interrupts_a_fast_forwarded_run() -> None:
     profile = tiny_profile()
 
     async def run() -> tuple[Request, Request, int]:
-        core = EngineCore(profile, make_policy("vllm-priority", profile.estimator()))
+        core = EngineCore(profile, make_policy("vllm-v1-priority", profile.estimator()))
         engine = WallClockEngine(core)
         long = _request("long", engine.now(), 32, 400)  # ~3.3 s of decode steps
         long_stream = engine.submit(long, "length")
