@@ -12,9 +12,10 @@ weights 2/1; SLOs-Serve's loose SLOs), drawn from ``--seed``.
 
 **Capacity** (the 1x load) is measured per (trace, cluster), independently of the policies
 compared: SLOs-Serve's serving capacity, the highest rate at which the default engine
-(``vllm-fcfs``; ``min-load`` routing on a cluster) keeps SLO attainment >= 90%, found by
-bisection on the rate. Some traces make 90% unreachable even on an idle engine (Azure code
-arrives in same-millisecond bursts of long prompts whose prefills stall each other's decodes),
+(``vllm-v1``, what vLLM 0.33 schedules; ``min-load`` routing on a cluster) keeps SLO attainment
+>= 90%, found by bisection on the rate. Some traces make 90% unreachable even on an idle engine
+(Azure code arrives in same-millisecond bursts of long prompts whose prefills stall each other's
+decodes),
 so the target is 90% *of the attainment near zero load* — measured at 5% of the engine's
 sequential service rate. Where the idle engine attains ~100%, this is SLOs-Serve's definition.
 
@@ -53,10 +54,10 @@ DEFAULT_TRACES = ("azure_conv", "azure_code")
 DEFAULT_PROFILES = ("a100-qwen2-7b", "910b-qwen2-7b")
 DEFAULT_LOADS = (0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0)
 DEFAULT_CLUSTER = ("a100-qwen2-7b", "910b-qwen2-7b", "a100-qwen2-7b", "910b-qwen2-7b")
-FALLBACK_BASELINES = ("vllm-priority", "sarathi-priority")
+FALLBACK_BASELINES = ("vllm-v1-priority", "sarathi-priority")
 
 TARGET_POLICY = "slide"
-CAPACITY_POLICY = "vllm-fcfs"
+CAPACITY_POLICY = "vllm-v1"
 CAPACITY_ROUTER = "min-load"
 ATTAINMENT_TARGET = 0.9
 IDLE_UTILIZATION = 0.05
@@ -138,7 +139,7 @@ def attainment_at(segment: Trace, config: ClusterConfig, rps: float, seed: int) 
 def find_capacity(
     segment: Trace, config: ClusterConfig, *, seed: int, rel_tol: float = 0.05
 ) -> Capacity:
-    """Bisect the rate at which ``vllm-fcfs`` drops below 90% of its near-idle SLO attainment.
+    """Bisect the rate at which ``vllm-v1`` drops below 90% of its near-idle SLO attainment.
 
     The bracket grows by doubling from the idle rate, then closes geometrically until
     ``hi / lo <= 1 + rel_tol``. Attainment is assumed to fall with load (it does, up to noise,

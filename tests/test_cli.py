@@ -58,7 +58,7 @@ def run_json(tmp_path: Path, *extra: str) -> list[dict[str, object]]:
 
 
 def test_json_schema_and_shared_workload(tmp_path: Path) -> None:
-    results = run_json(tmp_path, "--policy", "vllm-fcfs,slide", "--rate-scale", "1.5")
+    results = run_json(tmp_path, "--policy", "vllm-v0-fcfs,slide", "--rate-scale", "1.5")
     assert [r["policy"] for r in results] == ["vllm-v0-fcfs", "slide"]
     for r in results:
         assert set(r) >= RESULT_KEYS

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from priority.estimator import BatchLatencyEstimator, LatencyCoefficients
 from priority.policies import make_policy
-from priority.policies.base import EngineLimits, SchedulerInput, SchedulingPolicy, StepPlan, cdiv
+from priority.policies.base import (
+    VLLM_ADMISSION,
+    EngineLimits,
+    SchedulerInput,
+    SchedulingPolicy,
+    StepPlan,
+    cdiv,
+)
 from priority.policies.fairbatching import FairBatchingPolicy
 from priority.policies.sarathi import SarathiFcfsPolicy
 from priority.policies.sjf import OracleLengths, RoundRobinSjfPolicy, SjfPolicy
@@ -148,7 +157,7 @@ class Engine:
 # ---- vLLM FCFS: prefill-first ---------------------------------------------------------------
 
 
-def test_vllm_fcfs_runs_a_prefill_only_step_with_head_of_line_admission() -> None:
+def test_vllm_v0_fcfs_runs_a_prefill_only_step_with_head_of_line_admission() -> None:
     running = [decoding("D1", arrival=1.0), decoding("D2", arrival=0.5)]
     queued = [
         waiting("C", arrival=3.0, prompt=10),
@@ -162,7 +171,7 @@ def test_vllm_fcfs_runs_a_prefill_only_step_with_head_of_line_admission() -> Non
     assert not plan.preempted
 
 
-def test_vllm_fcfs_decodes_in_arrival_order_when_no_prompt_fits() -> None:
+def test_vllm_v0_fcfs_decodes_in_arrival_order_when_no_prompt_fits() -> None:
     running = [decoding("late", arrival=1.0), decoding("early", arrival=0.5)]
     # The prompt needs 7 blocks, 3 are free; the decodes need none (their blocks have room).
     inp = state(running, [waiting("W", prompt=100)], free=3)
@@ -172,7 +181,7 @@ def test_vllm_fcfs_decodes_in_arrival_order_when_no_prompt_fits() -> None:
     assert not plan.repeatable  # something waits
 
 
-def test_vllm_fcfs_preempts_the_latest_arrival_on_kv_shortage() -> None:
+def test_vllm_v0_fcfs_preempts_the_latest_arrival_on_kv_shortage() -> None:
     running = [
         at_block_boundary("new", arrival=2.0),
         at_block_boundary("old", arrival=0.0),
@@ -185,54 +194,102 @@ def test_vllm_fcfs_preempts_the_latest_arrival_on_kv_shortage() -> None:
     assert [r.request_id for r in plan.preempted] == ["newest"]
 
 
-def test_vllm_fcfs_chunks_a_prompt_longer_than_the_budget_alone() -> None:
+def test_vllm_v0_fcfs_chunks_a_prompt_longer_than_the_budget_alone() -> None:
     queued = [waiting("long", arrival=0.0, prompt=300), waiting("short", arrival=1.0, prompt=8)]
     plan = make_policy("vllm-v0-fcfs", estimator()).schedule(state([], queued, budget=128))
     assert tokens(plan) == {"long": 128}
 
 
-def test_vllm_fcfs_all_decode_step_is_repeatable() -> None:
+def test_vllm_v0_fcfs_all_decode_step_is_repeatable() -> None:
     plan = make_policy("vllm-v0-fcfs", estimator()).schedule(
         state([decoding("D1"), decoding("D2", arrival=1.0)], [])
     )
     assert plan.repeatable
 
 
-# ---- vLLM priority (V1 scheduler) -------------------------------------------------------------
+# ---- vLLM V1 (what users run): engine order, chunked prefill, whole-sequence admission --------
 
 
-def test_vllm_priority_serves_running_then_waiting_by_weight_then_arrival() -> None:
+def v1_state(running: list[Request], queued: list[Request], **kw: object) -> SchedulerInput:
+    inp = state(running, queued, **kw)  # type: ignore[arg-type]
+    inp.limits = dataclasses.replace(inp.limits, admission=VLLM_ADMISSION)
+    return inp
+
+
+def test_vllm_v1_continues_running_in_engine_order_then_admits_in_queue_order() -> None:
     running = [
-        prefilling("low", arrival=0.0, prompt=200, left=100, weight=1.0),
-        prefilling("high", arrival=5.0, prompt=200, left=100, weight=2.0),
-    ]
-    plan = make_policy("vllm-priority", estimator()).schedule(state(running, [], budget=150))
-    assert ids(plan) == ["high", "low"]
-    assert tokens(plan) == {"high": 100, "low": 50}
+        prefilling("second", arrival=0.0, prompt=200, left=100),
+        prefilling("first", arrival=5.0, prompt=200, left=100),
+    ]  # the engine's running order is admission order, not arrival
+    queued = [waiting("Q1", arrival=9.0, prompt=40), waiting("Q0", arrival=1.0, prompt=40)]
+    plan = make_policy("vllm-v1", estimator()).schedule(v1_state(running, queued, budget=230))
+    assert ids(plan) == ["second", "first", "Q1"]  # queue order, not arrival order
+    assert tokens(plan) == {"second": 100, "first": 100, "Q1": 30}  # chunked by the budget
 
+
+def test_vllm_v1_admission_needs_the_whole_sequence_and_stops_the_queue() -> None:
+    # 160-token prompt: a 16-token chunk fits the 3 free blocks, the whole sequence (10) not
+    queued = [waiting("big", prompt=160), waiting("small", prompt=16)]
+    plan = make_policy("vllm-v1", estimator()).schedule(v1_state([], queued, budget=16, free=3))
+    assert ids(plan) == []  # and "small" may not overtake it
+    plan = make_policy("vllm-v1", estimator()).schedule(state([], queued, budget=16, free=3))
+    assert tokens(plan) == {"big": 16}  # the per-chunk rule would have admitted it
+
+
+def test_vllm_v1_preempts_the_tail_of_running_and_then_admits_nothing() -> None:
+    running = [
+        at_block_boundary("A", arrival=5.0),
+        at_block_boundary("B", arrival=1.0),
+        at_block_boundary("C", arrival=3.0),
+    ]
+    plan = make_policy("vllm-v1", estimator()).schedule(
+        v1_state(running, [waiting("W", prompt=8)], free=1)
+    )
+    assert ids(plan) == ["A", "B"]
+    assert [r.request_id for r in plan.preempted] == ["C"]
+
+
+def test_vllm_v1_priority_victim_is_least_important_latest_even_if_already_scheduled() -> None:
+    running = [
+        at_block_boundary("low-late", arrival=5.0, weight=1.0),
+        at_block_boundary("high", arrival=1.0, weight=2.0),
+        at_block_boundary("low-early", arrival=3.0, weight=1.0),
+    ]
+    queued = [waiting("W", prompt=8, weight=2.0)]
+    plan = make_policy("vllm-v1-priority", estimator()).schedule(
+        v1_state(running, queued, free=1)
+    )
+    # "low-late" takes the free block; "high" needs one: the victim is "low-late" (weight 1,
+    # latest), scheduled already, which gives its block back; nothing is admitted.
+    assert ids(plan) == ["high", "low-early"]
+    assert [r.request_id for r in plan.preempted] == ["low-late"]
+
+
+@pytest.mark.parametrize(("version", "expected"), [("0.33", ["high"]), ("0.23", [])])
+def test_vllm_v1_priority_self_preemption_goes_on_only_in_0_33(
+    version: str, expected: list[str]
+) -> None:
+    running = [
+        at_block_boundary("low", arrival=0.0, weight=1.0),
+        decoding("high", arrival=1.0, weight=2.0),  # needs no new block
+    ]
+    plan = make_policy("vllm-v1-priority", estimator(), version=version).schedule(
+        v1_state(running, [], free=0)
+    )
+    assert [r.request_id for r in plan.preempted] == ["low"]
+    assert ids(plan) == expected
+
+
+def test_vllm_v1_priority_admits_by_weight_then_arrival_then_id() -> None:
     queued = [
         waiting("L", arrival=0.0, prompt=40, weight=1.0),
         waiting("H", arrival=3.0, prompt=40, weight=2.0),
-        waiting("H2", arrival=1.0, prompt=40, weight=2.0),
+        waiting("H2b", arrival=1.0, prompt=40, weight=2.0),
+        waiting("H2a", arrival=1.0, prompt=40, weight=2.0),
     ]
-    plan = make_policy("vllm-priority", estimator()).schedule(state([], queued, budget=100))
-    assert ids(plan) == ["H2", "H", "L"]
-    assert tokens(plan)["L"] == 20  # chunked prefill fills the budget
-
-
-def test_vllm_priority_preempts_lowest_priority_latest_and_then_admits_nothing() -> None:
-    running = [
-        at_block_boundary("A", arrival=5.0, weight=2.0),
-        at_block_boundary("B", arrival=1.0, weight=1.0),
-        at_block_boundary("C", arrival=3.0, weight=1.0),
-        at_block_boundary("D", arrival=2.0, weight=1.0),
-    ]
-    queued = [waiting("W", prompt=8, weight=2.0)]
-    plan = make_policy("vllm-priority", estimator()).schedule(state(running, queued, free=1))
-    # A (weight 2) takes the free block; B needs one: C (weight 1, latest) is the victim, and
-    # its 7 blocks would fit W too, but a step that preempted admits nothing.
-    assert ids(plan) == ["A", "B", "D"]
-    assert [r.request_id for r in plan.preempted] == ["C"]
+    plan = make_policy("vllm-v1-priority", estimator()).schedule(v1_state([], queued, budget=130))
+    assert ids(plan) == ["H2a", "H2b", "H", "L"]
+    assert tokens(plan)["L"] == 10
 
 
 # ---- Sarathi: decode-first, TBT-derived budget ------------------------------------------------

@@ -72,7 +72,7 @@ def on_time_first_tokens(done: dict[str, Request]) -> int:
 
 def test_fig3_slide_balances_both_stages() -> None:
     slide, prefill_first, decode_first = (
-        run_fig3(p) for p in ("slide", "vllm-v0-fcfs", "vllm-v1", "sarathi-fcfs")
+        run_fig3(p) for p in ("slide", "vllm-v0-fcfs", "sarathi-fcfs")
     )
     # SlideBatching serves 3 of the 4 new prompts in time (SLOs-Serve's outcome) where
     # decode-first manages 2 ...

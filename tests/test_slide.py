@@ -7,7 +7,7 @@ import pytest
 from priority.estimator import BatchLatencyEstimator, LatencyCoefficients
 from priority.gain import GainWeights
 from priority.policies import make_policy
-from priority.policies.base import EngineLimits, SchedulerInput, cdiv
+from priority.policies.base import VLLM_ADMISSION, EngineLimits, SchedulerInput, cdiv
 from priority.policies.slide import SlideBatchingPolicy
 from priority.request import SLO, Request, RequestStatus
 
@@ -138,3 +138,45 @@ def test_registry_builds_slide() -> None:
     assert p.gamma == 2.0
     with pytest.raises(KeyError, match="known policies"):
         make_policy("nope", BatchLatencyEstimator(COEFFS))
+
+
+# ---- KV as vLLM pays for it: whole-sequence admission, no preemption to admit -----------------
+
+
+def kv_scenario(free: int, *, boundary: bool = False) -> SchedulerInput:
+    """Two running decodes (7 blocks each) and an urgent, heavy new prompt of 100 tokens
+    (7 blocks); ``boundary``: the low-tier decode's next token needs a fresh block."""
+    low = decoding("low", remain=3.0, weight=1.0, outputs=13 if boundary else 4)
+    high = decoding("high", remain=0.2, weight=2.0)
+    urgent = waiting("new", prompt=100, remain=0.01, weight=2.0)
+    limits = EngineLimits(8192, 256, 16, free, VLLM_ADMISSION)
+    return SchedulerInput(now=NOW, running=[high, low], waiting=[urgent], limits=limits)
+
+
+def test_a_waiting_request_never_preempts_a_running_one() -> None:
+    plan = policy(eta_s=0.5).schedule(kv_scenario(free=3))
+    assert not plan.preempted  # the published rule would preempt "low" to admit "new"
+    assert "new" not in {r.request_id for r, _ in plan.scheduled}
+    plan = policy(eta_s=0.5, kv_reserve_tokens=0, preempt_for_admission=True).schedule(
+        kv_scenario(free=3)
+    )
+    assert [r.request_id for r in plan.preempted] == ["low"]
+
+
+def test_admission_leaves_room_for_the_running_requests_growth() -> None:
+    # "new" needs 7 blocks; the two decodes need 2 + 2 more for their next 32 tokens
+    assert "new" not in {
+        r.request_id for r, _ in policy(eta_s=0.5).schedule(kv_scenario(10)).scheduled
+    }
+    plan = policy(eta_s=0.5).schedule(kv_scenario(11))
+    assert {r.request_id for r, _ in plan.scheduled} == {"high", "low", "new"}
+    plan = policy(eta_s=0.5, kv_reserve_tokens=0).schedule(kv_scenario(7))
+    assert "new" in {r.request_id for r, _ in plan.scheduled}
+
+
+def test_a_running_request_short_of_blocks_still_preempts_the_tail() -> None:
+    inp = kv_scenario(free=0, boundary=True)
+    inp.running.append(decoding("tail", remain=9.0, weight=1.0))
+    plan = policy(eta_s=0.5).schedule(inp)
+    assert [r.request_id for r in plan.preempted] == ["tail"]
+    assert {"high", "low"} <= {r.request_id for r, _ in plan.scheduled}

@@ -21,6 +21,7 @@ from priority.profiles import load_profile
 from priority.routing import ROUTER_NAMES
 from priority.sim import ClusterConfig, PdConfig, build_workload, load_trace
 from priority.sim.compare import compare_policies
+from priority.sim.rules import ENGINE_RULES
 
 console = Console(stderr=True)
 
@@ -104,6 +105,13 @@ def sim(
     noise: Annotated[
         float, typer.Option(min=0.0, help="Log-normal sigma of step-time noise.")
     ] = 0.0,
+    engine_rules: Annotated[
+        str,
+        typer.Option(
+            help=f"The engines' own admission/queue rules: {', '.join(ENGINE_RULES)} "
+            "(vllm: whole-sequence admission, preempted requests first, as vLLM 0.23/0.33)."
+        ),
+    ] = "vllm",
     json_out: Annotated[
         Path | None, typer.Option("--json", help="Write results as JSON here.")
     ] = None,
@@ -118,6 +126,11 @@ def sim(
             raise typer.BadParameter(
                 f"unknown policy {name!r}; known: {', '.join(POLICY_NAMES)}", param_hint="--policy"
             )
+    if engine_rules not in ENGINE_RULES:
+        raise typer.BadParameter(
+            f"unknown engine rules {engine_rules!r}; known: {', '.join(ENGINE_RULES)}",
+            param_hint="--engine-rules",
+        )
     if router not in ROUTER_NAMES:
         raise typer.BadParameter(
             f"unknown router {router!r}; known: {', '.join(ROUTER_NAMES)}", param_hint="--router"
@@ -151,6 +164,7 @@ def sim(
         noise_sigma=noise,
         seed=seed,
         pd=PdConfig(num_prefill=prefill_instances) if prefill_instances else None,
+        rules=ENGINE_RULES[engine_rules],
     )
     results: list[dict[str, Any]] = []
     with Progress(

@@ -16,6 +16,7 @@ from priority.policies.base import (
     SchedulingPolicy,
     StepPlan,
 )
+from priority.policies.params import PolicyParamsError, validate_params
 
 _REGISTRY: dict[str, str] = {
     "vllm-v1": "priority.policies.vllm:VllmV1Policy",
@@ -54,14 +55,18 @@ def policy_class(name: str) -> type[SchedulingPolicy]:
 
 
 def make_policy(name: str, estimator: BatchLatencyEstimator, **params: Any) -> SchedulingPolicy:
-    """Instantiate a policy by name; ``params`` are its keyword parameters."""
-    return policy_class(name)(estimator, **params)
+    """Instantiate a policy by name; ``params`` are its keyword parameters, as Python values or
+    as JSON would give them (validated and converted against the constructor, see
+    :mod:`priority.policies.params`)."""
+    cls = policy_class(name)
+    return cls(estimator, **validate_params(cls, params))
 
 
 __all__ = [
     "POLICY_NAMES",
     "BatchBuilder",
     "EngineLimits",
+    "PolicyParamsError",
     "SchedulerInput",
     "SchedulingPolicy",
     "StepPlan",

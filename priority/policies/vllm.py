@@ -125,12 +125,12 @@ class VllmV1Policy(SchedulingPolicy):
                     break
                 want = min(request.num_uncomputed_tokens, budget)
                 watermark = rule.watermark_blocks if running else 0
-                required = max(rule.blocks(request, bs), cdiv(request.num_computed_tokens + want, bs))
-                if required + watermark > free:
+                chunk_blocks = cdiv(request.num_computed_tokens + want, bs)
+                if max(rule.blocks(request, bs), chunk_blocks) + watermark > free:
                     break
                 running.append(request)
                 admitted.append((request, want))
-                free -= cdiv(request.num_computed_tokens + want, bs)
+                free -= chunk_blocks
                 budget -= want
 
         return self._plan(inp, [(by_id[r], t) for r, t in tokens.items()] + admitted, preempted)

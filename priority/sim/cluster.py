@@ -32,6 +32,7 @@ from priority.profiles import Profile
 from priority.request import Request
 from priority.routing.base import InstanceRole, InstanceView, RouteDecision, Router
 from priority.sim.engine import EngineCore, StepInFlight
+from priority.sim.rules import DEFAULT_ENGINE_RULES, EngineRules
 
 PolicyFactory = Callable[[BatchLatencyEstimator], SchedulingPolicy]
 RouterFactory = Callable[..., Router]
@@ -102,6 +103,8 @@ class ClusterConfig:
     """Seeds every instance's noise stream (the workload has its own seed)."""
     pd: PdConfig | None = None
     fast_forward: bool = True
+    rules: EngineRules = DEFAULT_ENGINE_RULES
+    """The engine software's own admission and queue rules (``priority.sim.rules``)."""
 
     def __post_init__(self) -> None:
         if not self.profiles:
@@ -204,6 +207,7 @@ class _Simulation:
                     name=name,
                     role=role,
                     fast_forward=config.fast_forward,
+                    rules=config.rules,
                 )
             )
             views.append(InstanceView(i, name, profile, profile.estimator(), role))
