@@ -6,7 +6,12 @@
 # here), the pure-Python needs pinned in .ci/engines-requirements-<version>.txt, and this project
 # (editable, --no-deps). An environment is rebuilt only when its inputs change: the hash of the
 # requirements file and of this script's recipe is stored inside it. Then it runs the `vllm`
-# marked tests of tests/engines/ in that environment and prints pytest's summary line.
+# marked tests of tests/engines/ in that environment and prints pytest's summary line, and
+# vLLM's own scheduler tests against stock vLLM and TiergateScheduler (.ci/vllm_suite.py; the
+# sdist is cached in .ci/venvs/sdists/) and prints their summary line: a test that passes with
+# stock and fails with ours, unless listed in .ci/vllm_suite_expected.txt, fails this job.
+#
+# Set TIERGATE_VLLM_SUITE=0 to skip vLLM's own tests.
 #
 # Usage: .ci/engines.sh [--build-only] [VERSION ...]     (default versions: 0.33 0.23)
 set -euo pipefail
@@ -19,7 +24,7 @@ versions=()
 for arg in "$@"; do
     case "$arg" in
         --build-only) build_only=1 ;;
-        -h|--help) sed -n 2,12p "$0"; exit 0 ;;
+        -h|--help) sed -n 2,16p "$0"; exit 0 ;;
         *) versions+=("$arg") ;;
     esac
 done
@@ -93,6 +98,18 @@ for version in "${versions[@]}"; do
         status=1
     fi
     echo "vllm $version: $(grep -E '(passed|failed|error|skipped|no tests ran)' "$log" | tail -n 1)"
+    if [ "${TIERGATE_VLLM_SUITE:-1}" != 0 ]; then
+        set +e
+        "$venv/bin/python" .ci/vllm_suite.py > "$log" 2>&1
+        rc=$?
+        set -e
+        if [ $rc -ne 0 ]; then
+            cat "$log" # the differences, per-file counts and the summary line
+            status=1
+        else
+            grep -E "^vllm $version suite" "$log" || true
+        fi
+    fi
     rm -f "$log"
 done
 exit $status

@@ -40,6 +40,12 @@ def fcfs_policy() -> Any:
     return importlib.import_module("vllm.v1.core.sched.request_queue").SchedulingPolicy.FCFS
 
 
+def priority_scheduling(scheduler: Any) -> bool:
+    """vLLM configured with ``--scheduling-policy priority`` (read before the adapter sets its
+    fallback to FCFS)."""
+    return bool(scheduler.policy == type(fcfs_policy()).PRIORITY)
+
+
 def max_admitted(scheduler: Any) -> int:
     """Most requests that may hold a running slot (vLLM's admission check)."""
     return int(getattr(scheduler, "max_num_active_reqs", scheduler.max_num_running_reqs))
@@ -92,6 +98,94 @@ def is_done_in_flight(request: Any) -> bool:
     )
 
 
+def long_prefill_threshold(scheduler: Any) -> int:
+    """The chunk cap vLLM applies this step (``long_prefill_token_threshold``; 0: none).
+
+    0.33 lifts it when only one request is eligible and, in adaptive mode, floors it at a fair
+    share of the token budget; 0.23 applies the configured value as is.
+    """
+    config = scheduler.scheduler_config
+    threshold = int(getattr(config, "long_prefill_token_threshold", 0) or 0)
+    if threshold <= 0 or not hasattr(scheduler, "adaptive_long_prefill_threshold"):
+        return max(0, threshold)
+    num_running, num_waiting = scheduler.get_request_counts()
+    eligible = num_running + num_waiting
+    if eligible <= 1:
+        return 0
+    if scheduler.adaptive_long_prefill_threshold:
+        threshold = max(threshold, int(config.max_num_batched_tokens) // eligible)
+    return threshold
+
+
+def prefix_cache_hit(scheduler: Any, request: Any) -> int:
+    """Tokens of a waiting, not yet computed ``request`` that vLLM will find in its prefix cache
+    on admission (0 without prefix caching). A read-only lookup: vLLM's own
+    ``get_computed_blocks`` also records hit-rate stats, which must count admissions only."""
+    manager = scheduler.kv_cache_manager
+    if not manager.enable_caching or request.skip_reading_prefix_cache:
+        return 0
+    if request.num_computed_tokens > 0 or not request.block_hashes:
+        return 0
+    found = manager.coordinator.find_longest_cache_hit(
+        request.block_hashes, int(request.num_tokens) - 1
+    )
+    return int(found[1])
+
+
+def defers_prefills(scheduler: Any, throttle_prefills: bool) -> bool:
+    """Whether vLLM holds all prefill work this step (0.33: ``schedule(throttle_prefills=True)``
+    for DP balancing, and the ``prefill_schedule_interval`` cadence), so that running prefill
+    chunks and prompts to admit cannot run; only decodes can (0.23 has neither)."""
+    if not hasattr(scheduler, "local_prefill_interval"):
+        return False
+    if not any(not r.is_prefill_chunk for r in scheduler.running):
+        return False
+    if scheduler.prefill_capacity_bound:
+        return False
+    if throttle_prefills:
+        return True
+    interval = int(scheduler.local_prefill_interval)
+    return bool(
+        interval > 1 and (scheduler.num_executed_steps + 1) - scheduler.last_prefill_step < interval
+    )
+
+
+def step_tokens(
+    scheduler: Any, request: Any, *, running: bool, threshold: int, cache_hit: int = 0
+) -> int:
+    """Tokens vLLM would schedule for ``request`` this step with an unlimited token budget.
+
+    Running: its uncomputed tokens *including draft tokens awaiting verification* and output
+    placeholders of steps in flight; waiting: its uncomputed tokens after ``cache_hit`` tokens
+    found in the prefix cache (:func:`prefix_cache_hit`), and a lone decode token padded to
+    ``1 + num_speculative_tokens`` as 0.33 pads it (uniform spec-decode batches).
+    Both cut at ``threshold`` (:func:`long_prefill_threshold`); running ones also at the model
+    length.
+    """
+    computed = int(request.num_computed_tokens)
+    if running:
+        tokens = int(request.num_tokens_with_spec) + int(request.num_output_placeholders) - computed
+    else:
+        # at least the last token, recomputed for its logits (a remote-KV load may have
+        # computed the whole prompt)
+        tokens = max(1, int(request.num_tokens) - computed - cache_hit)
+        num_spec = int(getattr(scheduler, "num_spec_tokens", 0) or 0)
+        if (
+            tokens == 1
+            and num_spec > 0
+            and getattr(scheduler, "dynamic_sd_lookup", True) is None  # 0.33 only
+            and computed + cache_hit + 1 + num_spec + int(scheduler.num_sampled_tokens_per_step)
+            <= int(scheduler.max_model_len)
+        ):
+            tokens = 1 + num_spec
+    if 0 < threshold < tokens:
+        tokens = threshold
+    if running:
+        sampled = getattr(scheduler, "num_sampled_tokens_per_step", 1)  # 0.23: always 1
+        tokens = min(tokens, int(scheduler.max_model_len) - computed - int(sampled))
+    return tokens
+
+
 def admission_blocks(scheduler: Any, request: Any, tokens: int) -> int:
     """Free blocks vLLM requires to admit a waiting ``request`` with a first chunk of ``tokens``.
 
@@ -112,6 +206,14 @@ def admission_rule(scheduler: Any) -> AdmissionRule:
         full_sequence=bool(getattr(scheduler, "scheduler_reserve_full_isl", False)),
         watermark_blocks=int(getattr(scheduler.kv_cache_manager, "watermark_blocks", 0)),
     )
+
+
+def can_free_blocks(scheduler: Any, request: Any) -> bool:
+    """Whether preempting ``request`` frees its KV blocks now (0.33 fences them behind an output
+    in flight when an async KV connector may still write them; vLLM then never picks it as a
+    victim). 0.23: always."""
+    check = getattr(scheduler, "_request_blocks_can_be_freed", None)
+    return True if check is None else bool(check(request))
 
 
 def preempt(scheduler: Any, request: Any) -> None:

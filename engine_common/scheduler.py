@@ -5,22 +5,36 @@ lifecycle, outputs and its own stats — and our policy decides, every step, who
 tokens each computes and whom to preempt. The hooks, all as thin as vLLM allows:
 
 1. **Policy view.** Before vLLM's ``schedule()``, every running request and every schedulable
-   waiting request is mirrored into a :class:`priority.request.Request` (cached per request id,
-   refreshed each step: computed/output tokens, KV blocks held, SLO from
-   ``sampling_params.extra_args`` and ``priority``); the policy plans the step with
-   :class:`EngineLimits` from the scheduler config and the KV pool's free blocks.
+   waiting request is mirrored into an :class:`EngineRequest` (a :class:`priority.request.Request`
+   cached per request id, refreshed each step: computed/output tokens, KV blocks held, SLO from
+   ``sampling_params.extra_args`` and ``priority``) whose tokens to compute are the ones vLLM
+   would schedule this step (:func:`compat.step_tokens`: draft tokens of speculative decoding
+   included, the chunk cut at ``long_prefill_token_threshold`` and the model length, the
+   prefix-cache hit a waiting request will find, a lone decode padded to the spec-decode width);
+   the policy plans the step with :class:`EngineLimits` from the scheduler config and the KV
+   pool's free blocks. Running requests with nothing to compute this step (all their tokens in
+   flight, or prefill held by vLLM's prefill interval / DP throttle) are shown with 0 tokens: they
+   hold seats and blocks and are possible victims, as in vLLM (unless vLLM could not free their
+   blocks now).
 2. **Preemption.** The plan's victims are preempted first, through vLLM's own
    ``_preempt_request`` (free blocks, recompute later), and reported in the step's output.
 3. **Order.** ``scheduler.running`` and the waiting queue (a :class:`PolicyOrderedQueue`) are
-   re-sorted so the planned requests come first, in the plan's order.
-4. **Token budget.** ``max_num_scheduled_tokens`` is set to the plan's total for the step.
+   re-sorted so the planned requests come first, in the plan's order; waiting requests the
+   policy does not see keep their places, and after the step the queue is back in vLLM's own
+   order (FCFS, or priority order under ``--scheduling-policy priority``).
+4. **Token budget.** ``max_num_scheduled_tokens`` is set to the plan's total for the step, plus
+   room for what only vLLM can know: requests the policy does not see (blocked, holding KV)
+   should vLLM find them ready, a whole admission whose prefix-cache hit turns out shorter, the
+   drafts of a decode a policy planned as one token. Every request the policy saw is capped
+   (next item), so that room never goes to a request the plan left out.
 5. **Per-request chunk.** vLLM sizes each request's chunk as ``min(needed, budget left)``; a plan
    may chunk a prefill in the middle of the batch. vLLM calls one overridable method per request
    in both of its loops in every supported version — ``_mamba_block_aligned_split`` when
-   ``need_mamba_block_aligned_split`` is set — so the adapter sets that flag, chains to vLLM's
-   own split for real hybrid models, and caps the result at the planned tokens (0 for a request
-   the plan leaves out this step: vLLM then skips it in the running loop and stops admitting in
-   the waiting loop, which is exactly where the planned admissions end).
+   ``need_mamba_block_aligned_split`` is set — so the adapter keeps that flag on (a property:
+   vLLM's own setting is recorded, whenever it is set), chains to vLLM's own split when vLLM
+   wants it, and caps the result at the planned tokens (0 for a request the plan leaves out this
+   step: vLLM then skips it in the running loop and stops admitting in the waiting loop, which
+   is exactly where the planned admissions end).
 
 vLLM admits a waiting request only if its whole current sequence fits in the free blocks
 (``scheduler_reserve_full_isl``, on by default) and stops admitting at the first refusal. The
@@ -31,12 +45,13 @@ adapter replays vLLM's check on the plan and re-plans without a request vLLM wou
 plan one step several times: only the plan that ran reaches its ``on_step_end`` (once per
 executed step), and policies commit their state there, never in ``schedule()``.
 
-Where vLLM may still deviate from the plan, always by doing *less*, never more (the budget and
-the caps are upper bounds): a chunk cut by ``long_prefill_token_threshold``, encoder budgets,
-LoRA limits or a KV allocation that fails (vLLM then preempts from the tail of ``running``: the
-requests the plan did not schedule); a prefix-cache hit that shrinks a prefill. Requests the
-policy never sees (blocked on grammar, remote KV or streaming input; holding KV while waiting)
-keep vLLM's handling. Every step whose executed batch differs from the plan is counted in
+Where vLLM may still deviate from the plan, always by doing *less* for a planned request (the
+caps are upper bounds): encoder budgets and boundaries, Mamba block alignment, LoRA limits or a
+KV allocation that fails (vLLM then preempts from the tail of ``running``: the requests the plan
+did not schedule); a longer prefix-cache hit than expected. Requests the policy never sees
+(blocked on grammar, remote KV or streaming input; holding KV while waiting) keep vLLM's
+handling: where the policy cannot model a request, vLLM runs its own logic for it. Every step
+whose executed batch differs from the plan is counted in
 ``PolicyState.plan_deviations``; if vLLM could run nothing of a non-empty plan, the next step
 is left to vLLM's own order, so the engine cannot livelock on a plan it cannot execute.
 vLLM's "no admission in a step that preempted" rule does not apply to the plan's own
@@ -60,9 +75,32 @@ from engine_common.slo import parse_meta
 from engine_common.state import PolicyState, encode
 from engine_common.timing import StepTimer
 from priority.policies.base import EngineLimits, SchedulerInput, StepPlan, cdiv
+from priority.policies.ordering import is_decoding
 from priority.request import Request, RequestStatus
 
 logger = logging.getLogger(__name__)
+
+
+class EngineRequest(Request):
+    """The policy's mirror of a vLLM request: a :class:`Request` whose tokens to compute this
+    step are the ones vLLM itself would schedule (:func:`compat.step_tokens`).
+
+    vLLM verifies a decode's draft tokens (speculative decoding) in the same step as the decode,
+    and cuts a chunk at ``long_prefill_token_threshold`` and at the model length; a plan made on
+    ``num_tokens - num_computed_tokens`` would drop the drafts and waste the budget vLLM cuts.
+    The policy plans on what vLLM can run, so a decode's planned tokens include its drafts and
+    the estimator times them as the chunk they are.
+    """
+
+    step_tokens: int | None = None
+    cache_hit: int = 0
+    """Waiting: tokens the adapter expects vLLM to find in its prefix cache on admission."""
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        if self.step_tokens is not None:
+            return self.step_tokens
+        return self.prompt_tokens + self.num_output_tokens - self.num_computed_tokens
 
 
 class PolicyDriver:
@@ -92,7 +130,7 @@ class PolicyDriver:
         through :class:`BatchBuilder` never need one)."""
         self.state = PolicyState()
         self.timer: StepTimer[StepPlan | None] = StepTimer()
-        self._views: dict[str, Request] = {}
+        self._views: dict[str, EngineRequest] = {}
         self._admitted: dict[str, int] = {}
         self._first_seen: dict[str, int] = {}
         self._counter = itertools.count()
@@ -101,36 +139,58 @@ class PolicyDriver:
         self._preempted: list[str] = []
         self._saved_budget: int | None = None
         self._now = 0.0
+        self._threshold = 0
         self._stalled = False
         self._deviations = 0
         self._steps = 0
 
     # ---- the hooks around vLLM's schedule() ---------------------------------------------------
 
-    def before_schedule(self) -> None:
+    def before_schedule(self, throttle_prefills: bool = False) -> None:
         s = self.scheduler
+        defer = compat.defers_prefills(s, throttle_prefills)
         now = self.clock()
         self._caps = None
         self._plan = None
         running: list[Request] = []
+        schedulable = 0
+        self._threshold = compat.long_prefill_threshold(s)
         hidden = 0
         for req in s.running:
-            view: Request | None = None
-            if not compat.is_done_in_flight(req):
-                view = self._view(req, running=True)
-            if view is None or view.num_uncomputed_tokens < 1:
-                hidden += 1  # vLLM will not schedule it this step: not the policy's business
-                continue
+            view = self._view(req, running=True)
+            if (
+                compat.is_done_in_flight(req)
+                or view.num_uncomputed_tokens < 1
+                or (defer and req.is_prefill_chunk)  # vLLM holds prefill work this step
+            ):
+                if not compat.can_free_blocks(s, req):
+                    hidden += 1  # neither work nor a victim this step: vLLM's business
+                    continue
+                # nothing to compute this step (its tokens are in flight), but it holds a seat
+                # and KV blocks: the policy sees it, as a possible victim, as vLLM does
+                view.step_tokens = 0
+            else:
+                schedulable += 1
             running.append(view)
         running.sort(key=lambda v: self._admitted.get(v.request_id, -1))
         # in vLLM's queue order (new requests appended, preempted ones put back at the front),
         # as the simulator keeps its queue; a policy that wants another order sorts
-        waiting = [
-            self._view(req, running=False)
-            for req in s.waiting
-            if not compat.is_blocked(s, req) and not compat.holds_kv(s, req)
-        ]
-        if not running and not waiting:
+        waiting: list[Request] = []
+        unseen = 0  # tokens of waiting requests vLLM handles by itself (see the module doc)
+        lookups = compat.max_admitted(s) - len(s.running)
+        for req in s.waiting:
+            if compat.is_blocked(s, req) or compat.holds_kv(s, req):
+                unseen += compat.step_tokens(s, req, running=False, threshold=self._threshold)
+            elif not (defer and req.num_computed_tokens < req.num_tokens - 1):
+                # a prefix-cache lookup per waiting request costs ~35 us: only as many as there
+                # are free seats, in vLLM's queue order (the others plan their whole prompt;
+                # vLLM then computes less, never more)
+                lookup = len(waiting) < lookups
+                waiting.append(self._view(req, running=False, lookup=lookup))
+            # else: vLLM admits no prompt to prefill this step
+        for req in compat.other_waiting(s):
+            unseen += compat.step_tokens(s, req, running=False, threshold=self._threshold)
+        if not schedulable and not waiting:
             return  # nothing for the policy: vLLM's own behaviour
         if self._stalled:
             # the last plan could not run at all (a vLLM rule the policy does not model): let
@@ -161,22 +221,38 @@ class PolicyDriver:
         self._steps += 1
 
         caps = {v.request_id: 0 for v in itertools.chain(running, waiting)}
-        for view in plan.preempted:
-            req = s.requests[view.request_id]
+        for victim in plan.preempted:
+            req = s.requests[victim.request_id]
+            if not compat.can_free_blocks(s, req):
+                continue  # vLLM would not free its blocks now; the plan then runs short
             s.running.remove(req)
             compat.preempt(s, req)
-            self._admitted.pop(view.request_id, None)
-            self._preempted.append(view.request_id)
+            self._admitted.pop(victim.request_id, None)
+            self._preempted.append(victim.request_id)
         rank: dict[str, int] = {}
-        for i, (view, tokens) in enumerate(plan.scheduled):
-            caps[view.request_id] = tokens
-            rank[view.request_id] = i
+        for i, (planned, tokens) in enumerate(plan.scheduled):
+            caps[planned.request_id] = tokens
+            rank[planned.request_id] = i
+            if tokens >= planned.num_uncomputed_tokens and isinstance(planned, EngineRequest):
+                # admitted whole: should vLLM's cache hit be shorter than expected (it caps
+                # hits by rules of its own), it computes the difference, not less
+                caps[planned.request_id] += planned.cache_hit
+                unseen += planned.cache_hit
+            elif isinstance(planned, EngineRequest) and tokens == 1 and is_decoding(planned):
+                # a policy that plans a decode as one token (``is_decoding`` looks at the
+                # sequence, not the drafts): vLLM verifies the drafts with it, as it would
+                drafts = planned.num_uncomputed_tokens - 1
+                caps[planned.request_id] += drafts
+                unseen += drafts
         last = len(rank)
         s.running.sort(key=lambda r: rank.get(r.request_id, last))
-        s.waiting.reorder(lambda r: rank.get(r.request_id, last))
+        # only the requests the policy saw move; the others keep their places in vLLM's queue
+        s.waiting.reorder(lambda r: rank.get(r.request_id, last), movable=caps.__contains__)
         self._caps = caps
         self._saved_budget = s.max_num_scheduled_tokens
-        s.max_num_scheduled_tokens = plan.num_tokens
+        # the plan's tokens, and room for the requests the policy does not see should vLLM
+        # find them ready this step (every request the policy saw is capped at its plan)
+        s.max_num_scheduled_tokens = min(self._saved_budget, plan.num_tokens + max(0, unseen))
         self._now = now
         urgent = plan.num_urgent
         self.state = PolicyState(
@@ -224,6 +300,7 @@ class PolicyDriver:
 
     def after_schedule(self, output: Any) -> None:
         s = self.scheduler
+        s.waiting.settle()
         compat.report_preempted(output, self._preempted)
         self._preempted.clear()
         self._caps = None
@@ -270,7 +347,9 @@ class PolicyDriver:
 
     # ---- the policy's mirror of a vLLM request -------------------------------------------------
 
-    def _view(self, req: Any, *, running: bool) -> Request:
+    def _view(self, req: Any, *, running: bool, lookup: bool = False) -> EngineRequest:
+        """The policy's view of ``req``, refreshed (``lookup``: a waiting request's expected
+        prefix-cache hit is looked up)."""
         view = self._views.get(req.request_id)
         if view is None:
             view = self._new_view(req)
@@ -279,6 +358,14 @@ class PolicyDriver:
         view.num_computed_tokens = int(req.num_computed_tokens)
         view.num_output_tokens = int(req.num_output_tokens) + int(req.num_output_placeholders)
         view.num_preemptions = int(req.num_preemptions)
+        view.cache_hit = compat.prefix_cache_hit(self.scheduler, req) if lookup else 0
+        view.step_tokens = compat.step_tokens(
+            self.scheduler,
+            req,
+            running=running,
+            threshold=self._threshold,
+            cache_hit=view.cache_hit,
+        )
         if running:
             view.status = RequestStatus.RUNNING
             view.num_kv_blocks = compat.num_kv_blocks(self.scheduler, req.request_id)
@@ -287,7 +374,7 @@ class PolicyDriver:
             view.num_kv_blocks = 0
         return view
 
-    def _new_view(self, req: Any) -> Request:
+    def _new_view(self, req: Any) -> EngineRequest:
         params = req.sampling_params
         prompt_tokens = max(1, int(req.num_prompt_tokens))
         profile = self.settings.profile
@@ -297,7 +384,7 @@ class PolicyDriver:
             defaults=self.settings.defaults,
             zero_load_ttft_s=profile.zero_load_ttft_s(prompt_tokens),
         )
-        return Request(
+        return EngineRequest(
             request_id=req.request_id,
             arrival_s=meta.arrival_s if meta.arrival_s is not None else float(req.arrival_time),
             prompt_tokens=prompt_tokens,
@@ -325,10 +412,8 @@ class TiergateSchedulerMixin:
         from engine_common.queue import PolicyOrderedQueue
 
         me: Any = self
-        me.waiting = PolicyOrderedQueue(me.waiting)
+        me.waiting = PolicyOrderedQueue(me.waiting, ordered=compat.priority_scheduling(me))
         me.policy = compat.fcfs_policy()  # vLLM's fallback victim: the tail of our order
-        self._tiergate_real_split = bool(me.need_mamba_block_aligned_split)
-        me.need_mamba_block_aligned_split = True  # turns on the per-request hook below
         self.tiergate = PolicyDriver(self, settings)
         logger.info(
             "tiergate scheduler on %s: policy %s, profile %s",
@@ -337,39 +422,77 @@ class TiergateSchedulerMixin:
             settings.profile.name,
         )
 
+    @property
+    def need_mamba_block_aligned_split(self) -> bool:
+        """Always on: it turns on the per-request hook :meth:`_mamba_block_aligned_split`."""
+        return True
+
+    @need_mamba_block_aligned_split.setter
+    def need_mamba_block_aligned_split(self, value: bool) -> None:
+        # vLLM's own setting (a hybrid model), whenever vLLM or its tests set it
+        self.__dict__["_tiergate_real_split"] = bool(value)
+
+    def _driver(self) -> PolicyDriver | None:
+        """None on an object vLLM's tests build without ``__init__`` (``object.__new__``): it
+        then behaves exactly as vLLM's own class."""
+        driver: PolicyDriver | None = self.__dict__.get("tiergate")
+        return driver
+
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
-        self.tiergate.before_schedule()
+        driver = self._driver()
+        if driver is None:
+            return super().schedule(*args, **kwargs)  # type: ignore[misc]
+        throttle = bool(kwargs.get("throttle_prefills", args[0] if args else False))
+        driver.before_schedule(throttle)
         try:
             output = super().schedule(*args, **kwargs)  # type: ignore[misc]
         finally:
-            self.tiergate.restore_budget()
-        self.tiergate.after_schedule(output)
+            driver.restore_budget()
+        driver.after_schedule(output)
         return output
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
         outputs = super().update_from_output(  # type: ignore[misc]
             scheduler_output, model_runner_output
         )
-        self.tiergate.after_update(scheduler_output)
+        driver = self._driver()
+        if driver is not None:
+            driver.after_update(scheduler_output)
         return outputs
 
     def _mamba_block_aligned_split(
         self, request: Any, num_new_tokens: int, *args: Any, **kwargs: Any
     ) -> int:
-        if self._tiergate_real_split:
+        if self.__dict__.get("_tiergate_real_split", False):
             num_new_tokens = super()._mamba_block_aligned_split(  # type: ignore[misc]
                 request, num_new_tokens, *args, **kwargs
             )
-        return self.tiergate.cap(request, num_new_tokens)
+        driver = self._driver()
+        return num_new_tokens if driver is None else driver.cap(request, num_new_tokens)
 
     def make_stats(self, *args: Any, **kwargs: Any) -> Any:
         stats = super().make_stats(*args, **kwargs)  # type: ignore[misc]
-        if stats is not None:
-            encode(self.tiergate.state, stats.running_lora_adapters)
+        driver = self._driver()
+        if stats is not None and driver is not None:
+            encode(driver.state, stats.running_lora_adapters)
         return stats
 
 
 _CLASSES: dict[tuple[str, str, type], type] = {}
+
+
+def scheduler_class(default_profile: str, name: str, base: type) -> type:
+    """Our scheduler class over the vLLM scheduler class ``base`` (one class per base)."""
+    key = (default_profile, name, base)
+    cls = _CLASSES.get(key)
+    if cls is None:
+        cls = type(
+            f"{name}[{base.__name__}]",
+            (TiergateSchedulerMixin, base),
+            {"tiergate_default_profile": default_profile, "__module__": __name__},
+        )
+        _CLASSES[key] = cls
+    return cls
 
 
 def build_scheduler(default_profile: str, name: str, *args: Any, **kwargs: Any) -> Any:
@@ -381,13 +504,4 @@ def build_scheduler(default_profile: str, name: str, *args: Any, **kwargs: Any) 
     """
     vllm_config = kwargs["vllm_config"] if "vllm_config" in kwargs else args[0]
     base = compat.resolve_base(vllm_config)
-    key = (default_profile, name, base)
-    cls = _CLASSES.get(key)
-    if cls is None:
-        cls = type(
-            f"{name}[{base.__name__}]",
-            (TiergateSchedulerMixin, base),
-            {"tiergate_default_profile": default_profile, "__module__": __name__},
-        )
-        _CLASSES[key] = cls
-    return cls(*args, **kwargs)
+    return scheduler_class(default_profile, name, base)(*args, **kwargs)

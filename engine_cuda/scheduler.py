@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from engine_common.scheduler import build_scheduler
+from engine_common.scheduler import build_scheduler, scheduler_class
 
 
 class TiergateScheduler:
@@ -25,3 +25,9 @@ class TiergateScheduler:
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         return build_scheduler(cls.default_profile, cls.__name__, *args, **kwargs)
+
+    @classmethod
+    def over(cls, base: type) -> type:
+        """The class this factory builds over vLLM's scheduler class ``base`` (a subclass of it),
+        for code that must name the class itself, e.g. vLLM's own tests."""
+        return scheduler_class(cls.default_profile, cls.__name__, base)

@@ -1,0 +1,488 @@
+"""Is the simulator's gain true inside real vLLM? The same requests through both, compared.
+
+    VLLM_TARGET_DEVICE=cpu .ci/venvs/vllm-0.33/bin/python bench/sim_fidelity.py \\
+        --trace azure_conv --requests 1000 --rate-scale 1.0,1.5 \\
+        --kv-blocks 67659,12288,8192 --policy vllm-v1,vllm-v1-priority,sarathi-priority,slide \\
+        [--profile a100-qwen2-7b] [--seed 0] [--jobs 2] [--json]
+
+**Workload.** The first ``--requests`` requests of the trace with the project's default tiers
+and SLOs (``priority.sim.workload``, from ``--seed``), arriving at ``rate-scale x capacity``.
+**Capacity** is the profile's, measured as ``bench/policy_sweep.py`` does (SLOs-Serve's serving
+capacity: the highest rate at which the default engine keeps SLO attainment >= 90% of its
+near-idle attainment, bisected in the simulator on the profile's own engine), with ``vllm-v1``
+as the default engine: it is what stock vLLM schedules.
+
+**Replays.** Every (rate, KV pool, policy) cell replays the same arrivals (``vllm_xargs`` SLOs,
+``priority`` = -log2 weight) through the real vLLM scheduler of the running interpreter's vLLM
+(``TiergateScheduler`` with the policy; for ``vllm-v1`` / ``vllm-v1-priority`` also stock vLLM
+in ``fcfs`` / ``priority`` mode, rows ``stock-vllm`` / ``stock-vllm-priority``) and through the
+simulator, both on a virtual clock where a step lasts the profile's prediction for the batch
+that ran (block 16, budget 8,192 tokens, 256 sequences; ``engine_common.replay``). Reported per
+row: the share of requests with identical token times (1e-9 s), both TDG ratios, the p99 of
+|TTFT real - TTFT sim|, preemptions on both sides, and vLLM's ``schedule()`` wall time per step
+(mean and p99; CPU, this machine). The readable output adds, per cell, the policies' ranking on
+both sides.
+
+Needs vLLM (run it with a ``.ci/venvs/vllm-*`` interpreter); ``--sim-only`` runs the simulator
+side alone (no vLLM) to check a configuration quickly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from engine_common.sim_replay import (
+    Arrival,
+    Replay,
+    arrivals_from_workload,
+    identical_share,
+    replay_simulator,
+    tdg_ratio,
+    ttft_abs_p99_s,
+)
+from priority.gain import GainWeights
+from priority.policies import POLICY_NAMES, policy_class
+from priority.profiles import Profile, load_profile
+from priority.sim import ClusterConfig, Trace, build_workload, load_trace
+from priority.sim.compare import compare_policies
+
+DEFAULT_PROFILE = "a100-qwen2-7b"
+DEFAULT_KV_BLOCKS = (67_659, 12_288, 8_192)
+DEFAULT_POLICIES = ("vllm-v1", "vllm-v1-priority", "sarathi-priority", "slide")
+STOCK = {"vllm-v1": ("stock-vllm", "fcfs"), "vllm-v1-priority": ("stock-vllm-priority", "priority")}
+"""Policies with a stock vLLM counterpart: row name and vLLM's ``--scheduling-policy``."""
+VERSIONED = frozenset(STOCK)
+"""Policies that take ``version`` (vLLM 0.23 and 0.33 differ)."""
+
+CAPACITY_POLICY = "vllm-v1"
+CAPACITY_ROUTER = "min-load"
+ATTAINMENT_TARGET = 0.9
+IDLE_UTILIZATION = 0.05
+CAPACITY_REL_TOL = 0.05
+
+console = Console(stderr=True)
+
+
+# ---- workload and capacity ----------------------------------------------------------------------
+
+
+def trace_first(trace: Trace, count: int) -> Trace:
+    """The first ``count`` requests of ``trace``."""
+    if trace.arrival_s is None:
+        raise ValueError(f"trace {trace.name} has no arrival times")
+    if count < 2:
+        raise ValueError("--requests must be >= 2")
+
+    def cut(column: Any) -> Any:
+        return None if column is None else column[:count]
+
+    return dataclasses.replace(
+        trace,
+        **{
+            f.name: cut(getattr(trace, f.name))
+            for f in dataclasses.fields(trace)
+            if f.name != "name"
+        },
+    )
+
+
+def sequential_service_s(trace: Trace, profile: Profile) -> float:
+    """Mean time one request takes alone on ``profile``: its prefill plus its decode steps."""
+    est = profile.estimator()
+    total = 0.0
+    for prompt, output in zip(
+        trace.prompt_tokens.tolist(), trace.output_tokens.tolist(), strict=True
+    ):
+        decode_step = est.batch_time(decode_kv=[prompt + output // 2])
+        total += profile.zero_load_ttft_s(prompt) + (output - 1) * decode_step
+    return total / len(trace)
+
+
+def attainment_at(segment: Trace, profile: Profile, rps: float, seed: int) -> float:
+    workload = build_workload(segment, rps=rps, reference_profile=profile, seed=seed)
+    config = ClusterConfig(profiles=[profile], policy=CAPACITY_POLICY, router=CAPACITY_ROUTER)
+    (summary,) = compare_policies(workload, config, [CAPACITY_POLICY])
+    return float(summary["slo_attainment"])
+
+
+def measure_capacity(segment: Trace, profile: Profile, *, seed: int) -> float:
+    """The 1x rate (req/s): bisection as in ``bench/policy_sweep.py`` (see the docstring)."""
+    idle = IDLE_UTILIZATION / sequential_service_s(segment, profile)
+    idle_attainment = attainment_at(segment, profile, idle, seed)
+    if idle_attainment <= 0:
+        raise RuntimeError(f"{CAPACITY_POLICY} attains no SLO on {segment.name} even when idle")
+    target = ATTAINMENT_TARGET * idle_attainment
+    lo, hi = idle, idle * 2
+    while attainment_at(segment, profile, hi, seed) >= target:
+        lo, hi = hi, hi * 2
+    while hi / lo > 1 + CAPACITY_REL_TOL:
+        mid = math.sqrt(lo * hi)
+        if attainment_at(segment, profile, mid, seed) >= target:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+# ---- one cell ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One (rate, KV pool, policy) replay, picklable for worker processes."""
+
+    trace: str
+    rate_scale: float
+    rps: float
+    kv_blocks: int
+    policy: str
+    profile: str
+    arrivals: tuple[Arrival, ...]
+    gain_weights: GainWeights
+
+
+def policy_params(policy: str, vllm_version: str | None) -> dict[str, Any]:
+    """The policy's parameters for the vLLM version replayed (the V1 transcriptions follow it)."""
+    if policy in VERSIONED and vllm_version is not None and vllm_version.startswith("0.23"):
+        return {"version": "0.23"}
+    return {}
+
+
+def row(cell: Cell, name: str, real: Replay | None, sim: Replay) -> dict[str, Any]:
+    arrivals = cell.arrivals
+    out: dict[str, Any] = {
+        "policy": name,
+        "trace": cell.trace,
+        "rate_scale": cell.rate_scale,
+        "kv_blocks": cell.kv_blocks,
+        "requests": len(arrivals),
+        "identical_share": None,
+        "tdg_real": None,
+        "tdg_sim": tdg_ratio(sim, arrivals, cell.gain_weights),
+        "ttft_abs_p99_s": None,
+        "preemptions_real": None,
+        "preemptions_sim": sim.preemptions,
+        "decision_ms_per_step_real": None,
+        "decision_ms_p99_real": None,
+        "rps": cell.rps,
+    }
+    if real is not None:
+        steps = len(real.decision_s)
+        out |= {
+            "identical_share": identical_share(real, sim, arrivals),
+            "tdg_real": tdg_ratio(real, arrivals, cell.gain_weights),
+            "ttft_abs_p99_s": ttft_abs_p99_s(real, sim, arrivals),
+            "preemptions_real": real.preemptions,
+            "decision_ms_per_step_real": 1e3 * sum(real.decision_s) / steps if steps else 0.0,
+            "decision_ms_p99_real": 1e3 * float(np.percentile(real.decision_s, 99))
+            if steps
+            else 0.0,
+        }
+    return out
+
+
+def run_cell(cell: Cell, *, sim_only: bool = False) -> list[dict[str, Any]]:
+    """The cell's rows: the policy in vLLM and, with a stock counterpart, stock vLLM too."""
+    version = None if sim_only else _vllm_version()
+    params = policy_params(cell.policy, version)
+    profile = load_profile(cell.profile)
+    sim = replay_simulator(
+        cell.arrivals, profile, cell.policy, num_blocks=cell.kv_blocks, params=params
+    )
+    if sim_only:
+        return [row(cell, cell.policy, None, sim)]
+    from engine_common import replay
+
+    model_dir = replay.write_tiny_model(Path(tempfile.mkdtemp(prefix="tiny-llama-")))
+    real = replay.replay_vllm(
+        cell.arrivals,
+        model_dir,
+        profile.coefficients,
+        num_blocks=cell.kv_blocks,
+        policy=cell.policy,
+        params=params,
+        profile=cell.profile,
+    )
+    rows = [row(cell, cell.policy, real, sim)]
+    if cell.policy in STOCK:
+        name, mode = STOCK[cell.policy]
+        stock = replay.replay_vllm(
+            cell.arrivals,
+            model_dir,
+            profile.coefficients,
+            num_blocks=cell.kv_blocks,
+            stock_policy=mode,
+        )
+        rows.append(row(cell, name, stock, sim))
+    return rows
+
+
+def _vllm_version() -> str:
+    import vllm
+
+    return str(vllm.__version__)
+
+
+def _run_cell_real(cell: Cell) -> list[dict[str, Any]]:
+    return run_cell(cell)
+
+
+def _run_cell_sim(cell: Cell) -> list[dict[str, Any]]:
+    return run_cell(cell, sim_only=True)
+
+
+# ---- the sweep --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Config:
+    trace: str
+    requests: int
+    rate_scales: tuple[float, ...]
+    kv_blocks: tuple[int, ...]
+    policies: tuple[str, ...]
+    profile: str
+    seed: int
+    jobs: int
+    sim_only: bool
+    json: bool
+    out: Path | None
+
+
+def build_cells(cfg: Config) -> tuple[list[Cell], float]:
+    """Every cell of the sweep, and the capacity (req/s) the rates are relative to."""
+    profile = load_profile(cfg.profile)
+    segment = trace_first(load_trace(cfg.trace), cfg.requests)
+    capacity = measure_capacity(segment, profile, seed=cfg.seed)
+    cells = []
+    for scale in cfg.rate_scales:
+        rps = scale * capacity
+        workload = build_workload(segment, rps=rps, reference_profile=profile, seed=cfg.seed)
+        arrivals = tuple(arrivals_from_workload(workload))
+        for blocks in cfg.kv_blocks:
+            for policy in cfg.policies:
+                cells.append(
+                    Cell(
+                        cfg.trace,
+                        scale,
+                        rps,
+                        blocks,
+                        policy,
+                        cfg.profile,
+                        arrivals,
+                        workload.gain_weights,
+                    )
+                )
+    return cells, capacity
+
+
+def run(cfg: Config) -> list[dict[str, Any]]:
+    cells, capacity = build_cells(cfg)
+    console.log(
+        f"{cfg.trace}: {cfg.requests} requests, capacity {capacity:.3f} req/s on {cfg.profile}; "
+        f"{len(cells)} cells, {cfg.jobs} job(s)"
+    )
+    work = _run_cell_sim if cfg.sim_only else _run_cell_real
+    rows: list[dict[str, Any]] = []
+    started = time.perf_counter()
+    results: Iterator[list[dict[str, Any]]]
+    if cfg.jobs <= 1:
+        results = map(work, cells)
+    else:
+        pool = ProcessPoolExecutor(max_workers=cfg.jobs)
+        results = pool.map(work, cells)
+    for cell, cell_rows in zip(cells, results, strict=True):
+        rows.extend(cell_rows)
+        console.log(
+            f"  {cell.rate_scale:g}x · {cell.kv_blocks} blocks · {cell.policy}: "
+            + ", ".join(_brief(r) for r in cell_rows)
+            + f" ({time.perf_counter() - started:.0f} s)"
+        )
+    if cfg.jobs > 1:
+        pool.shutdown()
+    return rows
+
+
+def _brief(r: dict[str, Any]) -> str:
+    if r["tdg_real"] is None:
+        return f"{r['policy']} sim {r['tdg_sim']:.3f}"
+    return (
+        f"{r['policy']} real {r['tdg_real']:.3f} sim {r['tdg_sim']:.3f} "
+        f"identical {r['identical_share']:.3f}"
+    )
+
+
+# ---- reporting -----------------------------------------------------------------------------------
+
+
+def rankings(rows: Sequence[dict[str, Any]], policies: Sequence[str]) -> list[dict[str, Any]]:
+    """Per (trace, rate, KV pool): the policies ranked by TDG on each side, and whether the two
+    rankings agree (stock rows left out: they duplicate their transcription's)."""
+    cells: dict[tuple[str, float, int], list[dict[str, Any]]] = {}
+    for r in rows:
+        if r["policy"] in policies:
+            cells.setdefault((r["trace"], r["rate_scale"], r["kv_blocks"]), []).append(r)
+    out = []
+    for (trace, scale, blocks), members in cells.items():
+        sim = _ranked(members, "tdg_sim")
+        real = None
+        if all(r["tdg_real"] is not None for r in members):
+            real = _ranked(members, "tdg_real")
+        out.append(
+            {
+                "trace": trace,
+                "rate_scale": scale,
+                "kv_blocks": blocks,
+                "ranking_real": real,
+                "ranking_sim": sim,
+                "agree": None if real is None else real == sim,
+            }
+        )
+    return out
+
+
+def _ranked(members: Sequence[dict[str, Any]], key: str) -> list[str]:
+    """Policies by TDG, best first; values equal to 1e-9 tie and keep the command line's order
+    (summation-order noise must not flip a ranking)."""
+    return [r["policy"] for r in sorted(members, key=lambda r: -round(r[key], 9))]
+
+
+def _fmt(value: Any, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def print_table(rows: Sequence[dict[str, Any]], policies: Sequence[str], out: Console) -> None:
+    table = Table(title="sim fidelity: real vLLM scheduler vs simulator (virtual clock)")
+    headers = ["rate", "KV blocks", "policy", "identical", "TDG real", "TDG sim"]
+    headers += ["|ΔTTFT| p99 s", "preempt real", "preempt sim", "sched ms mean/p99"]
+    for col in headers:
+        table.add_column(col, justify="left" if col == "policy" else "right")
+    for r in rows:
+        table.add_row(
+            f"{r['rate_scale']:g}x",
+            str(r["kv_blocks"]),
+            r["policy"],
+            _fmt(r["identical_share"], ".3f"),
+            _fmt(r["tdg_real"], ".3f"),
+            _fmt(r["tdg_sim"], ".3f"),
+            _fmt(r["ttft_abs_p99_s"], ".3g"),
+            _fmt(r["preemptions_real"], "d"),
+            _fmt(r["preemptions_sim"], "d"),
+            _fmt(r["decision_ms_per_step_real"], ".2f")
+            + "/"
+            + _fmt(r["decision_ms_p99_real"], ".2f"),
+        )
+    out.print(table)
+    for rank in rankings(rows, policies):
+        real = " > ".join(rank["ranking_real"]) if rank["ranking_real"] else "-"
+        verdict = {True: "agree", False: "DIFFER", None: "-"}[rank["agree"]]
+        out.print(
+            f"{rank['rate_scale']:g}x · {rank['kv_blocks']} blocks: real {real} | "
+            f"sim {' > '.join(rank['ranking_sim'])} | {verdict}"
+        )
+
+
+# ---- command line ------------------------------------------------------------------------------
+
+
+def _list(text: str, kind: type, option: str) -> tuple[Any, ...]:
+    try:
+        values = tuple(kind(item) for item in text.split(",") if item.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{option}: expected comma-separated numbers") from None
+    if not values or any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"{option}: every value must be > 0")
+    return values
+
+
+def parse_args(argv: Sequence[str] | None = None) -> Config:
+    parser = argparse.ArgumentParser(
+        prog="sim_fidelity", description=(__doc__ or "").splitlines()[0]
+    )
+    parser.add_argument("--trace", required=True, help="named trace or CSV path")
+    parser.add_argument("--requests", type=int, default=1000, help="first N requests (1000)")
+    parser.add_argument("--rate-scale", default="1.0,1.5", help="x capacity, comma-separated")
+    parser.add_argument(
+        "--kv-blocks",
+        default=",".join(map(str, DEFAULT_KV_BLOCKS)),
+        help="vLLM KV pools in blocks, comma-separated",
+    )
+    parser.add_argument("--policy", default=",".join(DEFAULT_POLICIES), help="comma-separated")
+    parser.add_argument("--profile", default=DEFAULT_PROFILE)
+    parser.add_argument("--seed", type=int, default=0, help="workload seed (tiers, SLOs)")
+    parser.add_argument("--jobs", type=int, default=1, help="worker processes (cells in parallel)")
+    parser.add_argument("--sim-only", action="store_true", help="simulator side only (no vLLM)")
+    parser.add_argument("--json", action="store_true", help="print the rows as JSON")
+    parser.add_argument("--out", type=Path, help="also write the JSON rows here")
+    args = parser.parse_args(argv)
+    try:
+        rates = _list(args.rate_scale, float, "--rate-scale")
+        blocks = _list(args.kv_blocks, int, "--kv-blocks")
+    except argparse.ArgumentTypeError as exc:
+        parser.error(str(exc))
+    policies = tuple(p.strip() for p in args.policy.split(",") if p.strip())
+    for name in policies:
+        if name not in POLICY_NAMES:
+            parser.error(f"unknown policy {name!r}; known: {', '.join(POLICY_NAMES)}")
+        if policy_class(name).uses_oracle_length:
+            parser.error(f"{name} needs true output lengths: it cannot run in vLLM")
+    if not policies:
+        parser.error("--policy: at least one policy")
+    if args.requests < 2:
+        parser.error("--requests must be >= 2")
+    if args.jobs < 1:
+        parser.error("--jobs must be >= 1")
+    try:
+        load_profile(args.profile)
+    except (KeyError, ValueError, OSError) as exc:
+        parser.error(f"--profile: {exc}")
+    return Config(
+        trace=args.trace,
+        requests=args.requests,
+        rate_scales=rates,
+        kv_blocks=blocks,
+        policies=policies,
+        profile=args.profile,
+        seed=args.seed,
+        jobs=args.jobs,
+        sim_only=args.sim_only,
+        json=args.json,
+        out=args.out,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    cfg = parse_args(argv)
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    started = time.perf_counter()
+    rows = run(cfg)
+    console.log(f"wall time {time.perf_counter() - started:.0f} s")
+    if cfg.out is not None:
+        cfg.out.parent.mkdir(parents=True, exist_ok=True)
+        cfg.out.write_text(json.dumps(rows, indent=1) + "\n")
+        console.log(f"wrote {cfg.out}")
+    if cfg.json:
+        print(json.dumps(rows, indent=1))
+    else:
+        print_table(rows, cfg.policies, Console(width=max(Console().width, 130)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

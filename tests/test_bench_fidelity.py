@@ -1,0 +1,108 @@
+"""bench/sim_fidelity.py without vLLM: arguments, the workload and the simulator side."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from engine_common.sim_replay import (
+    Replay,
+    identical_share,
+    priority_of,
+    replay_simulator,
+    request_of,
+    tdg_ratio,
+    ttft_abs_p99_s,
+)
+from priority.profiles import load_profile
+
+BENCH = Path(__file__).resolve().parents[1] / "bench" / "sim_fidelity.py"
+
+
+@pytest.fixture(scope="module")
+def bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("sim_fidelity", BENCH)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve annotations through sys.modules
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_defaults(bench: ModuleType) -> None:
+    cfg = bench.parse_args(["--trace", "azure_conv"])
+    assert cfg.requests == 1000
+    assert cfg.rate_scales == (1.0, 1.5)
+    assert cfg.kv_blocks == (67_659, 12_288, 8_192)
+    assert cfg.policies == ("vllm-v1", "vllm-v1-priority", "sarathi-priority", "slide")
+    assert cfg.profile == "a100-qwen2-7b" and not cfg.json and not cfg.sim_only
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--policy", "nope"],
+        ["--policy", "sjf"],  # oracle lengths: cannot run in vLLM
+        ["--policy", "vllm-fcfs"],  # renamed
+        ["--rate-scale", "1,x"],
+        ["--kv-blocks", "0"],
+        ["--requests", "1"],
+        ["--profile", "no-such-profile"],
+    ],
+)
+def test_bad_arguments_exit(bench: ModuleType, argv: list[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        bench.parse_args(["--trace", "azure_conv", *argv])
+    assert exc.value.code == 2
+
+
+def test_weight_and_priority_agree() -> None:
+    assert priority_of(2.0) == -1 and priority_of(1.0) == 0 and priority_of(0.5) == 1
+
+
+def test_sim_only_run(bench: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--trace", "azure_conv_20min", "--requests", "80", "--rate-scale", "1,2"]
+    argv += ["--kv-blocks", "67659,700", "--policy", "vllm-v1,slide", "--sim-only", "--json"]
+    assert bench.main(argv) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert len(rows) == 2 * 2 * 2
+    keys = {"policy", "trace", "rate_scale", "kv_blocks", "requests", "identical_share",
+            "tdg_real", "tdg_sim", "ttft_abs_p99_s", "preemptions_real", "preemptions_sim",
+            "decision_ms_per_step_real", "decision_ms_p99_real"}  # fmt: skip
+    for r in rows:
+        assert keys <= set(r)
+        assert r["requests"] == 80 and r["trace"] == "azure_conv_20min"
+        assert 0 < r["tdg_sim"] <= 1 and r["tdg_real"] is None
+    tight = [r for r in rows if r["kv_blocks"] == 700 and r["rate_scale"] == 2]
+    assert any(r["preemptions_sim"] > 0 for r in tight), "700 blocks at 2x must bind"
+    ranks = bench.rankings(rows, ("vllm-v1", "slide"))
+    assert len(ranks) == 4 and all(r["agree"] is None and len(r["ranking_sim"]) == 2
+                                   for r in ranks)  # fmt: skip
+
+
+def test_replay_metrics(bench: ModuleType) -> None:
+    cfg = bench.parse_args(["--trace", "azure_conv_20min", "--requests", "40"])
+    cells, capacity = bench.build_cells(cfg)
+    assert capacity > 0 and len(cells) == 2 * 3 * 4
+    cell = cells[0]
+    assert [a.priority for a in cell.arrivals] == [priority_of(request_of(a).weight)
+                                                   for a in cell.arrivals]  # fmt: skip
+    profile = load_profile(cfg.profile)
+    a = replay_simulator(cell.arrivals, profile, "vllm-v1", num_blocks=cell.kv_blocks)
+    b = replay_simulator(cell.arrivals, profile, "vllm-v1", num_blocks=cell.kv_blocks)
+    assert identical_share(a, b, cell.arrivals) == 1.0
+    assert ttft_abs_p99_s(a, b, cell.arrivals) == 0.0
+    assert tdg_ratio(a, cell.arrivals, cell.gain_weights) == tdg_ratio(
+        b, cell.arrivals, cell.gain_weights
+    )
+    late = Replay(token_times={k: [t + 1.0 for t in v] for k, v in a.token_times.items()})
+    assert identical_share(late, a, cell.arrivals) == 0.0
+    assert ttft_abs_p99_s(late, a, cell.arrivals) == pytest.approx(1.0)
+    assert tdg_ratio(late, cell.arrivals, cell.gain_weights) < tdg_ratio(
+        a, cell.arrivals, cell.gain_weights
+    )
