@@ -256,9 +256,7 @@ def test_vllm_v1_priority_victim_is_least_important_latest_even_if_already_sched
         at_block_boundary("low-early", arrival=3.0, weight=1.0),
     ]
     queued = [waiting("W", prompt=8, weight=2.0)]
-    plan = make_policy("vllm-v1-priority", estimator()).schedule(
-        v1_state(running, queued, free=1)
-    )
+    plan = make_policy("vllm-v1-priority", estimator()).schedule(v1_state(running, queued, free=1))
     # "low-late" takes the free block; "high" needs one: the victim is "low-late" (weight 1,
     # latest), scheduled already, which gives its block back; nothing is admitted.
     assert ids(plan) == ["high", "low-early"]

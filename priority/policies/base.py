@@ -349,9 +349,7 @@ class BatchBuilder:
         self._scheduled_ids.add(request.request_id)  # never schedule it again this step
         self.plan.preempted.append(request)
 
-    def add_preempting(
-        self, request: Request, want: int | None, victims: Iterable[Request]
-    ) -> int:
+    def add_preempting(self, request: Request, want: int | None, victims: Iterable[Request]) -> int:
         """:meth:`add`, preempting ``victims`` (lowest priority first) while KV is what blocks it.
 
         Victims already scheduled (or the request itself) are skipped; preemption stops as soon

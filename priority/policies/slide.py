@@ -106,6 +106,10 @@ class Ranking:
     """For a decode at position k, the end (exclusive) of the run of decodes starting there."""
     piece_array: npt.NDArray[np.float64] = field(default_factory=lambda: np.empty(0))
     new_block: npt.NDArray[np.bool_] = field(default_factory=lambda: np.empty(0, dtype=bool))
+    next_running: list[int] = field(default_factory=list)
+    """For position k, the first position >= k holding a running request (len if none): once
+    the seats are full, the fill loop jumps over the waiting requests in between."""
+
 
 class SlideBatchingPolicy(SchedulingPolicy):
     name: ClassVar[str] = "slide"
@@ -236,6 +240,9 @@ class SlideBatchingPolicy(SchedulingPolicy):
                 run_end,
             )
         block_size = inp.limits.block_size
+        held = np.flatnonzero(idx < len(inp.running))
+        after = np.searchsorted(held, np.arange(len(idx)))
+        next_running = np.append(held, len(idx))[after]
         return Ranking(
             ordered=_Permuted(requests, idx.tolist()),
             budget_s=budget,
@@ -246,6 +253,7 @@ class SlideBatchingPolicy(SchedulingPolicy):
             decode_run_end=run_end.tolist(),
             piece_array=piece,
             new_block=(computed[idx] % block_size == 0) & is_decode,
+            next_running=next_running.tolist(),
         )
 
     def _load_judgment(
@@ -286,12 +294,17 @@ class SlideBatchingPolicy(SchedulingPolicy):
         block_size = inp.limits.block_size
         starved_cap = self.starve_share * budget
         piece, tail_min, run_end = ranking.piece_s, ranking.tail_min_piece_s, ranking.decode_run_end
+        next_running = ranking.next_running
+        skip_waiting = not self.preempt_for_admission
         k = 0
         while k < len(ordered):
-            request = ordered[k]
             left = budget - builder.time_used_s
             if builder.full or left < tail_min[k]:
                 break
+            if skip_waiting and builder.num_seqs >= builder.max_num_seqs and next_running[k] > k:
+                k = next_running[k]  # no seat for a waiting request: on to the next running one
+                continue
+            request = ordered[k]
             if run_end[k] > k + 1 and request.request_id not in ranking.starved:
                 # a run of decodes: admit the longest prefix that fits in one go
                 end = run_end[k]
@@ -346,8 +359,10 @@ class SlideBatchingPolicy(SchedulingPolicy):
     ) -> None:
         """Give the first request that can run one minimal piece of work, ignoring the budget."""
         for request in ordered:
-            want = 1 if request.num_uncomputed_tokens == 1 else max(
-                1, min(self.min_chunk_tokens, request.num_uncomputed_tokens)
+            want = (
+                1
+                if request.num_uncomputed_tokens == 1
+                else max(1, min(self.min_chunk_tokens, request.num_uncomputed_tokens))
             )
             builder.time_budget_s = None
             granted = builder.add_preempting(request, want, victims)

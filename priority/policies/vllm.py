@@ -116,9 +116,7 @@ class VllmV1Policy(SchedulingPolicy):
 
         admitted: list[tuple[Request, int]] = []
         if not preempted:
-            queue = (
-                sorted(inp.waiting, key=_priority_queue_key) if self.priority else inp.waiting
-            )
+            queue = sorted(inp.waiting, key=_priority_queue_key) if self.priority else inp.waiting
             rule = limits.admission
             for request in queue:
                 if budget <= 0 or len(running) >= limits.max_num_seqs:

@@ -46,6 +46,4 @@ def engine_rules(name: str) -> EngineRules:
     try:
         return ENGINE_RULES[name]
     except KeyError:
-        raise KeyError(
-            f"unknown engine rules {name!r}; known: {', '.join(ENGINE_RULES)}"
-        ) from None
+        raise KeyError(f"unknown engine rules {name!r}; known: {', '.join(ENGINE_RULES)}") from None
