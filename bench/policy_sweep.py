@@ -44,10 +44,18 @@ from rich.console import Console
 from rich.table import Table
 
 from priority.policies import POLICY_NAMES, policy_class
-from priority.profiles import Profile, load_profile
+from priority.profiles import load_profile
 from priority.profiles.derive.models import QWEN2_7B
 from priority.routing import ROUTER_NAMES
 from priority.sim import ClusterConfig, KvTransferModel, PdConfig, Trace, build_workload, load_trace
+from priority.sim.capacity import (
+    ATTAINMENT_TARGET,
+    CAPACITY_POLICY,
+    CAPACITY_ROUTER,
+    Capacity,
+    find_capacity,
+    trace_head,
+)
 from priority.sim.compare import compare_policies
 
 DEFAULT_TRACES = ("azure_conv", "azure_code")
@@ -57,10 +65,6 @@ DEFAULT_CLUSTER = ("a100-qwen2-7b", "910b-qwen2-7b", "a100-qwen2-7b", "910b-qwen
 FALLBACK_BASELINES = ("vllm-v1-priority", "sarathi-priority")
 
 TARGET_POLICY = "slide"
-CAPACITY_POLICY = "vllm-v1"
-CAPACITY_ROUTER = "min-load"
-ATTAINMENT_TARGET = 0.9
-IDLE_UTILIZATION = 0.05
 GAIN_TARGET = 1.35
 GAIN_TARGET_LOADS = (1.5, 2.0)
 """Inclusive load range (x capacity) where SlideBatching must beat the best baseline by 1.35x."""
@@ -72,101 +76,6 @@ per token, so a 1k-token prompt moves in ~5 ms."""
 
 console = Console(stderr=True)
 Log = Callable[[str], None]
-
-
-# ---- workload segment and capacity -------------------------------------------------------------
-
-
-def trace_head(trace: Trace, seconds: float) -> Trace:
-    """The requests arriving in the trace's first ``seconds`` (its own clock)."""
-    if trace.arrival_s is None:
-        raise ValueError(f"trace {trace.name} has no arrival times")
-    keep = int(np.searchsorted(trace.arrival_s, trace.arrival_s[0] + seconds, side="left"))
-    if keep < 2:
-        raise ValueError(f"trace {trace.name}: fewer than 2 requests in the first {seconds} s")
-
-    def cut(column: Any) -> Any:
-        return None if column is None else column[:keep]
-
-    return replace(
-        trace,
-        arrival_s=trace.arrival_s[:keep],
-        prompt_tokens=trace.prompt_tokens[:keep],
-        output_tokens=trace.output_tokens[:keep],
-        tenant=cut(trace.tenant),
-        tier=cut(trace.tier),
-        weight=cut(trace.weight),
-        ttft_slo_s=cut(trace.ttft_slo_s),
-        tpot_slo_s=cut(trace.tpot_slo_s),
-        deadline_s=cut(trace.deadline_s),
-    )
-
-
-def sequential_service_s(trace: Trace, profile: Profile) -> float:
-    """Mean time one request takes alone on ``profile``: its prefill plus its decode steps."""
-    est = profile.estimator()
-    total = 0.0
-    for prompt, output in zip(
-        trace.prompt_tokens.tolist(), trace.output_tokens.tolist(), strict=True
-    ):
-        decode_step = est.batch_time(decode_kv=[prompt + output // 2])
-        total += profile.zero_load_ttft_s(prompt) + (output - 1) * decode_step
-    return total / len(trace)
-
-
-def idle_rate(trace: Trace, profiles: Sequence[Profile]) -> float:
-    """A rate at which the cluster is nearly idle: 5% of its one-request-at-a-time service rate."""
-    return IDLE_UTILIZATION * sum(1.0 / sequential_service_s(trace, p) for p in profiles)
-
-
-@dataclass(frozen=True)
-class Capacity:
-    rps: float
-    """Highest probed rate meeting the target (the 1x load)."""
-    idle_rps: float
-    idle_attainment: float
-    target_attainment: float
-    probes: tuple[tuple[float, float], ...]
-    """(rate, SLO attainment of the default engine), in probe order."""
-
-
-def attainment_at(segment: Trace, config: ClusterConfig, rps: float, seed: int) -> float:
-    workload = build_workload(segment, rps=rps, reference_profile=config.profiles[0], seed=seed)
-    (summary,) = compare_policies(workload, config, [CAPACITY_POLICY])
-    return float(summary["slo_attainment"])
-
-
-def find_capacity(
-    segment: Trace, config: ClusterConfig, *, seed: int, rel_tol: float = 0.05
-) -> Capacity:
-    """Bisect the rate at which ``vllm-v1`` drops below 90% of its near-idle SLO attainment.
-
-    The bracket grows by doubling from the idle rate, then closes geometrically until
-    ``hi / lo <= 1 + rel_tol``. Attainment is assumed to fall with load (it does, up to noise,
-    because every rate replays the same requests).
-    """
-    probes: list[tuple[float, float]] = []
-
-    def probe(rps: float) -> float:
-        value = attainment_at(segment, config, rps, seed)
-        probes.append((rps, value))
-        return value
-
-    idle = idle_rate(segment, config.profiles)
-    idle_att = probe(idle)
-    if idle_att <= 0:
-        raise RuntimeError(f"{CAPACITY_POLICY} attains no SLO on {segment.name} even when idle")
-    target = ATTAINMENT_TARGET * idle_att
-    lo, hi = idle, idle * 2
-    while probe(hi) >= target:
-        lo, hi = hi, hi * 2
-    while hi / lo > 1 + rel_tol:
-        mid = math.sqrt(lo * hi)
-        if probe(mid) >= target:
-            lo = mid
-        else:
-            hi = mid
-    return Capacity(lo, idle, idle_att, target, tuple(probes))
 
 
 # ---- sweeps ------------------------------------------------------------------------------------

@@ -7,10 +7,10 @@
 
 **Workload.** The first ``--requests`` requests of the trace with the project's default tiers
 and SLOs (``priority.sim.workload``, from ``--seed``), arriving at ``rate-scale x capacity``.
-**Capacity** is the profile's, measured as ``bench/policy_sweep.py`` does (SLOs-Serve's serving
-capacity: the highest rate at which the default engine keeps SLO attainment >= 90% of its
-near-idle attainment, bisected in the simulator on the profile's own engine), with ``vllm-v1``
-as the default engine: it is what stock vLLM schedules.
+**Capacity** is the profile's, measured by ``priority.sim.capacity`` as for the policy sweep
+(SLOs-Serve's serving capacity: the highest rate at which the default engine keeps SLO
+attainment >= 90% of its near-idle attainment, bisected in the simulator on the profile's own
+engine), with ``vllm-v1`` as the default engine: it is what stock vLLM schedules.
 
 **Replays.** Every (rate, KV pool, policy) cell replays the same arrivals (``vllm_xargs`` SLOs,
 ``priority`` = -log2 weight) through the real vLLM scheduler of the running interpreter's vLLM
@@ -30,9 +30,7 @@ side alone (no vLLM) to check a configuration quickly.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
-import math
 import os
 import sys
 import tempfile
@@ -58,9 +56,9 @@ from engine_common.sim_replay import (
 )
 from priority.gain import GainWeights
 from priority.policies import POLICY_NAMES, policy_class
-from priority.profiles import Profile, load_profile
-from priority.sim import ClusterConfig, Trace, build_workload, load_trace
-from priority.sim.compare import compare_policies
+from priority.profiles import load_profile
+from priority.sim import build_workload, load_trace
+from priority.sim.capacity import single_instance_capacity, trace_first
 
 DEFAULT_PROFILE = "a100-qwen2-7b"
 DEFAULT_KV_BLOCKS = (67_659, 12_288, 8_192)
@@ -70,74 +68,11 @@ STOCK = {"vllm-v1": ("stock-vllm", "fcfs"), "vllm-v1-priority": ("stock-vllm-pri
 VERSIONED = frozenset(STOCK)
 """Policies that take ``version`` (vLLM 0.23 and 0.33 differ)."""
 
-CAPACITY_POLICY = "vllm-v1"
-CAPACITY_ROUTER = "min-load"
-ATTAINMENT_TARGET = 0.9
-IDLE_UTILIZATION = 0.05
-CAPACITY_REL_TOL = 0.05
 
 console = Console(stderr=True)
 
 
 # ---- workload and capacity ----------------------------------------------------------------------
-
-
-def trace_first(trace: Trace, count: int) -> Trace:
-    """The first ``count`` requests of ``trace``."""
-    if trace.arrival_s is None:
-        raise ValueError(f"trace {trace.name} has no arrival times")
-    if count < 2:
-        raise ValueError("--requests must be >= 2")
-
-    def cut(column: Any) -> Any:
-        return None if column is None else column[:count]
-
-    return dataclasses.replace(
-        trace,
-        **{
-            f.name: cut(getattr(trace, f.name))
-            for f in dataclasses.fields(trace)
-            if f.name != "name"
-        },
-    )
-
-
-def sequential_service_s(trace: Trace, profile: Profile) -> float:
-    """Mean time one request takes alone on ``profile``: its prefill plus its decode steps."""
-    est = profile.estimator()
-    total = 0.0
-    for prompt, output in zip(
-        trace.prompt_tokens.tolist(), trace.output_tokens.tolist(), strict=True
-    ):
-        decode_step = est.batch_time(decode_kv=[prompt + output // 2])
-        total += profile.zero_load_ttft_s(prompt) + (output - 1) * decode_step
-    return total / len(trace)
-
-
-def attainment_at(segment: Trace, profile: Profile, rps: float, seed: int) -> float:
-    workload = build_workload(segment, rps=rps, reference_profile=profile, seed=seed)
-    config = ClusterConfig(profiles=[profile], policy=CAPACITY_POLICY, router=CAPACITY_ROUTER)
-    (summary,) = compare_policies(workload, config, [CAPACITY_POLICY])
-    return float(summary["slo_attainment"])
-
-
-def measure_capacity(segment: Trace, profile: Profile, *, seed: int) -> float:
-    """The 1x rate (req/s): bisection as in ``bench/policy_sweep.py`` (see the docstring)."""
-    idle = IDLE_UTILIZATION / sequential_service_s(segment, profile)
-    idle_attainment = attainment_at(segment, profile, idle, seed)
-    if idle_attainment <= 0:
-        raise RuntimeError(f"{CAPACITY_POLICY} attains no SLO on {segment.name} even when idle")
-    target = ATTAINMENT_TARGET * idle_attainment
-    lo, hi = idle, idle * 2
-    while attainment_at(segment, profile, hi, seed) >= target:
-        lo, hi = hi, hi * 2
-    while hi / lo > 1 + CAPACITY_REL_TOL:
-        mid = math.sqrt(lo * hi)
-        if attainment_at(segment, profile, mid, seed) >= target:
-            lo = mid
-        else:
-            hi = mid
-    return lo
 
 
 # ---- one cell ----------------------------------------------------------------------------------
@@ -269,7 +204,7 @@ def build_cells(cfg: Config) -> tuple[list[Cell], float]:
     """Every cell of the sweep, and the capacity (req/s) the rates are relative to."""
     profile = load_profile(cfg.profile)
     segment = trace_first(load_trace(cfg.trace), cfg.requests)
-    capacity = measure_capacity(segment, profile, seed=cfg.seed)
+    capacity = single_instance_capacity(segment, profile, seed=cfg.seed).rps
     cells = []
     for scale in cfg.rate_scales:
         rps = scale * capacity
