@@ -43,7 +43,10 @@ Choices the paper leaves open (values from JD's xLLM where it has them):
   only a *running* request short of blocks preempts (from the tail of the order); a waiting
   request is admitted only if its whole sequence fits and leaves ``kv_reserve_tokens`` (32) of
   growth for every running request (0 preemptions, TDG 0.948 in the same cell).
-  ``preempt_for_admission=True`` and ``kv_reserve_tokens=0`` restore the published behaviour;
+  ``preempt_for_admission=True`` and ``kv_reserve_tokens=0`` restore the published behaviour.
+  In a real engine with asynchronous scheduling a running request may have all its remaining
+  tokens in flight (nothing to compute this step): it is never a victim, since it finishes or
+  decodes on its own and preempting it would throw that work away;
 * if nothing fits the budget, the head of the order still gets one minimal piece of work, so the
   engine never idles with work queued.
 """
@@ -289,7 +292,11 @@ class SlideBatchingPolicy(SchedulingPolicy):
         builder.plan.num_urgent = ranking.num_urgent
         if not ordered:
             return builder.plan
-        victims = (r for r in reversed(ordered) if r.num_kv_blocks > 0)
+        # a request with nothing to compute this step (its remaining tokens are in flight, only
+        # in a real engine) finishes or decodes on its own: preempting it would throw that away
+        victims = (
+            r for r in reversed(ordered) if r.num_kv_blocks > 0 and r.num_uncomputed_tokens > 0
+        )
         reserve = self._kv_reserve(inp)
         block_size = inp.limits.block_size
         starved_cap = self.starve_share * budget
