@@ -49,6 +49,7 @@ TIGHT_HEADROOM = 1.02
 AMPLE_BLOCKS = 67_659
 BLOCK = 16
 WARM_STEPS = 600
+COEFFICIENTS = load_profile(PROFILE).coefficients
 
 
 @dataclass
@@ -80,8 +81,7 @@ class Engine:
         if timed:
             self.times_s.append(elapsed)
             self.preemptions += len(output.preempted_req_ids or ())
-        coefficients = load_profile(PROFILE).coefficients
-        self.clock.t += step_time(coefficients, self.scheduler, output)
+        self.clock.t += step_time(COEFFICIENTS, self.scheduler, output)
         self.scheduler.update_from_output(output, model_output(self.scheduler, output))
 
     @property

@@ -186,22 +186,10 @@ def step_tokens(
     return tokens
 
 
-def admission_blocks(scheduler: Any, request: Any, tokens: int) -> int:
-    """Free blocks vLLM requires to admit a waiting ``request`` with a first chunk of ``tokens``.
-
-    Both versions check, by default (``scheduler_reserve_full_isl``), that the request's whole
-    current sequence fits, not just the chunk; 0.33 adds a watermark for admissions.
-    """
-    block_size = int(scheduler.block_size)
-    tokens_needed = tokens
-    if getattr(scheduler, "scheduler_reserve_full_isl", False):
-        tokens_needed = max(tokens, request.num_tokens)
-    watermark = int(getattr(scheduler.kv_cache_manager, "watermark_blocks", 0))
-    return -(-tokens_needed // block_size) + watermark
-
-
 def admission_rule(scheduler: Any) -> AdmissionRule:
-    """vLLM's rule for admitting a waiting request (see :func:`admission_blocks`)."""
+    """vLLM's rule for admitting a waiting request: by default (``scheduler_reserve_full_isl``,
+    both versions) its whole current sequence must fit, not just the chunk; 0.33 adds a
+    watermark for admissions."""
     return AdmissionRule(
         full_sequence=bool(getattr(scheduler, "scheduler_reserve_full_isl", False)),
         watermark_blocks=int(getattr(scheduler.kv_cache_manager, "watermark_blocks", 0)),

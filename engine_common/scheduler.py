@@ -123,8 +123,11 @@ class PolicyDriver:
         self.token_budget = min(
             int(scheduler.max_num_scheduled_tokens), int(config.max_num_batched_tokens)
         )
-        self.admission = compat.admission_rule(scheduler)
-        """vLLM's admission rule, planned within so that a plan is not refused."""
+        self.vllm_admission = compat.admission_rule(scheduler)
+        """vLLM's admission rule, read from its configuration (the re-plan safety net checks
+        every plan against it)."""
+        self.admission = self.vllm_admission
+        """The rule handed to the policy, planned within so that a plan is not refused."""
         self.replans = 0
         """Plans redone because vLLM would have refused an admission (policies that plan
         through :class:`BatchBuilder` never need one)."""
@@ -280,10 +283,13 @@ class PolicyDriver:
                 free -= max(0, cdiv(view.num_computed_tokens + tokens, bs) - view.num_kv_blocks)
             else:
                 admissions.append((view, tokens))
+        rule = self.vllm_admission
         for view, tokens in admissions:
-            if compat.admission_blocks(self.scheduler, view, tokens) > free:
+            blocks = cdiv(view.num_computed_tokens + tokens, bs)
+            # conservative: vLLM applies the watermark only while anything is running
+            if rule.required_blocks(view, blocks, bs, anything_running=True) > free:
                 return view.request_id
-            free -= cdiv(view.num_computed_tokens + tokens, bs)
+            free -= blocks
         return None
 
     def cap(self, request: Any, num_new_tokens: int) -> int:

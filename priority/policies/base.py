@@ -57,12 +57,17 @@ class AdmissionRule:
     """Blocks an admission must leave free while any request holds KV (vLLM 0.33's
     ``--watermark`` x the pool's blocks; 0 by default and in 0.23)."""
 
-    def blocks(self, request: Request, block_size: int) -> int:
-        """Free blocks needed to admit ``request``, whatever its first chunk (full-sequence
-        rule; the per-chunk rule checks the chunk in :meth:`BatchBuilder.grantable`)."""
-        if not self.full_sequence:
-            return 0
-        return cdiv(request.num_tokens, block_size)
+    def required_blocks(
+        self, request: Request, chunk_blocks: int, block_size: int, *, anything_running: bool
+    ) -> int:
+        """Free blocks the engine requires, at its admission check, to admit the waiting
+        ``request`` with a first chunk needing ``chunk_blocks`` (the one definition of the rule:
+        the builder, the simulated engine, the vLLM transcription and the adapter's safety net
+        all ask here)."""
+        needed = chunk_blocks
+        if self.full_sequence:
+            needed = max(needed, cdiv(request.num_tokens, block_size))
+        return needed + (self.watermark_blocks if anything_running else 0)
 
 
 PER_CHUNK_ADMISSION = AdmissionRule(full_sequence=False)
@@ -205,20 +210,19 @@ class BatchBuilder:
             return self.free_blocks
         return min(self.free_blocks, self.admission_slack)
 
-    def admission_blocks(self, request: Request) -> int:
-        """Free blocks the engine requires to admit the waiting ``request`` now (beyond its
-        first chunk's, which :meth:`kv_fit_tokens` checks)."""
-        rule = self.admission
-        watermark = rule.watermark_blocks if self.num_seqs > 0 else 0
-        return rule.blocks(request, self.block_size) + watermark
+    def admission_blocks(self, request: Request, chunk_blocks: int = 0) -> int:
+        """Free blocks the engine requires to admit the waiting ``request`` now."""
+        return self.admission.required_blocks(
+            request, chunk_blocks, self.block_size, anything_running=self.num_seqs > 0
+        )
 
     def kv_fit_tokens(self, request: Request) -> int:
         """How many more tokens' KV fit in the request's blocks plus the blocks it may take
         (a waiting request: 0 unless the admission rule lets it in)."""
         if request.num_kv_blocks == 0:
-            required = self.admission_blocks(request)
-            if required > self.free_blocks:
+            if self.admission_blocks(request) > self.free_blocks:
                 return 0
+            # its chunk may take what the watermark leaves free
             free = self.free_blocks - (self.admission.watermark_blocks if self.num_seqs else 0)
         else:
             free = self.usable_blocks
@@ -320,9 +324,7 @@ class BatchBuilder:
         blocks = self.blocks_needed(request, tokens)
         if request.num_kv_blocks == 0:
             # the engine checks this admission after every running allocation of the step
-            watermark = self.admission.watermark_blocks if self.num_seqs > 0 else 0
-            required = max(self.admission.blocks(request, self.block_size), blocks) + watermark
-            slack = self.free_blocks - required
+            slack = self.free_blocks - self.admission_blocks(request, blocks)
             if self.admission_slack is None or slack < self.admission_slack:
                 self.admission_slack = slack
             self._take_blocks(blocks, running=False)

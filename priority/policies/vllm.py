@@ -122,9 +122,11 @@ class VllmV1Policy(SchedulingPolicy):
                 if budget <= 0 or len(running) >= limits.max_num_seqs:
                     break
                 want = min(request.num_uncomputed_tokens, budget)
-                watermark = rule.watermark_blocks if running else 0
                 chunk_blocks = cdiv(request.num_computed_tokens + want, bs)
-                if max(rule.blocks(request, bs), chunk_blocks) + watermark > free:
+                if (
+                    rule.required_blocks(request, chunk_blocks, bs, anything_running=bool(running))
+                    > free
+                ):
                     break
                 running.append(request)
                 admitted.append((request, want))

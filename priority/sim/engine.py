@@ -583,8 +583,7 @@ class EngineCore:
                 free -= max(0, blocks - request.num_kv_blocks)
         seats = len(self.running) - len(plan.preempted)
         for request, blocks in admissions:
-            watermark = rule.watermark_blocks if seats > 0 else 0
-            required = max(rule.blocks(request, bs), blocks) + watermark
+            required = rule.required_blocks(request, blocks, bs, anything_running=seats > 0)
             if required > free:
                 raise PolicyViolation(
                     f"{self.name}: the engine would refuse to admit {request.request_id} "

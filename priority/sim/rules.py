@@ -15,7 +15,7 @@ SlideBatching 0.913 simulated vs 0.828 in vLLM 0.33 at 12,288 blocks). Named rul
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from priority.policies.base import PER_CHUNK_ADMISSION, VLLM_ADMISSION, AdmissionRule
 
@@ -27,12 +27,6 @@ class EngineRules:
     preempted_to_front: bool
     """True: a preempted request goes back to the head of the waiting queue (vLLM's
     ``prepend_request``); False: into arrival order."""
-
-    def with_watermark(self, blocks: int) -> EngineRules:
-        """The same rules with vLLM 0.33's ``--watermark`` (in blocks)."""
-        if blocks < 0:
-            raise ValueError(f"watermark blocks must be >= 0, got {blocks}")
-        return replace(self, admission=replace(self.admission, watermark_blocks=blocks))
 
 
 ENGINE_RULES: dict[str, EngineRules] = {
