@@ -27,17 +27,20 @@ class PolicyParamsError(ValueError):
 
 
 @cache
-def _adapters(cls: type[SchedulingPolicy]) -> dict[str, TypeAdapter[Any]]:
+def _annotations(cls: type[SchedulingPolicy]) -> dict[str, Any]:
+    """The constructor's keyword parameters and their (resolved) annotations."""
     hints = get_type_hints(cls.__init__)
-    adapters: dict[str, TypeAdapter[Any]] = {}
-    for name, parameter in inspect.signature(cls.__init__).parameters.items():
-        if name in _NOT_PARAMETERS or parameter.kind in (
-            inspect.Parameter.VAR_POSITIONAL,
-            inspect.Parameter.VAR_KEYWORD,
-        ):
-            continue
-        adapters[name] = TypeAdapter(hints.get(name, Any))
-    return adapters
+    return {
+        name: hints.get(name, Any)
+        for name, parameter in inspect.signature(cls.__init__).parameters.items()
+        if name not in _NOT_PARAMETERS
+        and parameter.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    }
+
+
+@cache
+def _adapters(cls: type[SchedulingPolicy]) -> dict[str, TypeAdapter[Any]]:
+    return {name: TypeAdapter(annotation) for name, annotation in _annotations(cls).items()}
 
 
 def _unknown_fields(annotation: Any, value: Any) -> list[str]:
@@ -48,10 +51,6 @@ def _unknown_fields(annotation: Any, value: Any) -> list[str]:
         if fields is not None and isinstance(value, Mapping):
             return sorted(str(k) for k in value if k not in fields)
     return []
-
-
-def _annotation(cls: type[SchedulingPolicy], name: str) -> Any:
-    return get_type_hints(cls.__init__).get(name, Any)
 
 
 def parameter_names(cls: type[SchedulingPolicy]) -> tuple[str, ...]:
@@ -69,7 +68,7 @@ def validate_params(cls: type[SchedulingPolicy], raw: Mapping[str, Any]) -> dict
         )
     values: dict[str, Any] = {}
     for name, value in raw.items():
-        extra = _unknown_fields(_annotation(cls, name), value)
+        extra = _unknown_fields(_annotations(cls)[name], value)
         if extra:
             raise PolicyParamsError(
                 f"{cls.name} parameter {name!r}: unknown field(s) {', '.join(extra)}"
