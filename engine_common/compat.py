@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import importlib
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from priority.policies.base import AdmissionRule
@@ -51,17 +52,23 @@ def max_admitted(scheduler: Any) -> int:
     return int(getattr(scheduler, "max_num_active_reqs", scheduler.max_num_running_reqs))
 
 
-def is_blocked(scheduler: Any, request: Any) -> bool:
-    """A waiting request vLLM will skip this step (grammar, remote KV, streaming input)."""
-    return bool(scheduler._is_blocked_waiting_status(request.status))
+def left_to_vllm(scheduler: Any) -> Callable[[Any], bool]:
+    """Whether vLLM keeps a waiting request to itself this step: blocked (grammar, remote KV,
+    streaming input: vLLM skips it) or already holding KV blocks (async KV loads, 0.33's
+    kv-holding queue).
 
+    The adapter asks this of every waiting request every step, so it is one set lookup and one
+    comparison. Both versions' rules reduce to it: a blocked status (the set read once from
+    vLLM's ``_is_blocked_waiting_status``), or computed tokens (0.33's ``_holds_kv_blocks`` adds
+    only ``WAITING_FOR_REMOTE_KVS``, itself a blocked status; 0.23 has no such method).
+    """
+    statuses = importlib.import_module("vllm.v1.request").RequestStatus
+    blocked = frozenset(st for st in statuses if scheduler._is_blocked_waiting_status(st))
 
-def holds_kv(scheduler: Any, request: Any) -> bool:
-    """A waiting request that already holds KV blocks (async KV loads, 0.33's kv-holding queue)."""
-    check = getattr(scheduler, "_holds_kv_blocks", None)
-    if check is not None:
-        return bool(check(request))
-    return bool(request.num_computed_tokens > 0)
+    def left(request: Any) -> bool:
+        return request.status in blocked or request.num_computed_tokens > 0
+
+    return left
 
 
 def other_waiting(scheduler: Any) -> Iterator[Any]:
@@ -72,10 +79,17 @@ def other_waiting(scheduler: Any) -> Iterator[Any]:
             yield from queue
 
 
+def block_table(scheduler: Any) -> dict[str, list[Any]]:
+    """Request id → the KV blocks it holds in the first KV-cache group (full attention)."""
+    table: dict[str, list[Any]] = scheduler.kv_cache_manager.coordinator.single_type_managers[
+        0
+    ].req_to_blocks
+    return table
+
+
 def num_kv_blocks(scheduler: Any, request_id: str) -> int:
     """KV blocks ``request_id`` holds in the first KV-cache group (full attention)."""
-    managers = scheduler.kv_cache_manager.coordinator.single_type_managers
-    return len(managers[0].req_to_blocks.get(request_id, ()))
+    return len(block_table(scheduler).get(request_id, ()))
 
 
 def num_free_blocks(scheduler: Any) -> int:
@@ -150,40 +164,59 @@ def defers_prefills(scheduler: Any, throttle_prefills: bool) -> bool:
     )
 
 
-def step_tokens(
-    scheduler: Any, request: Any, *, running: bool, threshold: int, cache_hit: int = 0
-) -> int:
-    """Tokens vLLM would schedule for ``request`` this step with an unlimited token budget.
+@dataclass(frozen=True, slots=True)
+class StepTokens:
+    """Tokens vLLM would schedule for a request this step with an unlimited token budget.
 
     Running: its uncomputed tokens *including draft tokens awaiting verification* and output
     placeholders of steps in flight; waiting: its uncomputed tokens after ``cache_hit`` tokens
     found in the prefix cache (:func:`prefix_cache_hit`), and a lone decode token padded to
     ``1 + num_speculative_tokens`` as 0.33 pads it (uniform spec-decode batches).
     Both cut at ``threshold`` (:func:`long_prefill_threshold`); running ones also at the model
-    length.
+    length. The scheduler's settings are read once per step (:func:`step_tokens`): the
+    per-request methods run for every request every step.
     """
-    computed = int(request.num_computed_tokens)
-    if running:
-        tokens = int(request.num_tokens_with_spec) + int(request.num_output_placeholders) - computed
-    else:
+
+    threshold: int
+    max_model_len: int
+    sampled: int
+    """Tokens sampled per step (0.33's ``num_sampled_tokens_per_step``; 0.23: always 1)."""
+    pad_to: int
+    """A waiting lone decode's tokens under 0.33's spec-decode padding (0: no padding)."""
+
+    def running(self, request: Any) -> int:
+        computed = request.num_computed_tokens
+        tokens = request.num_tokens_with_spec + request.num_output_placeholders - computed
+        if 0 < self.threshold < tokens:
+            tokens = self.threshold
+        return min(tokens, self.max_model_len - computed - self.sampled)
+
+    def waiting(self, request: Any, cache_hit: int = 0) -> int:
+        computed = request.num_computed_tokens
         # at least the last token, recomputed for its logits (a remote-KV load may have
         # computed the whole prompt)
-        tokens = max(1, int(request.num_tokens) - computed - cache_hit)
-        num_spec = int(getattr(scheduler, "num_spec_tokens", 0) or 0)
+        tokens = max(1, request.num_tokens - computed - cache_hit)
         if (
             tokens == 1
-            and num_spec > 0
-            and getattr(scheduler, "dynamic_sd_lookup", True) is None  # 0.33 only
-            and computed + cache_hit + 1 + num_spec + int(scheduler.num_sampled_tokens_per_step)
-            <= int(scheduler.max_model_len)
+            and self.pad_to
+            and computed + cache_hit + self.pad_to + self.sampled <= self.max_model_len
         ):
-            tokens = 1 + num_spec
-    if 0 < threshold < tokens:
-        tokens = threshold
-    if running:
-        sampled = getattr(scheduler, "num_sampled_tokens_per_step", 1)  # 0.23: always 1
-        tokens = min(tokens, int(scheduler.max_model_len) - computed - int(sampled))
-    return tokens
+            tokens = self.pad_to
+        if 0 < self.threshold < tokens:
+            tokens = self.threshold
+        return tokens
+
+
+def step_tokens(scheduler: Any, threshold: int) -> StepTokens:
+    """The step's :class:`StepTokens` (``threshold``: :func:`long_prefill_threshold`)."""
+    num_spec = int(getattr(scheduler, "num_spec_tokens", 0) or 0)
+    pads = num_spec > 0 and getattr(scheduler, "dynamic_sd_lookup", True) is None  # 0.33 only
+    return StepTokens(
+        threshold=threshold,
+        max_model_len=int(scheduler.max_model_len),
+        sampled=int(getattr(scheduler, "num_sampled_tokens_per_step", 1)),
+        pad_to=1 + num_spec if pads else 0,
+    )
 
 
 def admission_rule(scheduler: Any) -> AdmissionRule:

@@ -13,7 +13,7 @@ users see of the waiting queue is what they configured; only the step's plan reo
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from vllm.v1.core.sched.request_queue import RequestQueue
@@ -23,33 +23,51 @@ class PolicyOrderedQueue(RequestQueue):
     def __init__(self, requests: Iterable[Any] = (), *, ordered: bool = False) -> None:
         self.ordered = ordered
         self._items: list[Any] = sorted(requests) if ordered else list(requests)
-        self._before: dict[int, int] = {}
+        self._before: list[Any] | None = None
+        """The order before this step's :meth:`reorder` (None: the step did not reorder)."""
 
-    def reorder(
-        self, key: Callable[[Any], Any], movable: Callable[[str], bool] | None = None
-    ) -> None:
-        """Stable sort by ``key`` (the adapter's plan rank), for this step only; with
-        ``movable`` (by request id), the other requests keep their places."""
-        self._before = {id(r): i for i, r in enumerate(self._items)}
-        slots = [i for i, r in enumerate(self._items) if movable is None or movable(r.request_id)]
-        moved = sorted((self._items[i] for i in slots), key=key)
+    def reorder(self, front: Sequence[Any], movable: Callable[[str], bool]) -> None:
+        """Put ``front`` (requests in this queue, all ``movable`` by request id) first among the
+        movable requests, in that order, for this step only: the other movable requests follow
+        in their order, the requests that are not movable keep their places.
+
+        A step that admits nothing leaves the queue alone (vLLM's admission loop stops at the
+        first request the plan caps at 0, whatever its order), so the common decode-only step
+        costs nothing here.
+        """
+        if not front:
+            return
+        items = self._items
+        self._before = items.copy()
+        first = {id(r) for r in front}
+        slots = [i for i, r in enumerate(items) if movable(r.request_id)]
+        moved = [*front, *(items[i] for i in slots if id(items[i]) not in first)]
         for i, request in zip(slots, moved, strict=True):
-            self._items[i] = request
+            items[i] = request
 
     def settle(self) -> None:
         """Back to vLLM's own order after the step: the plan's order was for that step, and a
-        planned request vLLM did not admit must not overtake others for good. Under priority
-        scheduling that is priority order; under FCFS the order before :meth:`reorder`, with
-        requests vLLM put in during the step (preempted ones in front, new ones at the back)
-        where vLLM put them."""
-        before, self._before = self._before, {}
-        if self.ordered:
-            self._items.sort()
+        planned request vLLM did not admit must not overtake others for good. The requests
+        still here from before :meth:`reorder` take back their order; the ones vLLM put in
+        during the step stay where vLLM put them (FCFS: preempted ones in front, new ones at
+        the back) or, under priority scheduling, go to their place in priority order."""
+        before, self._before = self._before, None
+        if before is None:
             return
-        slots = [i for i, r in enumerate(self._items) if id(r) in before]
-        kept = sorted((self._items[i] for i in slots), key=lambda r: before[id(r)])
+        index = {id(r): i for i, r in enumerate(before)}
+        items = self._items
+        if self.ordered:
+            kept = [r for r in items if id(r) in index]
+            kept.sort(key=lambda r: index[id(r)])
+            self._items = kept
+            for request in items:
+                if id(request) not in index:
+                    bisect.insort(self._items, request)
+            return
+        slots = [i for i, r in enumerate(items) if id(r) in index]
+        kept = sorted((items[i] for i in slots), key=lambda r: index[id(r)])
         for i, request in zip(slots, kept, strict=True):
-            self._items[i] = request
+            items[i] = request
 
     def add_request(self, request: Any) -> None:
         if self.ordered:

@@ -6,8 +6,10 @@ tokens each computes and whom to preempt. The hooks, all as thin as vLLM allows:
 
 1. **Policy view.** Before vLLM's ``schedule()``, every running request and every schedulable
    waiting request is mirrored into an :class:`EngineRequest` (a :class:`priority.request.Request`
-   cached per request id, refreshed each step: computed/output tokens, KV blocks held, SLO from
-   ``sampling_params.extra_args`` and ``priority``) whose tokens to compute are the ones vLLM
+   cached per request id: SLO from ``sampling_params.extra_args`` and ``priority`` once; computed
+   and output tokens and KV blocks held refreshed each step for running requests, and for a
+   waiting request only when vLLM changed it, see ``EngineRequest.stamp``, as this runs for
+   every queued request every step) whose tokens to compute are the ones vLLM
    would schedule this step (:func:`compat.step_tokens`: draft tokens of speculative decoding
    included, the chunk cut at ``long_prefill_token_threshold`` and the model length, the
    prefix-cache hit a waiting request will find, a lone decode padded to the spec-decode width);
@@ -95,6 +97,9 @@ class EngineRequest(Request):
     step_tokens: int | None = None
     cache_hit: int = 0
     """Waiting: tokens the adapter expects vLLM to find in its prefix cache on admission."""
+    stamp: tuple[int, int, int] | None = None
+    """Waiting: what the view was refreshed from (vLLM's ``num_tokens``, output placeholders,
+    the step's chunk threshold); None: refresh it (it ran, or it holds a cache lookup)."""
 
     @property
     def num_uncomputed_tokens(self) -> int:
@@ -134,8 +139,8 @@ class PolicyDriver:
         self.state = PolicyState()
         self.timer: StepTimer[StepPlan | None] = StepTimer()
         self._views: dict[str, EngineRequest] = {}
+        self._left_to_vllm = compat.left_to_vllm(scheduler)
         self._admitted: dict[str, int] = {}
-        self._first_seen: dict[str, int] = {}
         self._counter = itertools.count()
         self._caps: dict[str, int] | None = None
         self._plan: StepPlan | None = None
@@ -155,14 +160,16 @@ class PolicyDriver:
         now = self.clock()
         self._caps = None
         self._plan = None
+        self._threshold = compat.long_prefill_threshold(s)
+        tokens_of = compat.step_tokens(s, self._threshold)
         running: list[Request] = []
         schedulable = 0
-        self._threshold = compat.long_prefill_threshold(s)
         hidden = 0
+        blocks = compat.block_table(s)
         for req in s.running:
-            view = self._view(req, running=True)
+            view = self._running_view(req, tokens_of, blocks)
             if (
-                compat.is_done_in_flight(req)
+                (req.num_output_placeholders and compat.is_done_in_flight(req))
                 or view.num_uncomputed_tokens < 1
                 or (defer and req.is_prefill_chunk)  # vLLM holds prefill work this step
             ):
@@ -175,24 +182,35 @@ class PolicyDriver:
             else:
                 schedulable += 1
             running.append(view)
-        running.sort(key=lambda v: self._admitted.get(v.request_id, -1))
+        admitted = self._admitted.get
+        running.sort(key=lambda v: admitted(v.request_id, -1))
         # in vLLM's queue order (new requests appended, preempted ones put back at the front),
         # as the simulator keeps its queue; a policy that wants another order sorts
         waiting: list[Request] = []
         unseen = 0  # tokens of waiting requests vLLM handles by itself (see the module doc)
+        # a prefix-cache lookup per waiting request costs ~35 us: only as many as there are
+        # free seats, in vLLM's queue order (the others plan their whole prompt; vLLM then
+        # computes less, never more)
         lookups = compat.max_admitted(s) - len(s.running)
+        left_to_vllm = self._left_to_vllm
+        views = self._views
+        threshold = self._threshold
         for req in s.waiting:
-            if compat.is_blocked(s, req) or compat.holds_kv(s, req):
-                unseen += compat.step_tokens(s, req, running=False, threshold=self._threshold)
+            if left_to_vllm(req):
+                unseen += tokens_of.waiting(req)
             elif not (defer and req.num_computed_tokens < req.num_tokens - 1):
-                # a prefix-cache lookup per waiting request costs ~35 us: only as many as there
-                # are free seats, in vLLM's queue order (the others plan their whole prompt;
-                # vLLM then computes less, never more)
                 lookup = len(waiting) < lookups
-                waiting.append(self._view(req, running=False, lookup=lookup))
+                kept = views.get(req.request_id)
+                if (
+                    kept is None
+                    or lookup
+                    or kept.stamp != (req.num_tokens, req.num_output_placeholders, threshold)
+                ):
+                    kept = self._waiting_view(req, tokens_of, lookup)
+                waiting.append(kept)
             # else: vLLM admits no prompt to prefill this step
         for req in compat.other_waiting(s):
-            unseen += compat.step_tokens(s, req, running=False, threshold=self._threshold)
+            unseen += tokens_of.waiting(req)
         if not schedulable and not waiting:
             return  # nothing for the policy: vLLM's own behaviour
         if self._stalled:
@@ -249,8 +267,12 @@ class PolicyDriver:
                 unseen += drafts
         last = len(rank)
         s.running.sort(key=lambda r: rank.get(r.request_id, last))
-        # only the requests the policy saw move; the others keep their places in vLLM's queue
-        s.waiting.reorder(lambda r: rank.get(r.request_id, last), movable=caps.__contains__)
+        # the planned admissions first, in the plan's order; only the requests the policy saw
+        # move, the others keep their places in vLLM's queue
+        admissions = [
+            s.requests[v.request_id] for v, _ in plan.scheduled if v.status is RequestStatus.WAITING
+        ]
+        s.waiting.reorder(admissions, movable=caps.__contains__)
         self._caps = caps
         self._saved_budget = s.max_num_scheduled_tokens
         # the plan's tokens, and room for the requests the policy does not see should vLLM
@@ -345,39 +367,50 @@ class PolicyDriver:
                 self.policy.estimator.observe(measured.raw_predicted_s, measured.real_s)
                 if measured.payload is not None:
                     self.policy.on_step_end(measured.payload, measured.end_s)
-        live = self.scheduler.requests
-        for request_id in [r for r in self._views if r not in live]:
+        for request_id in self._views.keys() - self.scheduler.requests.keys():
             del self._views[request_id]
             self._admitted.pop(request_id, None)
-            self._first_seen.pop(request_id, None)
 
     # ---- the policy's mirror of a vLLM request -------------------------------------------------
 
-    def _view(self, req: Any, *, running: bool, lookup: bool = False) -> EngineRequest:
-        """The policy's view of ``req``, refreshed (``lookup``: a waiting request's expected
-        prefix-cache hit is looked up)."""
+    def _running_view(
+        self, req: Any, tokens_of: compat.StepTokens, blocks: dict[str, list[Any]]
+    ) -> EngineRequest:
+        """The policy's view of running ``req``, refreshed (every running request, every step:
+        the adapter's hot path)."""
         view = self._views.get(req.request_id)
         if view is None:
-            view = self._new_view(req)
-            self._views[req.request_id] = view
-            self._first_seen[req.request_id] = next(self._counter)
-        view.num_computed_tokens = int(req.num_computed_tokens)
-        view.num_output_tokens = int(req.num_output_tokens) + int(req.num_output_placeholders)
-        view.num_preemptions = int(req.num_preemptions)
-        view.cache_hit = compat.prefix_cache_hit(self.scheduler, req) if lookup else 0
-        view.step_tokens = compat.step_tokens(
-            self.scheduler,
-            req,
-            running=running,
-            threshold=self._threshold,
-            cache_hit=view.cache_hit,
+            view = self._views[req.request_id] = self._new_view(req)
+        view.num_computed_tokens = req.num_computed_tokens
+        view.num_output_tokens = req.num_output_tokens + req.num_output_placeholders
+        view.num_preemptions = req.num_preemptions
+        view.cache_hit = 0
+        view.stamp = None
+        view.step_tokens = tokens_of.running(req)
+        view.status = RequestStatus.RUNNING
+        view.num_kv_blocks = len(blocks.get(req.request_id, ()))
+        return view
+
+    def _waiting_view(self, req: Any, tokens_of: compat.StepTokens, lookup: bool) -> EngineRequest:
+        """The policy's view of waiting ``req``, refreshed (``lookup``: its expected prefix-cache
+        hit is looked up)."""
+        view = self._views.get(req.request_id)
+        if view is None:
+            view = self._views[req.request_id] = self._new_view(req)
+        view.num_computed_tokens = req.num_computed_tokens
+        view.num_output_tokens = req.num_output_tokens + req.num_output_placeholders
+        view.num_preemptions = req.num_preemptions
+        hit = compat.prefix_cache_hit(self.scheduler, req) if lookup else 0
+        view.cache_hit = hit
+        view.step_tokens = tokens_of.waiting(req, hit)
+        # a waiting request's view stays right while it waits: vLLM changes a queued request's
+        # tokens only by running it (a running view clears the stamp) or by appending to it
+        # (streaming input, outputs landing late under async scheduling: the stamp changes)
+        view.stamp = (
+            None if lookup else (req.num_tokens, req.num_output_placeholders, tokens_of.threshold)
         )
-        if running:
-            view.status = RequestStatus.RUNNING
-            view.num_kv_blocks = compat.num_kv_blocks(self.scheduler, req.request_id)
-        else:
-            view.status = RequestStatus.WAITING
-            view.num_kv_blocks = 0
+        view.status = RequestStatus.WAITING
+        view.num_kv_blocks = 0
         return view
 
     def _new_view(self, req: Any) -> EngineRequest:

@@ -35,8 +35,7 @@ def test_fcfs_queue_returns_to_its_order_after_the_step() -> None:
     a, b, c, d = (Item(0, float(i), r) for i, r in enumerate("abcd"))
     queue = PolicyOrderedQueue([a, b, c, d])
     # the plan admits d then c; b is blocked (unseen): it keeps its place
-    rank = {"d": 0, "c": 1}
-    queue.reorder(lambda r: rank.get(r.request_id, 9), movable=lambda rid: rid != "b")
+    queue.reorder([d, c], movable=lambda rid: rid != "b")
     assert ids(queue) == ["d", "b", "c", "a"]
     queue.pop_request()  # vLLM admitted d only
     late = Item(0, 9.0, "late")
@@ -52,10 +51,22 @@ def test_priority_queue_keeps_vllms_priority_order_between_steps() -> None:
     for item in (Item(3, 1.0, "low"), Item(0, 3.0, "high"), Item(2, 2.0, "mid")):
         queue.add_request(item)
     assert ids(queue) == ["high", "mid", "low"]
-    queue.reorder(lambda r: {"low": 0}.get(r.request_id, 9))
-    assert ids(queue)[0] == "low"  # the step's plan
+    low = queue[2]
+    queue.reorder([low], movable=lambda rid: True)
+    assert ids(queue) == ["low", "high", "mid"]  # the step's plan
+    queue.prepend_request(Item(1, 0.5, "pre"))  # vLLM put one back during the step
     queue.settle()
-    assert ids(queue) == ["high", "mid", "low"]
+    assert ids(queue) == ["high", "pre", "mid", "low"]
+
+
+def test_a_step_that_admits_nothing_leaves_the_queue_alone() -> None:
+    a, b = Item(0, 0.0, "a"), Item(0, 1.0, "b")
+    queue = PolicyOrderedQueue([a, b])
+    queue.reorder([], movable=lambda rid: True)
+    queue.pop_request()
+    queue.prepend_request(b)  # vLLM's own moves stand: nothing to settle back to
+    queue.settle()
+    assert ids(queue) == ["b", "b"]
 
 
 def _scheduler(**extra: Any) -> Any:
@@ -86,15 +97,19 @@ def test_step_tokens_count_drafts_placeholders_threshold_and_padding() -> None:
     decode = SimpleNamespace(
         num_computed_tokens=100, num_tokens_with_spec=104, num_output_placeholders=0
     )
-    assert compat.step_tokens(s, decode, running=True, threshold=0) == 4  # 1 + 3 drafts
+    assert compat.step_tokens(s, 0).running(decode) == 4  # 1 + 3 drafts
     prompt = SimpleNamespace(num_computed_tokens=0, num_tokens=800)
-    assert compat.step_tokens(s, prompt, running=False, threshold=400) == 400
-    assert compat.step_tokens(s, prompt, running=False, threshold=0, cache_hit=784) == 16
+    assert compat.step_tokens(s, 400).waiting(prompt) == 400
+    assert compat.step_tokens(s, 0).waiting(prompt, cache_hit=784) == 16
     spec = _scheduler(num_spec_tokens=3)
     last = SimpleNamespace(num_computed_tokens=31, num_tokens=32)
-    assert compat.step_tokens(spec, last, running=False, threshold=0) == 4  # padded decode
+    assert compat.step_tokens(spec, 0).waiting(last) == 4  # padded decode
     loaded = SimpleNamespace(num_computed_tokens=32, num_tokens=32)  # remote KV, all loaded
-    assert compat.step_tokens(s, loaded, running=False, threshold=0) == 1
+    assert compat.step_tokens(s, 0).waiting(loaded) == 1
+    near_end = SimpleNamespace(
+        num_computed_tokens=4090, num_tokens_with_spec=4099, num_output_placeholders=0
+    )
+    assert compat.step_tokens(s, 0).running(near_end) == 5  # cut at the model length
 
 
 def test_engine_request_plans_on_vllms_step_tokens() -> None:
@@ -104,3 +119,16 @@ def test_engine_request_plans_on_vllms_step_tokens() -> None:
     assert view.num_uncomputed_tokens == 1
     view.step_tokens = 4  # three drafts to verify
     assert view.num_uncomputed_tokens == 4 and view.is_prefill
+
+
+def test_left_to_vllm_is_vllms_own_blocked_or_holding_kv_check() -> None:
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.request import RequestStatus
+
+    left = compat.left_to_vllm(Scheduler)  # the checks are static methods
+    holds = getattr(Scheduler, "_holds_kv_blocks", lambda r: r.num_computed_tokens > 0)
+    for status in RequestStatus:
+        for computed in (0, 7):
+            request = SimpleNamespace(status=status, num_computed_tokens=computed)
+            expected = Scheduler._is_blocked_waiting_status(status) or holds(request)
+            assert left(request) == expected, (status, computed)
