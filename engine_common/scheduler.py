@@ -378,12 +378,7 @@ class PolicyDriver:
     ) -> EngineRequest:
         """The policy's view of running ``req``, refreshed (every running request, every step:
         the adapter's hot path)."""
-        view = self._views.get(req.request_id)
-        if view is None:
-            view = self._views[req.request_id] = self._new_view(req)
-        view.num_computed_tokens = req.num_computed_tokens
-        view.num_output_tokens = req.num_output_tokens + req.num_output_placeholders
-        view.num_preemptions = req.num_preemptions
+        view = self._tokens_view(req)
         view.cache_hit = 0
         view.stamp = None
         view.step_tokens = tokens_of.running(req)
@@ -394,12 +389,7 @@ class PolicyDriver:
     def _waiting_view(self, req: Any, tokens_of: compat.StepTokens, lookup: bool) -> EngineRequest:
         """The policy's view of waiting ``req``, refreshed (``lookup``: its expected prefix-cache
         hit is looked up)."""
-        view = self._views.get(req.request_id)
-        if view is None:
-            view = self._views[req.request_id] = self._new_view(req)
-        view.num_computed_tokens = req.num_computed_tokens
-        view.num_output_tokens = req.num_output_tokens + req.num_output_placeholders
-        view.num_preemptions = req.num_preemptions
+        view = self._tokens_view(req)
         hit = compat.prefix_cache_hit(self.scheduler, req) if lookup else 0
         view.cache_hit = hit
         view.step_tokens = tokens_of.waiting(req, hit)
@@ -411,6 +401,16 @@ class PolicyDriver:
         )
         view.status = RequestStatus.WAITING
         view.num_kv_blocks = 0
+        return view
+
+    def _tokens_view(self, req: Any) -> EngineRequest:
+        """The view of ``req`` (made on first sight) with vLLM's token counts copied in."""
+        view = self._views.get(req.request_id)
+        if view is None:
+            view = self._views[req.request_id] = self._new_view(req)
+        view.num_computed_tokens = req.num_computed_tokens
+        view.num_output_tokens = req.num_output_tokens + req.num_output_placeholders
+        view.num_preemptions = req.num_preemptions
         return view
 
     def _new_view(self, req: Any) -> EngineRequest:
