@@ -10,7 +10,7 @@ SIM_ARGS ?= --trace azure_conv_20min --profile a100-qwen2-7b,910b-qwen2-7b --ins
 	--router goroute --policy vllm-v1,vllm-v1-priority,vllm-v0-fcfs,sarathi-priority,fairbatching,wvtc,slide \
 	--rate-scale 2,4,5 --duration 300 --seed 0 --json $(OUT)/sim.json --plot $(OUT)/sim.png
 
-.PHONY: run sim test lint install install-dev
+.PHONY: run sim test test-fast lint install install-dev
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -34,7 +34,13 @@ sim: install
 
 lint: install-dev
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
+# The full suite (what CI runs).
 test: install-dev
 	$(BIN)/python -m pytest
+
+# Local work: everything but the tests marked slow.
+test-fast: install-dev
+	$(BIN)/python -m pytest -m "not slow"

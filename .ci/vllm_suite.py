@@ -182,9 +182,20 @@ def run_policy(policy: str, tree: Path, files: list[str], keyword: str | None, o
     for key in [k for k in env if k.startswith("TIERGATE_") and k != "TIERGATE_SUITE_POLICY"]:
         del env[key]
     cmd = [
-        sys.executable, "-m", "pytest", "-p", "vllm_suite", "-p", "no:cacheprovider",
-        "-q", "--tb=line", "-o", "junit_family=xunit2", f"--junitxml={out}", *files,
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "pytest",
+        "-p",
+        "vllm_suite",
+        "-p",
+        "no:cacheprovider",
+        "-q",
+        "--tb=line",
+        "-o",
+        "junit_family=xunit2",
+        f"--junitxml={out}",
+        *files,
+    ]
     if keyword:
         cmd += ["-k", keyword]
     log = out.with_suffix(".log").open("w")

@@ -63,8 +63,13 @@ def engine_state(
         slo = SLO(ttft_s=float(rng.uniform(1.0, 5.0)), tpot_s=float(rng.choice([0.05, 0.1])))
         arrival = now - slo.ttft_s - outputs * slo.tpot_s * float(rng.uniform(0.6, 1.2))
         req = Request(
-            f"{tag}r{i}", arrival, prompt, slo, weight=float(rng.choice([1.0, 2.0])),
-            tenant=f"t{i % 8}", true_output_tokens=outputs + int(rng.integers(1, 500)),
+            f"{tag}r{i}",
+            arrival,
+            prompt,
+            slo,
+            weight=float(rng.choice([1.0, 2.0])),
+            tenant=f"t{i % 8}",
+            true_output_tokens=outputs + int(rng.integers(1, 500)),
             max_output_tokens=4096,
         )
         req.status = RequestStatus.RUNNING
@@ -85,9 +90,14 @@ def engine_state(
         slo = SLO(ttft_s=float(rng.uniform(1.0, 5.0)), tpot_s=float(rng.choice([0.05, 0.1])))
         waiting.append(
             Request(
-                f"{tag}w{j}", now - float(rng.uniform(0.0, 3.0)), int(rng.integers(16, 4096)), slo,
-                weight=float(rng.choice([1.0, 2.0])), tenant=f"t{j % 8}",
-                true_output_tokens=int(rng.integers(1, 1000)), max_output_tokens=4096,
+                f"{tag}w{j}",
+                now - float(rng.uniform(0.0, 3.0)),
+                int(rng.integers(16, 4096)),
+                slo,
+                weight=float(rng.choice([1.0, 2.0])),
+                tenant=f"t{j % 8}",
+                true_output_tokens=int(rng.integers(1, 1000)),
+                max_output_tokens=4096,
             )
         )
     free = max(0, profile.engine.num_kv_blocks - used_blocks)
@@ -138,7 +148,11 @@ def measure(
     samples.sort()
     p99 = samples[min(len(samples) - 1, round(0.99 * (len(samples) - 1)))]
     return Measurement(
-        policy_name, num_waiting, num_running, statistics.median(samples), p99,
+        policy_name,
+        num_waiting,
+        num_running,
+        statistics.median(samples),
+        p99,
         statistics.median(steps),
     )
 
@@ -180,8 +194,12 @@ def main(argv: list[str] | None = None) -> int:
     for m in results:
         ratio = m.p99_ms / m.step_time_ms if m.step_time_ms > 0 else float("nan")
         table.add_row(
-            m.policy, str(m.waiting), f"{m.p50_ms:.3f}", f"{m.p99_ms:.3f}",
-            f"{m.step_time_ms:.1f}", f"{ratio:.2%}",
+            m.policy,
+            str(m.waiting),
+            f"{m.p50_ms:.3f}",
+            f"{m.p99_ms:.3f}",
+            f"{m.step_time_ms:.1f}",
+            f"{ratio:.2%}",
         )
     Console().print(table)
     return 0

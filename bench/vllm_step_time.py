@@ -69,10 +69,14 @@ class Engine:
         priority = -1 if weight > 1 else 0
         self.scheduler.add_request(
             make_request(
-                rid, prompt, max_tokens, arrival_time=self.clock.t, extra_args=extra,
+                rid,
+                prompt,
+                max_tokens,
+                arrival_time=self.clock.t,
+                extra_args=extra,
                 priority=priority,
             )
-        )  # fmt: skip
+        )
 
     def step(self, timed: bool) -> None:
         started = time.perf_counter()
@@ -106,9 +110,13 @@ def build(label: str, model_dir: Path, num_blocks: int, running: int) -> Engine:
         )
     else:
         scheduler = build_scheduler(
-            model_dir, num_blocks=num_blocks, policy=label, profile=PROFILE,
-            max_num_seqs=running, clock=clock,
-        )  # fmt: skip
+            model_dir,
+            num_blocks=num_blocks,
+            policy=label,
+            profile=PROFILE,
+            max_num_seqs=running,
+            clock=clock,
+        )
     return Engine(label, scheduler, clock)
 
 
@@ -194,15 +202,28 @@ def main(argv: list[str] | None = None) -> int:
         print()
         return 0
     table = Table(title=f"schedule() per step, {args.running} running + {args.waiting} waiting")
-    for column in ("kv", "policy", "p50 ms", "p99 ms", "mean ms", "p50 / stock", "re-plans",
-                   "preemptions"):  # fmt: skip
+    for column in (
+        "kv",
+        "policy",
+        "p50 ms",
+        "p99 ms",
+        "mean ms",
+        "p50 / stock",
+        "re-plans",
+        "preemptions",
+    ):
         table.add_column(column, justify="left" if column in ("kv", "policy") else "right")
     for r in rows:
         table.add_row(
-            f"{r['kv']} ({r['kv_blocks']})", r["policy"], f"{r['p50_ms']:.3f}",
-            f"{r['p99_ms']:.3f}", f"{r['mean_ms']:.3f}", str(r["p50_over_stock"]),
-            str(r["replans"]), str(r["preemptions"]),
-        )  # fmt: skip
+            f"{r['kv']} ({r['kv_blocks']})",
+            r["policy"],
+            f"{r['p50_ms']:.3f}",
+            f"{r['p99_ms']:.3f}",
+            f"{r['mean_ms']:.3f}",
+            str(r["p50_over_stock"]),
+            str(r["replans"]),
+            str(r["preemptions"]),
+        )
     Console().print(table)
     return 0
 

@@ -1,5 +1,5 @@
-"""The stat-logger plugin, shared with the CUDA side (see :mod:`engine_cuda.metrics`)."""
+"""The stat-logger plugin, shared with the CUDA side (see :mod:`engine_common.stat_logger`)."""
 
-from engine_cuda.metrics import TiergateStatLogger
+from engine_common.stat_logger import TiergateStatLogger
 
 __all__ = ["TiergateStatLogger"]

@@ -1,16 +1,16 @@
-"""Time real forward passes on an Ascend NPU: ``engine_cuda.profile_batches`` on torch_npu.
+"""Time real forward passes on an Ascend NPU: :mod:`engine_common.profiling` on torch_npu.
 
     python -m engine_ascend.profile_batches_npu --model qwen2-7b -o 910b-qwen2-7b.csv
     python -m engine_ascend.profile_batches_npu --model /models/Qwen2-7B/config.json -o t.csv
-    tiergate profile fit 910b-qwen2-7b.csv -o my-910b.json --hardware ascend-910b --model qwen2-7b
+    python -m priority.cli profile fit 910b-qwen2-7b.csv -o my-910b.json --hardware ascend-910b
 
 The model (random weights from a preset or a ``config.json``: nothing is downloaded, such hosts
-usually have no internet), the batch grid and the CSV are ``engine_cuda.profile_batches``'s; only
-the :class:`~engine_cuda.profile_batches.Device` differs. ``import torch_npu`` registers the
-``npu`` device; the NPU runs asynchronously to the host like CUDA, so each pass is timed on the
-device between two ``Event(enable_timing=True)`` records after a ``synchronize()``. bf16 by
-default (``--dtype float16`` for fp16). The table gains one metadata column, ``torch_npu`` (its
-version), which ``tiergate profile fit`` keeps as row metadata.
+usually have no internet), the batch grid and the CSV are :mod:`engine_common.profiling`'s, as
+for ``engine_cuda.profile_batches``; only the :class:`~engine_common.profiling.Device` differs.
+``import torch_npu`` registers the ``npu`` device; the NPU runs asynchronously to the host like
+CUDA, so each pass is timed on the device between two ``Event(enable_timing=True)`` records after
+a ``synchronize()``. bf16 by default (``--dtype float16`` for fp16). The table gains one metadata
+column, ``torch_npu`` (its version), which ``profile fit`` keeps as row metadata.
 
 ``--device cpu`` runs the same code on the CPU (wall time, fp32, the same columns as the CUDA
 script's CPU run), so the device-independent path is tested where there is no NPU.
@@ -21,8 +21,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from engine_cuda.profile_batches import Device, Timer, cuda_or_cpu
-from engine_cuda.profile_batches import main as _profile_main
+from engine_common.profiling import Device, Timer, cuda_or_cpu
+from engine_common.profiling import main as _profile_main
 
 SOURCE = "engine_ascend.profile_batches_npu"
 DEFAULT_DEVICE = "npu:0"
@@ -88,7 +88,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         resolve_device=npu_or_cpu,
         device_help=f"npu, npu:N or cpu (default: {DEFAULT_DEVICE})",
         source=SOURCE,
-        description=__doc__.split("\n\n")[0] if __doc__ else None,
+        description=(__doc__ or "").split("\n\n")[0],
     )
 
 

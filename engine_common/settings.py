@@ -20,6 +20,8 @@ variable                        meaning                                         
 ==============================  =====================================================  ============
 
 Every error names the variable and, for names, the known values, so a typo fails at start-up.
+The ``DEFAULT_*`` variables fill :class:`~engine_common.protocol.BestEffortDefaults`, the defaults
+of the gateway→engine protocol (re-exported here).
 """
 
 from __future__ import annotations
@@ -31,9 +33,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine_common.protocol import BestEffortDefaults
 from priority.estimator import DEFAULT_THETA, DEFAULT_WINDOW
 from priority.policies import POLICY_NAMES, SchedulingPolicy, make_policy, policy_class
 from priority.profiles import Profile, available_profiles, load_profile
+
+__all__ = ["PREFIX", "BestEffortDefaults", "EngineSettings", "SettingsError"]
 
 PREFIX = "TIERGATE_"
 
@@ -43,24 +48,11 @@ class SettingsError(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
-class BestEffortDefaults:
-    """What a request without SLO metadata gets: best effort in the default tier."""
-
-    tier: str = "default"
-    weight: float = 1.0
-    ttft_s: float | None = None
-    """None: ``max(ttft_scale x zero-load TTFT of the prompt, ttft_floor_s)``."""
-    tpot_s: float = 0.1
-    ttft_scale: float = 5.0
-    ttft_floor_s: float = 0.2
-
-
-@dataclass(frozen=True, slots=True)
 class EngineSettings:
     policy: str
     profile: Profile
     policy_params: Mapping[str, Any] = field(default_factory=dict)
-    defaults: BestEffortDefaults = BestEffortDefaults()
+    defaults: BestEffortDefaults = field(default_factory=BestEffortDefaults)
     theta: float = DEFAULT_THETA
     window: int = DEFAULT_WINDOW
 
@@ -73,9 +65,7 @@ class EngineSettings:
             raise SettingsError(f"{PREFIX}POLICY_PARAMS for {self.policy!r}: {exc}") from None
 
     @classmethod
-    def from_env(
-        cls, default_profile: str, env: Mapping[str, str] | None = None
-    ) -> EngineSettings:
+    def from_env(cls, default_profile: str, env: Mapping[str, str] | None = None) -> EngineSettings:
         env = os.environ if env is None else env
         policy = env.get(f"{PREFIX}POLICY", "slide").strip()
         if policy not in POLICY_NAMES:

@@ -22,7 +22,15 @@ from typing import Any
 
 import numpy as np
 
-from engine_common.slo import DEADLINE_MS, TENANT, TIER, TPOT_MS, TTFT_MS, WEIGHT
+from engine_common.protocol import (
+    DEADLINE_MS,
+    TENANT,
+    TIER,
+    TPOT_MS,
+    TTFT_MS,
+    WEIGHT,
+    priority_from_weight,
+)
 from priority.gain import GainWeights, ideal_tdg, tdg
 from priority.policies import make_policy
 from priority.profiles import EngineConfig, Profile
@@ -67,8 +75,8 @@ class Replay:
 
 
 def priority_of(weight: float) -> int:
-    """vLLM's ``priority`` for a tier weight (the plugin reads it back as ``2 ** -priority``)."""
-    return -round(math.log2(weight))
+    """vLLM's ``priority`` for a tier weight, as the gateway sends it."""
+    return priority_from_weight(weight)
 
 
 def arrivals_from_workload(workload: Workload) -> list[Arrival]:

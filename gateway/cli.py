@@ -214,12 +214,30 @@ def tiers_list() -> None:
     """List tiers, most important first."""
     with _transaction() as session:
         rows = [
-            (t.name, t.weight, t.ttft_ms, t.tpot_ms, t.deadline_ms, t.rpm_limit, t.tpm_limit,
-             t.max_concurrency, t.best_effort_allowed)
+            (
+                t.name,
+                t.weight,
+                t.ttft_ms,
+                t.tpot_ms,
+                t.deadline_ms,
+                t.rpm_limit,
+                t.tpm_limit,
+                t.max_concurrency,
+                t.best_effort_allowed,
+            )
             for t in crud.list_tiers(session)
-        ]  # fmt: skip
-    columns = ("name", "weight", "TTFT ms", "TPOT ms", "deadline ms", "RPM", "TPM",
-               "concurrency", "best effort")  # fmt: skip
+        ]
+    columns = (
+        "name",
+        "weight",
+        "TTFT ms",
+        "TPOT ms",
+        "deadline ms",
+        "RPM",
+        "TPM",
+        "concurrency",
+        "best effort",
+    )
     _print_table("tiers", columns, rows)
 
 
@@ -513,11 +531,17 @@ def usage(
         summarize = crud.usage_by_tenant if by == "tenant" else crud.usage_by_tier
         summaries = summarize(session, since=since)
     rows = [
-        (s.group, s.requests, s.ok, s.rejected, s.errors, s.total_tokens,
-         None if s.slo_attainment is None else f"{s.slo_attainment:.1%}",
-         None if s.tdg_ratio is None else f"{s.tdg_ratio:.3f}")
+        (
+            s.group,
+            s.requests,
+            s.ok,
+            s.rejected,
+            s.errors,
+            s.total_tokens,
+            None if s.slo_attainment is None else f"{s.slo_attainment:.1%}",
+            None if s.tdg_ratio is None else f"{s.tdg_ratio:.3f}",
+        )
         for s in summaries
-    ]  # fmt: skip
-    columns = (by, "requests", "ok", "rejected", "errors", "tokens", "SLO attainment",
-               "TDG ratio")  # fmt: skip
+    ]
+    columns = (by, "requests", "ok", "rejected", "errors", "tokens", "SLO attainment", "TDG ratio")
     _print_table(f"usage, last {hours:g} h", columns, rows)

@@ -1,8 +1,9 @@
-"""``tiergate serve``: the embedded default, runnable on a fresh machine with no configuration.
+"""Serving the gateway: migrate and seed the database, say how to call it, run uvicorn.
 
-SQLite (migrated and seeded), four emulated engines in this process on free ports (two Ascend
-910B and two A100 profiles serving one model name, so GoRouting really chooses between hardware),
-and the gateway on port 8000. With ``--no-emulated`` it serves the backends table instead.
+The gateway serves the backends a :data:`BackendsSource` starts and yields, or, without one, the
+backends table. What starts four emulated engines for ``tiergate serve`` (the embedded default
+of ``make run``) lives above the gateway, in :mod:`tiergate_cli`: the gateway never imports the
+emulated engine (``gateway/engine_sim/``), so it runs unchanged in front of real vLLM engines.
 """
 
 from __future__ import annotations
@@ -10,9 +11,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import getpass
-from typing import Annotated
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 
-import typer
 import uvicorn
 from rich.console import Console
 
@@ -23,13 +24,11 @@ from gateway.db.crud.keys import create_key
 from gateway.db.security import server_secret
 from gateway.db.seed import seed_defaults
 from gateway.db.session import make_engine, make_session_factory
-from gateway.engine_sim.serve import EngineSpec, serve_engines, stop_engines
 from gateway.settings import Settings, get_settings
-from priority.policies import POLICY_NAMES
 
-EMULATED_FLEET = ("910b-qwen2-7b", "910b-qwen2-7b", "a100-qwen2-7b", "a100-qwen2-7b")
-MODEL_NAME = "qwen2-7b"
-"""The one model name the emulated fleet serves (clients ask for this)."""
+BackendsSource = Callable[[], AbstractAsyncContextManager[list[BackendSpec] | None]]
+"""Starts what the gateway routes to on the serving loop and yields its specs (None: the
+backends table); leaving the context stops it, after the gateway has stopped."""
 
 console = Console(stderr=True)
 
@@ -49,67 +48,8 @@ def prepare_database(settings: Settings) -> str | None:
         return created.plaintext
 
 
-async def run(
-    settings: Settings, *, host: str, port: int, policy: str, emulated: bool, log_level: str
-) -> None:
-    engines = []
-    backends: list[BackendSpec] | None = None
-    if emulated:
-        specs = [
-            EngineSpec(profile=profile, policy=policy, model_name=MODEL_NAME, seed=i)
-            for i, profile in enumerate(EMULATED_FLEET)
-        ]
-        engines = await serve_engines(specs)
-        backends = [
-            BackendSpec(
-                name=f"emulated-{i}-{spec.profile}",
-                base_url=engine.url,
-                model=MODEL_NAME,
-                profile=str(spec.profile),
-                kind="emulated",
-            )
-            for i, (spec, engine) in enumerate(zip(specs, engines, strict=True))
-        ]
-        for backend in backends:
-            console.print(f"  emulated engine {backend.name} at {backend.base_url}")
-    server = uvicorn.Server(
-        uvicorn.Config(
-            create_app(settings, backends=backends),
-            host=host,
-            port=port,
-            log_level=log_level,
-            access_log=False,
-        )
-    )
-    try:
-        await server.serve()
-    finally:
-        await stop_engines(engines)
-
-
-def serve_command(
-    host: Annotated[str, typer.Option(help="Address the gateway binds.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(min=1, max=65535, help="Gateway port.")] = 8000,
-    policy: Annotated[
-        str, typer.Option(help=f"Policy of the emulated engines: {', '.join(POLICY_NAMES)}.")
-    ] = "slide",
-    emulated: Annotated[
-        bool,
-        typer.Option(
-            "--emulated/--no-emulated",
-            help="Serve four in-process emulated engines (default) or the backends table.",
-        ),
-    ] = True,
-    log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
-) -> None:
-    """Run the gateway (embedded default: SQLite + four emulated engines, seeded tiers)."""
-    if policy not in POLICY_NAMES:
-        raise typer.BadParameter(
-            f"unknown policy {policy!r}; known: {', '.join(POLICY_NAMES)}", param_hint="--policy"
-        )
-    settings = get_settings()
-    demo_key = prepare_database(settings)
-    base = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
+def announce(settings: Settings, *, base: str, demo_key: str | None, model: str) -> None:
+    """Where the gateway listens, the demo key (printed once, on stdout) and a first request."""
     console.print(f"[bold]tiergate[/bold] gateway on {base} (database {settings.database_url})")
     if demo_key is not None:
         console.print("Demo API key for tenant [bold]demo[/bold] (shown once, store it now):")
@@ -122,19 +62,48 @@ def serve_command(
     console.print(
         f"Try: curl {base}/v1/chat/completions -H 'Authorization: Bearer $KEY' "
         f"-H 'Content-Type: application/json' "
-        f'-d \'{{"model": "{MODEL_NAME}", "messages": [{{"role": "user", '
+        f'-d \'{{"model": "{model}", "messages": [{{"role": "user", '
         f'"content": "hello"}}], "max_tokens": 32}}\''
     )
     if settings.admin_key is None or not settings.admin_key.get_secret_value():
         console.print("Admin API (/admin/v1) is off: set TIERGATE_ADMIN_KEY to enable it.")
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(
-            run(
-                settings,
+
+
+async def run(
+    settings: Settings,
+    *,
+    host: str,
+    port: int,
+    log_level: str,
+    backends: BackendsSource | None = None,
+) -> None:
+    """Serve the gateway until uvicorn stops, inside ``backends``' context when given."""
+    source = backends() if backends is not None else contextlib.nullcontext(None)
+    async with source as specs:
+        server = uvicorn.Server(
+            uvicorn.Config(
+                create_app(settings, backends=specs),
                 host=host,
                 port=port,
-                policy=policy,
-                emulated=emulated,
                 log_level=log_level,
+                access_log=False,
             )
         )
+        await server.serve()
+
+
+def serve(
+    *,
+    host: str,
+    port: int,
+    log_level: str,
+    model: str,
+    backends: BackendsSource | None = None,
+) -> None:
+    """Prepare the database, announce, and serve until interrupted (``model``: for the example)."""
+    settings = get_settings()
+    demo_key = prepare_database(settings)
+    base = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
+    announce(settings, base=base, demo_key=demo_key, model=model)
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(run(settings, host=host, port=port, log_level=log_level, backends=backends))

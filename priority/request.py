@@ -17,6 +17,14 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 
+def relative_ttft_s(zero_load_ttft_s: float, scale: float, floor_s: float) -> float:
+    """A TTFT objective relative to the hardware: ``scale`` times the prompt's TTFT on an idle
+    engine, at least ``floor_s`` (the simulator's default SLOs and the engines' defaults for a
+    request that names none: a fixed number of seconds would be lax for a short prompt on an
+    H100 and unmeetable for a long one on a small accelerator)."""
+    return max(scale * zero_load_ttft_s, floor_s)
+
+
 @dataclass(frozen=True, slots=True)
 class SLO:
     """Latency objectives of one request.

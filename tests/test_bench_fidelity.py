@@ -71,9 +71,21 @@ def test_sim_only_run(bench: ModuleType, capsys: pytest.CaptureFixture[str]) -> 
     assert bench.main(argv) == 0
     rows = json.loads(capsys.readouterr().out)
     assert len(rows) == 2 * 2 * 2
-    keys = {"policy", "trace", "rate_scale", "kv_blocks", "requests", "identical_share",
-            "tdg_real", "tdg_sim", "ttft_abs_p99_s", "preemptions_real", "preemptions_sim",
-            "decision_ms_per_step_real", "decision_ms_p99_real"}  # fmt: skip
+    keys = {
+        "policy",
+        "trace",
+        "rate_scale",
+        "kv_blocks",
+        "requests",
+        "identical_share",
+        "tdg_real",
+        "tdg_sim",
+        "ttft_abs_p99_s",
+        "preemptions_real",
+        "preemptions_sim",
+        "decision_ms_per_step_real",
+        "decision_ms_p99_real",
+    }
     for r in rows:
         assert keys <= set(r)
         assert r["requests"] == 80 and r["trace"] == "azure_conv_20min"
@@ -81,8 +93,7 @@ def test_sim_only_run(bench: ModuleType, capsys: pytest.CaptureFixture[str]) -> 
     tight = [r for r in rows if r["kv_blocks"] == 700 and r["rate_scale"] == 2]
     assert any(r["preemptions_sim"] > 0 for r in tight), "700 blocks at 2x must bind"
     ranks = bench.rankings(rows, ("vllm-v1", "slide"))
-    assert len(ranks) == 4 and all(r["agree"] is None and len(r["ranking_sim"]) == 2
-                                   for r in ranks)  # fmt: skip
+    assert len(ranks) == 4 and all(r["agree"] is None and len(r["ranking_sim"]) == 2 for r in ranks)
 
 
 def test_replay_metrics(bench: ModuleType) -> None:
@@ -90,8 +101,9 @@ def test_replay_metrics(bench: ModuleType) -> None:
     cells, capacity = bench.build_cells(cfg)
     assert capacity > 0 and len(cells) == 2 * 3 * 4
     cell = cells[0]
-    assert [a.priority for a in cell.arrivals] == [priority_of(request_of(a).weight)
-                                                   for a in cell.arrivals]  # fmt: skip
+    assert [a.priority for a in cell.arrivals] == [
+        priority_of(request_of(a).weight) for a in cell.arrivals
+    ]
     profile = load_profile(cfg.profile)
     a = replay_simulator(cell.arrivals, profile, "vllm-v1", num_blocks=cell.kv_blocks)
     b = replay_simulator(cell.arrivals, profile, "vllm-v1", num_blocks=cell.kv_blocks)

@@ -1,4 +1,6 @@
-"""The ``tiergate sim`` contract other tools depend on: flags, JSON schema, errors."""
+"""The ``tiergate sim`` contract other tools depend on: flags, JSON schema, errors; and the
+``tiergate`` script's assembly: the core's CLI (``python -m priority.cli``) mounted with the
+gateway's commands, every sub-command where it was."""
 
 from __future__ import annotations
 
@@ -7,8 +9,10 @@ import re
 from pathlib import Path
 
 import pytest
+import typer
 from typer.testing import CliRunner
 
+import tiergate_cli
 from priority.cli import app
 
 RESULT_KEYS = {
@@ -121,3 +125,32 @@ def test_unknown_profile_and_trace() -> None:
         app, ["sim", "--trace", "/nonexistent.csv", "--profile", "a100-qwen2-7b", "--rps", "1"]
     )
     assert result.exit_code == 2 and "does not exist" in plain(result.output)
+
+
+def commands(typer_app: typer.Typer) -> set[str]:
+    group = typer.main.get_command(typer_app)
+    assert isinstance(group, typer.core.TyperGroup)
+    return set(group.commands)
+
+
+def test_tiergate_mounts_the_core_and_the_gateway_commands() -> None:
+    assert commands(app) == {"sim", "profile"}  # the core's CLI: no web stack behind it
+    core, gateway = {"sim", "profile"}, {"serve", "engine-sim", "usage"}
+    groups = {"db", "tiers", "tenants", "keys", "backends", "profiles"}
+    assert commands(tiergate_cli.app) == core | gateway | groups
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["sim", "--trace", "azure_conv_20min", "--profile", "tpu-x", "--rps", "1"], "tpu-x"),
+        (["serve", "--policy", "nope"], "unknown policy 'nope'"),
+        (["engine-sim", "--profile", "a100-qwen2-7b", "--policy", "nope"], "unknown policy"),
+        (["profile", "fit", "/nonexistent.csv", "-o", "x.json"], "does not exist"),
+    ],
+)
+def test_tiergate_commands_take_their_arguments(args: list[str], message: str) -> None:
+    """Each command is reached through ``tiergate`` and parses its options (refused before any
+    server or database starts)."""
+    result = runner.invoke(tiergate_cli.app, args)
+    assert result.exit_code == 2 and message in plain(result.output), result.output

@@ -110,8 +110,13 @@ def test_gain_weights_from_lengths() -> None:
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{}, {"ttft_s": 1.0}, {"tpot_s": 0.1, "deadline_s": 1.0}, {"deadline_s": -1.0},
-     {"ttft_s": math.inf, "tpot_s": 0.1}],
+    [
+        {},
+        {"ttft_s": 1.0},
+        {"tpot_s": 0.1, "deadline_s": 1.0},
+        {"deadline_s": -1.0},
+        {"ttft_s": math.inf, "tpot_s": 0.1},
+    ],
 )
 def test_slo_validation(kwargs: dict[str, float]) -> None:
     with pytest.raises(ValueError):

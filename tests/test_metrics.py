@@ -83,8 +83,12 @@ def test_hand_computed_summary() -> None:
     assert m["ttft_p99_s"] == pytest.approx(0.5 + 0.98 * 0.5)
     assert m["tpot_p50_s"] == pytest.approx((0.75 + 0.15) / 2)
     high, low = m["per_tier"]["high"], m["per_tier"]["low"]
-    assert high == {"weight": 2.0, "tdg_ratio": pytest.approx(8 / 24), "slo_attainment": 0.0,
-                    "submitted": 2}  # fmt: skip
+    assert high == {
+        "weight": 2.0,
+        "tdg_ratio": pytest.approx(8 / 24),
+        "slo_attainment": 0.0,
+        "submitted": 2,
+    }
     assert low["tdg_ratio"] == pytest.approx(4 / 10) and low["slo_attainment"] == 0.5
 
 

@@ -135,9 +135,18 @@ def test_hf_config_round_trips(
 ) -> None:
     q_heads, kv_heads, head_dim = heads
     shape = ModelShape(
-        "m", hidden, layers, q_heads, kv_heads, head_dim, ffn, vocab,
-        qkv_bias=bias, rope_theta=theta, rms_eps=eps,
-    )  # fmt: skip
+        "m",
+        hidden,
+        layers,
+        q_heads,
+        kv_heads,
+        head_dim,
+        ffn,
+        vocab,
+        qkv_bias=bias,
+        rope_theta=theta,
+        rms_eps=eps,
+    )
     assert ModelShape.from_hf_config(_as_hf(shape), name="m") == shape
 
 
@@ -154,8 +163,19 @@ def test_load_model_shape_reads_presets_and_both_json_forms(tmp_path: Path) -> N
     from_hf = load_model_shape(hf)
     assert from_hf == replace(QWEN3_32B, name="Qwen/Qwen3-32B", source="")
     own = tmp_path / "mine.json"
-    own.write_text(json.dumps({"hidden": 64, "layers": 1, "q_heads": 4, "kv_heads": 4,
-                               "head_dim": 16, "ffn": 128, "vocab": 50}))  # fmt: skip
+    own.write_text(
+        json.dumps(
+            {
+                "hidden": 64,
+                "layers": 1,
+                "q_heads": 4,
+                "kv_heads": 4,
+                "head_dim": 16,
+                "ffn": 128,
+                "vocab": 50,
+            }
+        )
+    )
     mine = load_model_shape(str(own))
     assert (mine.name, mine.layers, mine.kv_bytes_per_token(1)) == (str(own), 1, 2 * 4 * 16 * 2)
 

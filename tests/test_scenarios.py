@@ -17,7 +17,10 @@ from priority.sim.workload import RequestSpec, Workload
 # cost); 3 decodes are running when a burst of 4 requests with 6-token prompts arrives.
 # SLOs: TTFT 6 units, TPOT 1 unit.
 FIG3_PROFILE = Profile(
-    "slos-serve-fig3", "toy", "toy", 1,
+    "slos-serve-fig3",
+    "toy",
+    "toy",
+    1,
     LatencyCoefficients(a_p=0.0, b_p=0.0, c_p=1 / 6, a_d=0.0, b_d=1 / 6, t_c=0.0),
     EngineConfig(block_size=1, num_kv_blocks=10_000, max_num_batched_tokens=6, max_num_seqs=64),
 )
@@ -88,12 +91,20 @@ def test_every_policy_drains_a_real_trace_with_preemption(policy: str) -> None:
     """Tight KV (forces recompute preemption), 2x load, two instances: all requests finish."""
     base = load_profile("a100-qwen2-7b")
     tight = Profile(
-        "tight", base.hardware, base.model, 1, base.coefficients,
-        EngineConfig(block_size=16, num_kv_blocks=400, max_num_batched_tokens=2048,
-                     max_num_seqs=64),
+        "tight",
+        base.hardware,
+        base.model,
+        1,
+        base.coefficients,
+        EngineConfig(
+            block_size=16, num_kv_blocks=400, max_num_batched_tokens=2048, max_num_seqs=64
+        ),
     )
     workload = build_workload(
-        load_trace("azure_conv_20min"), rate_scale=2.0, duration_s=20.0, seed=1,
+        load_trace("azure_conv_20min"),
+        rate_scale=2.0,
+        duration_s=20.0,
+        seed=1,
         reference_profile=tight,
     )
     config = configure(
@@ -113,7 +124,10 @@ def test_every_policy_drains_a_real_trace_with_preemption(policy: str) -> None:
 def test_pd_disaggregated_cluster_drains(policy: str) -> None:
     profile = load_profile("910b-qwen2-7b")
     workload = build_workload(
-        load_trace("azure_conv_20min"), rate_scale=1.0, duration_s=20.0, seed=2,
+        load_trace("azure_conv_20min"),
+        rate_scale=1.0,
+        duration_s=20.0,
+        seed=2,
         reference_profile=profile,
     )
     config = ClusterConfig(

@@ -26,7 +26,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.app.auth import AuthCache
 from gateway.app.backends import BackendPool, BackendSpec
-from gateway.app.errors import ApiError
 from gateway.app.metrics import GatewayMetrics
 from gateway.app.proxy import serve
 from gateway.app.state import GatewayState, StateDep
@@ -34,6 +33,7 @@ from gateway.app.upstream import Upstream
 from gateway.db.security import server_secret
 from gateway.db.session import make_engine, make_session_factory
 from gateway.db.usage import UsageWriter
+from gateway.errors import ApiError, error_responses, http_error, invalid_request
 from gateway.heap import freeze_startup_objects
 from gateway.limits import AdmissionQueue, AdmissionRejected, make_rate_limiter
 from gateway.settings import Settings, get_settings
@@ -150,17 +150,43 @@ async def _flush_last_used(state: GatewayState) -> None:
 
 # ---- routes -----------------------------------------------------------------------------
 
+GENERATION_ERROR_TEXT: dict[int | str, str] = {
+    400: "invalid request: not JSON, a wrong type, a missing field, a value out of range, a "
+    "malformed SLO header; `param` names the field",
+    401: "missing, unknown, revoked or expired API key",
+    404: "no backend serves the model",
+    413: "request body too large",
+    429: "a tenant limit (`x-tiergate-reject-reason`, `retry-after`) or the admission queue",
+    503: "no backend can serve the request in time, or every attempt failed",
+}
+GENERATION_ERRORS = error_responses(GENERATION_ERROR_TEXT)
+
 
 def _add_routes(app: FastAPI) -> None:
-    @app.post("/v1/chat/completions", tags=["openai"], summary="Chat completion (SSE or JSON)")
+    @app.post(
+        "/v1/chat/completions",
+        tags=["openai"],
+        summary="Chat completion (SSE or JSON)",
+        responses=GENERATION_ERRORS,
+    )
     async def chat_completions(request: Request, state: StateDep) -> Response:
         return await serve(state, request, "chat")
 
-    @app.post("/v1/completions", tags=["openai"], summary="Text completion (SSE or JSON)")
+    @app.post(
+        "/v1/completions",
+        tags=["openai"],
+        summary="Text completion (SSE or JSON)",
+        responses=GENERATION_ERRORS,
+    )
     async def completions(request: Request, state: StateDep) -> Response:
         return await serve(state, request, "completions")
 
-    @app.get("/v1/models", tags=["openai"], summary="Models served by the configured backends")
+    @app.get(
+        "/v1/models",
+        tags=["openai"],
+        summary="Models served by the configured backends",
+        responses=error_responses({401: GENERATION_ERROR_TEXT[401]}),
+    )
     async def models(request: Request, state: StateDep) -> dict[str, Any]:
         await state.auth.authenticate(request.headers.get("authorization"))
         data = [
@@ -217,17 +243,11 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = exc.errors()
-        first = errors[0] if errors else {}
-        loc = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
-        message = f"{loc}: {first.get('msg', 'invalid value')}" if loc else "invalid request"
-        return ApiError(422, message, code="invalid_request", param=loc or None).response()
+        return invalid_request(exc).response()
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return ApiError(
-            exc.status_code, str(exc.detail), code=None, headers=dict(exc.headers or {})
-        ).response()
+        return http_error(exc).response()
 
 
 # ---- body size --------------------------------------------------------------------------

@@ -19,17 +19,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from gateway.app.errors import ApiError, unauthorized
 from gateway.db.crud import authenticate
 from gateway.db.identity import KeyIdentity
 from gateway.db.models import ApiKey, Tenant, utcnow
 from gateway.db.security import display_prefix, hash_key, parse_prefix
+from gateway.errors import ApiError, unauthorized
 
 log = logging.getLogger(__name__)
 
@@ -46,16 +47,27 @@ class _Entry:
 
 
 class AuthCache:
-    """Resolve ``Authorization: Bearer tg-...`` to a :class:`KeyIdentity`, or raise 401."""
+    """Resolve ``Authorization: Bearer tg-...`` to a :class:`KeyIdentity`, or raise 401.
+
+    ``clock`` (seconds, monotonic) dates the entries' refresh and expiry times. It is injectable
+    (and a public attribute, for a cache the app built) so that tests step over a TTL instead of
+    sleeping through it; the database worker thread reads it too, so it must be thread-safe.
+    """
 
     def __init__(
-        self, session_factory: sessionmaker[Session], secret: str | bytes, *, ttl_s: float = 1.0
+        self,
+        session_factory: sessionmaker[Session],
+        secret: str | bytes,
+        *,
+        ttl_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not 0 < ttl_s <= 2.0:
             raise ValueError("ttl_s must be in (0, 2] so that revocations apply within seconds")
         self._factory = session_factory
         self._secret = secret
         self.ttl_s = ttl_s
+        self.clock = clock
         self._entries: dict[str, _Entry] = {}
         self._pending: dict[str, asyncio.Future[_Entry]] = {}
         self._used: set[int] = set()  # key ids seen since the last touch flush
@@ -81,7 +93,7 @@ class AuthCache:
         """The identity of an ``Authorization`` header value; :class:`ApiError` 401 if refused."""
         key = _bearer(authorization)
         digest = hash_key(self._secret, key)
-        now = time.monotonic()
+        now = self.clock()
         entry = self._entries.get(digest)
         if entry is None or entry.expires_mono <= now:
             entry = await self._lookup(digest, key)
@@ -133,7 +145,7 @@ class AuthCache:
 
     def _load(self, key: str) -> _Entry:
         """Database lookup (worker thread); on refusal, a second query says why."""
-        now_wall, now_mono = utcnow(), time.monotonic()
+        now_wall, now_mono = utcnow(), self.clock()
         with self._factory() as session:
             identity = authenticate(session, self._secret, key, now=now_wall, touch=False)
             if identity is not None:

@@ -190,8 +190,9 @@ class BackendPool:
         if backend.failures >= self.settings.breaker_failures:
             backend.open_until = time.monotonic() + self.settings.breaker_cooldown_s
             if backend.view.healthy:
-                log.warning("backend %s: circuit open after %d failures", backend.name,
-                            backend.failures)  # fmt: skip
+                log.warning(
+                    "backend %s: circuit open after %d failures", backend.name, backend.failures
+                )
             backend.view.healthy = False
 
     def record_success(self, backend: Backend) -> None:

@@ -4,7 +4,7 @@ Names follow the conventions users know (request counters, TTFT / inter-token / 
 histograms, a separate gateway-overhead histogram) under the ``tiergate_`` prefix. The tenant
 label is bounded: the first ``max_tenants`` tenants seen are labelled by name, later ones share
 ``other``. Inter-token gaps are observed once per request with numpy (one call, not one per
-token), through the engine emulator's batch histogram.
+token), through :class:`~gateway.histogram.BatchHistogram`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Iterator, Sequence
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.metrics_core import Metric
 
-from gateway.engine_sim.metrics import ITL_BUCKETS, BatchHistogram
+from gateway.histogram import ITL_BUCKETS, BatchHistogram
 
 OTHER_TENANT = "other"
 LATENCY_BUCKETS = (
@@ -53,35 +53,51 @@ class GatewayMetrics:
         reg = self.registry
         self.tenant_label = TenantLabels(max_tenants)
         self.requests = Counter(
-            "tiergate_requests", "Requests answered, by tenant, tier and HTTP status.",
-            ("tenant", "tier", "status"), registry=reg,
-        )  # fmt: skip
+            "tiergate_requests",
+            "Requests answered, by tenant, tier and HTTP status.",
+            ("tenant", "tier", "status"),
+            registry=reg,
+        )
         self.rejections = Counter(
-            "tiergate_rejections", "Requests refused by admission control, by reason.",
-            ("tier", "reason"), registry=reg,
-        )  # fmt: skip
+            "tiergate_rejections",
+            "Requests refused by admission control, by reason.",
+            ("tier", "reason"),
+            registry=reg,
+        )
         self.ttft = Histogram(
-            "tiergate_time_to_first_token_seconds", "TTFT at the gateway's egress.",
-            ("tier",), buckets=LATENCY_BUCKETS, registry=reg,
-        )  # fmt: skip
+            "tiergate_time_to_first_token_seconds",
+            "TTFT at the gateway's egress.",
+            ("tier",),
+            buckets=LATENCY_BUCKETS,
+            registry=reg,
+        )
         self.e2e = Histogram(
-            "tiergate_request_duration_seconds", "Arrival to last byte, by tier.",
-            ("tier",), buckets=LATENCY_BUCKETS, registry=reg,
-        )  # fmt: skip
+            "tiergate_request_duration_seconds",
+            "Arrival to last byte, by tier.",
+            ("tier",),
+            buckets=LATENCY_BUCKETS,
+            registry=reg,
+        )
         self._itl: dict[str, BatchHistogram] = {}
         self._itl_lock = threading.Lock()
         self.gain = Counter(
-            "tiergate_gain", "Token-level deadline-aware gain (TDG) earned, by tier.",
-            ("tier",), registry=reg,
-        )  # fmt: skip
+            "tiergate_gain",
+            "Token-level deadline-aware gain (TDG) earned, by tier.",
+            ("tier",),
+            registry=reg,
+        )
         self.ideal_gain = Counter(
-            "tiergate_ideal_gain", "TDG had every token been on time; gain / ideal = TDG ratio.",
-            ("tier",), registry=reg,
-        )  # fmt: skip
+            "tiergate_ideal_gain",
+            "TDG had every token been on time; gain / ideal = TDG ratio.",
+            ("tier",),
+            registry=reg,
+        )
         self.slo = Counter(
-            "tiergate_slo_requests", "Finished requests by tier and whether they met their SLO.",
-            ("tier", "attained"), registry=reg,
-        )  # fmt: skip
+            "tiergate_slo_requests",
+            "Finished requests by tier and whether they met their SLO.",
+            ("tier", "attained"),
+            registry=reg,
+        )
         self.queue_depth = Gauge(
             "tiergate_queue_depth", "Requests waiting in the admission queue.", registry=reg
         )
@@ -89,43 +105,60 @@ class GatewayMetrics:
             "tiergate_in_flight", "Requests holding a dispatch slot.", registry=reg
         )
         self.backend_healthy = Gauge(
-            "tiergate_backend_healthy", "1 if the backend takes requests (breaker closed).",
-            ("backend",), registry=reg,
-        )  # fmt: skip
+            "tiergate_backend_healthy",
+            "1 if the backend takes requests (breaker closed).",
+            ("backend",),
+            registry=reg,
+        )
         self.backend_prefills = Gauge(
-            "tiergate_backend_prefill_queue", "Dispatched requests awaiting their first token.",
-            ("backend",), registry=reg,
-        )  # fmt: skip
+            "tiergate_backend_prefill_queue",
+            "Dispatched requests awaiting their first token.",
+            ("backend",),
+            registry=reg,
+        )
         self.backend_decoding = Gauge(
-            "tiergate_backend_decoding", "Requests decoding on the backend (reconciled).",
-            ("backend",), registry=reg,
-        )  # fmt: skip
+            "tiergate_backend_decoding",
+            "Requests decoding on the backend (reconciled).",
+            ("backend",),
+            registry=reg,
+        )
         self.backend_running = Gauge(
-            "tiergate_backend_running", "vllm:num_requests_running at the last scrape.",
-            ("backend",), registry=reg,
-        )  # fmt: skip
+            "tiergate_backend_running",
+            "vllm:num_requests_running at the last scrape.",
+            ("backend",),
+            registry=reg,
+        )
         self.backend_waiting = Gauge(
-            "tiergate_backend_waiting", "vllm:num_requests_waiting at the last scrape.",
-            ("backend",), registry=reg,
-        )  # fmt: skip
+            "tiergate_backend_waiting",
+            "vllm:num_requests_waiting at the last scrape.",
+            ("backend",),
+            registry=reg,
+        )
         self.backend_kv = Gauge(
-            "tiergate_backend_kv_cache_usage", "vllm:kv_cache_usage_perc at the last scrape.",
-            ("backend",), registry=reg,
-        )  # fmt: skip
+            "tiergate_backend_kv_cache_usage",
+            "vllm:kv_cache_usage_perc at the last scrape.",
+            ("backend",),
+            registry=reg,
+        )
         self.upstream_failures = Counter(
-            "tiergate_upstream_failures", "Failed upstream attempts (connect, 5xx, broken stream).",
-            ("backend",), registry=reg,
-        )  # fmt: skip
+            "tiergate_upstream_failures",
+            "Failed upstream attempts (connect, 5xx, broken stream).",
+            ("backend",),
+            registry=reg,
+        )
         self.routing_time = Histogram(
-            "tiergate_routing_decision_seconds", "Time to choose a backend.",
-            buckets=OVERHEAD_BUCKETS, registry=reg,
-        )  # fmt: skip
+            "tiergate_routing_decision_seconds",
+            "Time to choose a backend.",
+            buckets=OVERHEAD_BUCKETS,
+            registry=reg,
+        )
         self.overhead = Histogram(
             "tiergate_gateway_overhead_seconds",
             "Gateway processing before the upstream request is sent (auth, limits, routing), "
             "excluding time waiting in the admission queue.",
-            buckets=OVERHEAD_BUCKETS, registry=reg,
-        )  # fmt: skip
+            buckets=OVERHEAD_BUCKETS,
+            registry=reg,
+        )
 
     def observe_itl(self, tier: str, gaps: Sequence[float]) -> None:
         hist = self._itl.get(tier)

@@ -1,6 +1,6 @@
 """The data plane: admit, route, relay, account — one :class:`Job` per request.
 
-Admission, in order: authenticate (401), parse and check the body (400/422), resolve the SLO
+Admission, in order: authenticate (401), parse and check the body (400), resolve the SLO
 (400), find the model (404), reserve tenant limits — prompt tokens plus expected output
 (``max_tokens``, else ``default_max_tokens``) — before anything is dispatched (429), shed
 requests GoRouting says no backend can serve in time unless the tier allows best effort (503
@@ -38,15 +38,15 @@ from pydantic import ValidationError
 from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
+from engine_common.protocol import without_protocol_keys
 from gateway.app.backends import Backend, ModelGroup
-from gateway.app.errors import ApiError, bad_request
 from gateway.app.schemas import ChatBody, CompletionBody
 from gateway.app.slo import RequestSLO, engine_priority, engine_xargs, resolve_slo
 from gateway.app.state import GatewayState
 from gateway.app.upstream import UpstreamError, UpstreamResponse
 from gateway.db.identity import KeyIdentity
 from gateway.db.usage import UsageEvent
-from gateway.engine_sim.schemas import describe_validation_error
+from gateway.errors import ApiError, empty_body, invalid_body, invalid_json
 from gateway.limits import AdmissionRejected, Limits, QueueItem, RejectReason, Reservation
 from gateway.limits.backlog import gain_density
 from priority.gain import ideal_tdg, slo_attained, tdg
@@ -109,14 +109,23 @@ class Job:
         assert self.model is not None
         group = state.pool.group(self.model)
         if group is None:
-            raise ApiError(404, f"The model `{self.model}` does not exist.",
-                           code="model_not_found", param="model")  # fmt: skip
+            raise ApiError(
+                404,
+                f"The model `{self.model}` does not exist.",
+                code="model_not_found",
+                param="model",
+            )
         self.group = group
         self.core = CoreRequest(
-            request_id=self.request_id, arrival_s=self.arrival, prompt_tokens=self.prompt_tokens,
-            slo=self.slo.core(), weight=policy.weight, tier=self.tier,
-            tenant=self.identity.tenant_name, max_output_tokens=self.expected_output,
-        )  # fmt: skip
+            request_id=self.request_id,
+            arrival_s=self.arrival,
+            prompt_tokens=self.prompt_tokens,
+            slo=self.slo.core(),
+            weight=policy.weight,
+            tier=self.tier,
+            tenant=self.identity.tenant_name,
+            max_output_tokens=self.expected_output,
+        )
         limits = Limits(policy.rpm_limit, policy.tpm_limit, policy.max_concurrency)
         self.reservation = await state.limiter.reserve(
             str(self.identity.tenant_id), limits, self.prompt_tokens + self.expected_output
@@ -128,16 +137,19 @@ class Job:
             and not policy.best_effort_allowed
         ):
             raise AdmissionRejected(
-                RejectReason.SLO_INFEASIBLE, None,
+                RejectReason.SLO_INFEASIBLE,
+                None,
                 f"no backend for {self.model!r} can meet this request's TTFT objective of "
                 f"{self.slo.ttft_ms:g} ms now, and tier {self.tier!r} does not allow "
                 "best-effort service",
-            )  # fmt: skip
+            )
         item = QueueItem(
-            self.request_id, self.tier,
+            self.request_id,
+            self.tier,
             priority=gain_density(state.pool.weights, policy.weight, self.prompt_tokens),
-            ttl_s=self._queue_ttl(), aging_s=self.slo.ttft_ms / 1e3,
-        )  # fmt: skip
+            ttl_s=self._queue_ttl(),
+            aging_s=self.slo.ttft_ms / 1e3,
+        )
         before = time.monotonic()
         await state.queue.wait_for_turn(item)
         self.slot = True
@@ -147,18 +159,19 @@ class Job:
         self.decision = decision if waited < 1e-3 else None  # stale after a real wait
 
     def _parse(self, raw: bytes) -> None:
+        if not raw:
+            raise empty_body()
         try:
             payload = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise bad_request(f"We could not parse the JSON body of your request: {exc}") from None
-        if not isinstance(payload, dict):
-            raise bad_request("The request body must be a JSON object.")
+        except json.JSONDecodeError as exc:
+            raise invalid_json(exc.msg, exc.pos) from None
+        except UnicodeDecodeError as exc:
+            raise invalid_json(str(exc)) from None
         schema = ChatBody if self.kind == "chat" else CompletionBody
-        try:
+        try:  # a body that is not an object fails here too (``invalid_type``)
             body = schema.model_validate(payload)
         except ValidationError as exc:
-            message, param = describe_validation_error(exc)
-            raise ApiError(422, message, code="invalid_request", param=param) from None
+            raise invalid_body(exc) from None
         self.body = payload
         self.model = body.model
         self.stream = body.stream
@@ -184,8 +197,9 @@ class Job:
         try:
             return self.group.router.route(self.core, now)
         except NoHealthyInstanceError:
-            raise ApiError(503, f"no healthy backend serves model {self.model!r}",
-                           code="no_healthy_backend") from None  # fmt: skip
+            raise ApiError(
+                503, f"no healthy backend serves model {self.model!r}", code="no_healthy_backend"
+            ) from None
         finally:
             for b in hidden:
                 b.view.healthy = True
@@ -198,7 +212,9 @@ class Job:
         policy = self.identity.policy
         body = dict(self.body)
         body["priority"] = engine_priority(policy.weight)
-        xargs = dict(body.get("vllm_xargs") or {})
+        # a client's own tiergate_* keys never reach the engine: only the gateway sets them (a
+        # tier without a deadline must not let the client pick one)
+        xargs = without_protocol_keys(body.get("vllm_xargs"))
         xargs.update(
             engine_xargs(
                 self.slo,
@@ -234,15 +250,20 @@ class Job:
                 return await self._attempt(backend, payload)
             except UpstreamFailed as exc:
                 last_error = f"backend {backend.name}: {exc}"
-                log.info("request %s failed before its first token on %s: %s",
-                         self.request_id, backend.name, exc)  # fmt: skip
+                log.info(
+                    "request %s failed before its first token on %s: %s",
+                    self.request_id,
+                    backend.name,
+                    exc,
+                )
                 self.state.pool.record_failure(backend)
                 self._undispatch()
                 tried.add(backend.name)
                 if len(tried) >= len(self.group.backends):
                     break
-        raise ApiError(503, f"every backend attempt failed; last: {last_error}",
-                       code="upstream_unavailable")  # fmt: skip
+        raise ApiError(
+            503, f"every backend attempt failed; last: {last_error}", code="upstream_unavailable"
+        )
 
     def _dispatched(self, backend: Backend, decision: RouteDecision, now: float) -> None:
         assert self.group is not None and self.core is not None
@@ -441,9 +462,15 @@ class Job:
         self._account(status, http_status, reason, times, delivered, prompt, now)
 
     def _account(
-        self, status: str, http_status: int, reason: str | None, times: list[float],
-        delivered: int, prompt: int, now: float,
-    ) -> None:  # fmt: skip
+        self,
+        status: str,
+        http_status: int,
+        reason: str | None,
+        times: list[float],
+        delivered: int,
+        prompt: int,
+        now: float,
+    ) -> None:
         state, metrics, weights = self.state, self.state.metrics, self.state.pool.weights
         tier, weight = self.tier, self.identity.policy.weight
         token_times = _token_times(times, delivered)
@@ -585,10 +612,12 @@ class RelayStream(Response):
         except (UpstreamFailed, UpstreamError) as exc:
             if job.backend is not None:
                 job.state.pool.record_failure(job.backend)
-            error = ApiError(502, f"the backend failed mid-stream: {type(exc).__name__}: {exc}",
-                             code="upstream_error")  # fmt: skip
-            await send({"type": "http.response.body", "body": error.sse_event(),
-                        "more_body": True})  # fmt: skip
+            error = ApiError(
+                502,
+                f"the backend failed mid-stream: {type(exc).__name__}: {exc}",
+                code="upstream_error",
+            )
+            await send({"type": "http.response.body", "body": error.sse_event(), "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
             return "error", 502
         await send({"type": "http.response.body", "body": b"", "more_body": False})
@@ -667,6 +696,7 @@ async def _serve_unary(job: Job, http: Request) -> Response:
     response = work.result()
     assert isinstance(response, Response)
     ok = response.status_code == 200
-    await job.finish("ok" if ok else "error", response.status_code,
-                     None if ok else "upstream_rejected")  # fmt: skip
+    await job.finish(
+        "ok" if ok else "error", response.status_code, None if ok else "upstream_rejected"
+    )
     return response

@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from gateway.engine_sim.mapping import count_chat_tokens, count_text_tokens
+from gateway.tokens import count_chat_tokens, count_prompt_tokens
 
 
 class _Body(BaseModel):
@@ -62,12 +62,5 @@ class CompletionBody(_Body):
     prompt: str | list[str] | list[int] | list[list[int]]
 
     def prompt_tokens(self) -> int:
-        prompt = self.prompt
-        if isinstance(prompt, str):
-            return count_text_tokens(prompt)
-        if not prompt:
-            return 1
-        if isinstance(prompt[0], int):
-            return len(prompt)
-        return sum(count_text_tokens(p) if isinstance(p, str) else max(1, len(p)) for p in prompt)
-
+        # at least one token per prompt, and per request (an empty batch still costs a step)
+        return max(1, sum(max(1, n) for n in count_prompt_tokens(self.prompt)))

@@ -1,5 +1,5 @@
 """A request's SLO: its tier's defaults, or what it asks for in headers — never tighter than
-the tier allows — and how that SLO travels to the engine.
+the tier allows — and how that SLO travels to the engine (wire format: engine_common.protocol).
 
 Headers (milliseconds, positive numbers): ``x-slo-ttft-ms``, ``x-slo-tpot-ms``,
 ``x-slo-deadline-ms``. The floor of each is the tier's ``min_*_ms`` when set; a tier without
@@ -14,24 +14,15 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from gateway.app.errors import bad_request
+from engine_common.protocol import encode_xargs, priority_from_weight
 from gateway.db.identity import EffectivePolicy
-from gateway.engine_sim.mapping import (
-    XARG_ARRIVAL_UNIX_S,
-    XARG_DEADLINE_MS,
-    XARG_TENANT,
-    XARG_TIER,
-    XARG_TPOT_MS,
-    XARG_TTFT_MS,
-    XARG_WEIGHT,
-)
+from gateway.errors import bad_request
 from priority.request import SLO
 
 TTFT_HEADER = "x-slo-ttft-ms"
 TPOT_HEADER = "x-slo-tpot-ms"
 DEADLINE_HEADER = "x-slo-deadline-ms"
 MAX_SLO_MS = 86_400_000.0  # a day: beyond it a header is a mistake, not an objective
-PRIORITY_CLIP = 30
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,8 +44,9 @@ def _header(headers: Mapping[str, str], name: str) -> float | None:
     try:
         value = float(raw)
     except ValueError:
-        raise bad_request(f"header {name} must be a number of milliseconds, got {raw!r}",
-                          name) from None  # fmt: skip
+        raise bad_request(
+            f"header {name} must be a number of milliseconds, got {raw!r}", name
+        ) from None
     if not (math.isfinite(value) and 0 < value <= MAX_SLO_MS):
         raise bad_request(
             f"header {name} must be a positive number of milliseconds up to {MAX_SLO_MS:g}, "
@@ -102,27 +94,22 @@ def _floor(minimum: float | None, default: float) -> tuple[float, str]:
 
 
 def engine_priority(weight: float) -> int:
-    """vLLM's ``priority`` (lower served first) for a tier weight (larger more important).
-
-    ``-round(log2(weight))``: the inverse of the emulated engine's ``2 ** -priority``, so weights
-    4 / 2 / 1 become priorities -2 / -1 / 0.
-    """
-    p = -round(math.log2(weight))
-    return max(-PRIORITY_CLIP, min(PRIORITY_CLIP, p))
+    """vLLM's ``priority`` (lower served first) for a tier weight (larger more important):
+    :func:`engine_common.protocol.priority_from_weight` (4 / 2 / 1 → -2 / -1 / 0, within ±10)."""
+    return priority_from_weight(weight)
 
 
 def engine_xargs(
     slo: RequestSLO, *, weight: float, arrival_unix_s: float, tier: str, tenant: str
 ) -> dict[str, str | float]:
-    """The ``tiergate_*`` keys of ``vllm_xargs`` (docs/gateway-design.md)."""
-    xargs: dict[str, str | float] = {
-        XARG_WEIGHT: weight,
-        XARG_TTFT_MS: slo.ttft_ms,
-        XARG_TPOT_MS: slo.tpot_ms,
-        XARG_ARRIVAL_UNIX_S: arrival_unix_s,
-        XARG_TIER: tier,
-        XARG_TENANT: tenant,
-    }
-    if slo.deadline_ms is not None:
-        xargs[XARG_DEADLINE_MS] = slo.deadline_ms
-    return xargs
+    """The ``tiergate_*`` keys of ``vllm_xargs`` (:mod:`engine_common.protocol`; ``ValueError``
+    for a value the engine would ignore)."""
+    return encode_xargs(
+        weight=weight,
+        ttft_ms=slo.ttft_ms,
+        tpot_ms=slo.tpot_ms,
+        deadline_ms=slo.deadline_ms,
+        arrival_unix_s=arrival_unix_s,
+        tier=tier,
+        tenant=tenant,
+    )

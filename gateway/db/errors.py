@@ -1,8 +1,10 @@
 """Domain errors of the data layer.
 
-The admin API maps them to HTTP statuses (``NotFound`` 404, ``Conflict`` 409, ``InvalidInput``
-422) and the CLI to exit code 2, so the messages are written for the person who sent the input:
-they name the entity, the field and the offending value.
+The admin API answers them in the gateway's one error dialect (:func:`gateway.errors.domain_error`:
+``NotFound`` 404 ``not_found``, ``Conflict`` 409 ``already_exists`` / ``in_use`` / ``conflict``,
+``InvalidInput`` 400 ``invalid_value``, the status and code a schema's refusal of the same value
+gets) and the CLI exits with code 2, so the messages are written for the person who sent the
+input: they name the entity, the field and the offending value.
 """
 
 from __future__ import annotations

@@ -26,10 +26,13 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import ValidationError
 from starlette.types import Receive, Scope, Send
 
+from engine_common.protocol import BestEffortDefaults
 from gateway.engine_sim.filler import filler_text
 from gateway.engine_sim.loop import EngineRejected, TokenStream, WallClockEngine
 from gateway.engine_sim.mapping import (
+    DEFAULTS,
     OutputLengthSampler,
+    OutputPlan,
     RequestMappingError,
     build_request,
     plan_output,
@@ -45,6 +48,7 @@ from gateway.engine_sim.schemas import (
 from gateway.heap import freeze_startup_objects
 from priority.policies import make_policy
 from priority.profiles import Profile
+from priority.request import Request as CoreRequest
 from priority.sim.engine import EngineCore
 
 DEFAULT_MAX_MODEL_LEN = 32768
@@ -69,6 +73,8 @@ class EngineSim:
     engine: WallClockEngine
     metrics: EngineMetrics
     sampler: OutputLengthSampler
+    defaults: BestEffortDefaults = DEFAULTS
+    """What requests without their own objectives get (the vLLM plugins' defaults)."""
 
     @property
     def core(self) -> EngineCore:
@@ -85,6 +91,7 @@ def build_engine_sim(
     policy_params: dict[str, Any] | None = None,
     time_scale: float = 1.0,
     max_model_len: int = DEFAULT_MAX_MODEL_LEN,
+    defaults: BestEffortDefaults = DEFAULTS,
 ) -> EngineSim:
     """The engine behind an app: core, policy, wall-clock loop, metrics and length sampler."""
     if max_model_len < 2:
@@ -107,6 +114,7 @@ def build_engine_sim(
         engine=WallClockEngine(core, metrics, time_scale=time_scale),
         metrics=metrics,
         sampler=OutputLengthSampler(length_seed),
+        defaults=defaults,
     )
 
 
@@ -199,6 +207,37 @@ def _bad_request(message: str, param: str | None = None) -> JSONResponse:
     return error_response(400, message, "BadRequestError", param)
 
 
+def core_request(
+    sim: EngineSim, body: _GenerationRequest, request_id: str
+) -> tuple[CoreRequest, OutputPlan]:
+    """What the engine schedules for a valid body, and how its output ends (the protocol's
+    fields read as the vLLM plugins read them; ``RequestMappingError`` is a 400)."""
+    prompt_tokens = body.prompt_tokens()
+    output = plan_output(
+        prompt_tokens,
+        body.requested_max_tokens(),
+        body.min_tokens,
+        max_model_len=sim.max_model_len,
+        sampler=sim.sampler,
+    )
+    scheduling = slo_from_xargs(
+        body.vllm_xargs,
+        body.priority,
+        defaults=sim.defaults,
+        zero_load_ttft_s=sim.profile.zero_load_ttft_s(prompt_tokens),
+    )
+    engine = sim.engine
+    request = build_request(
+        request_id,
+        now_s=engine.now(),
+        prompt_tokens=prompt_tokens,
+        output=output,
+        scheduling=scheduling,
+        time_scale=engine.time_scale,
+    )
+    return request, output
+
+
 async def _generate(sim: EngineSim, http: Request, schema: type[_GenerationRequest]) -> Response:
     try:
         payload = json.loads(await http.body())
@@ -213,20 +252,11 @@ async def _generate(sim: EngineSim, http: Request, schema: type[_GenerationReque
             404, f"The model `{body.model}` does not exist.", "NotFoundError", "model"
         )
     engine = sim.engine
+    chat = isinstance(body, ChatCompletionRequest)
+    request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
     try:
-        prompt_tokens = body.prompt_tokens()
-        output = plan_output(
-            prompt_tokens, body.requested_max_tokens(), body.min_tokens,
-            max_model_len=sim.max_model_len, sampler=sim.sampler,
-        )  # fmt: skip
-        scheduling = slo_from_xargs(body.vllm_xargs, body.priority)
-        chat = isinstance(body, ChatCompletionRequest)
-        request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
-        core_request = build_request(
-            request_id, now_s=engine.now(), prompt_tokens=prompt_tokens, output=output,
-            scheduling=scheduling, time_scale=engine.time_scale,
-        )  # fmt: skip
-        stream = engine.submit(core_request, output.finish_reason)
+        request, output = core_request(sim, body, request_id)
+        stream = engine.submit(request, output.finish_reason)
     except RequestMappingError as exc:
         return _bad_request(str(exc), exc.param)
     except (EngineRejected, ValueError) as exc:
@@ -292,9 +322,11 @@ class _Shape:
 
     def _event(self, body: dict[str, Any]) -> bytes:
         head = {
-            "id": self.request_id, "object": self.object, "created": self.created,
+            "id": self.request_id,
+            "object": self.object,
+            "created": self.created,
             "model": self.model,
-        }  # fmt: skip
+        }
         return b"data: " + _JSON(head | body).encode() + b"\n\n"
 
     def full(self, text: str, finish_reason: str | None, usage: dict[str, int]) -> dict[str, Any]:
@@ -308,9 +340,13 @@ class _Shape:
         choice["logprobs"] = None
         choice["finish_reason"] = finish_reason
         return {
-            "id": self.request_id, "object": obj, "created": self.created, "model": self.model,
-            "choices": [choice], "usage": usage,
-        }  # fmt: skip
+            "id": self.request_id,
+            "object": obj,
+            "created": self.created,
+            "model": self.model,
+            "choices": [choice],
+            "usage": usage,
+        }
 
 
 def _usage(stream: TokenStream) -> dict[str, int]:

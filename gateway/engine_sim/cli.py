@@ -1,4 +1,4 @@
-"""``tiergate engine-sim``: serve one emulated engine (mounted by the lead in ``priority.cli``)."""
+"""``tiergate engine-sim``: serve one emulated engine (mounted by :mod:`tiergate_cli`)."""
 
 from __future__ import annotations
 
@@ -48,7 +48,12 @@ def engine_sim_command(
     if not (time_scale > 0):
         raise typer.BadParameter("must be > 0", param_hint="--time-scale")
     app = create_engine_app(
-        resolved, policy, model_name=model or resolved.model, seed=seed, noise_sigma=noise,
-        time_scale=time_scale, max_model_len=max_model_len,
-    )  # fmt: skip
+        resolved,
+        policy,
+        model_name=model or resolved.model,
+        seed=seed,
+        noise_sigma=noise,
+        time_scale=time_scale,
+        max_model_len=max_model_len,
+    )
     uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False)

@@ -3,28 +3,24 @@
 The emulated engine has no model and no tokenizer, so everything a real engine learns from the
 weights is replaced by a documented, deterministic stand-in:
 
-* **Prompt tokens** — about four characters per token (OpenAI's rule of thumb for English):
-  ``ceil(chars / 4)``, at least 1. A prompt given as token ids counts its ids. Chat messages are
-  counted one by one plus :data:`CHAT_TOKENS_PER_MESSAGE` for the chat template's role markers
-  and :data:`CHAT_REPLY_PRIMER_TOKENS` for the assistant header the template appends.
+* **Prompt tokens** — :mod:`gateway.tokens` (about four characters per token, chat template
+  overhead per message), the same count the gateway estimates with.
 * **Output tokens** — ``max_tokens`` (or ``max_completion_tokens``) when given: the engine then
   produces exactly that many, as vLLM does with ``ignore_eos``. Otherwise the length is drawn
   (seeded, with replacement) from the output lengths of the bundled Azure conversation trace
   (``priority/sim/data/azure_conv_20min.csv``, CC-BY-4.0), raised to ``min_tokens`` and capped by
   the context left after the prompt — the request then ends with ``finish_reason="stop"``.
-* **SLO and weight** — from ``vllm_xargs`` (the gateway's ``tiergate_*`` keys, see
-  :func:`slo_from_xargs`); a request without them is best effort with
-  :data:`DEFAULT_TTFT_S` / :data:`DEFAULT_TPOT_S`, never an error.
-* **Weight from vLLM's ``priority``** (lower = served first) when no ``tiergate_weight`` is
-  given: ``weight = 2 ** -priority`` with ``priority`` clipped to ±30, so 0 (vLLM's default) is
-  weight 1 and every step of priority halves or doubles the weight — the order is vLLM's.
+* **SLO, weight, tier, tenant, arrival** — from ``priority`` and ``vllm_xargs`` (the gateway's
+  ``tiergate_*`` keys), read exactly as the vLLM plugins read them: through
+  :func:`engine_common.slo.parse_meta`, with the same best-effort defaults (the TTFT default
+  relative to the profile's zero-load TTFT of the prompt) and the same rule for malformed
+  values — ignored and logged, never a 400 (see :mod:`engine_common.protocol`).
 """
 
 from __future__ import annotations
 
-import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
@@ -32,28 +28,25 @@ from importlib import resources
 import numpy as np
 import numpy.typing as npt
 
+from engine_common.protocol import BestEffortDefaults, weight_from_priority
+from engine_common.slo import parse_meta
 from priority.request import SLO, Request
 
-CHARS_PER_TOKEN = 4
-CHAT_TOKENS_PER_MESSAGE = 4
-CHAT_REPLY_PRIMER_TOKENS = 3
-
-DEFAULT_TTFT_S = 10.0
-"""Best-effort TTFT objective of a request that carries no ``tiergate_*`` SLO."""
-DEFAULT_TPOT_S = 1.0
-"""Best-effort TPOT objective of a request that carries no ``tiergate_*`` SLO."""
-PRIORITY_CLIP = 30
-"""vLLM priorities beyond ±30 map to the weight of ±30 (keeps the weight a normal float)."""
+__all__ = [
+    "OutputLengthSampler",
+    "OutputPlan",
+    "RequestMappingError",
+    "Scheduling",
+    "build_request",
+    "plan_output",
+    "slo_from_xargs",
+    "trace_output_lengths",
+    "weight_from_priority",
+]
 
 OUTPUT_LENGTH_TRACE = "azure_conv_20min.csv"
-
-XARG_WEIGHT = "tiergate_weight"
-XARG_TTFT_MS = "tiergate_ttft_ms"
-XARG_TPOT_MS = "tiergate_tpot_ms"
-XARG_DEADLINE_MS = "tiergate_deadline_ms"
-XARG_ARRIVAL_UNIX_S = "tiergate_arrival_unix_s"
-XARG_TIER = "tiergate_tier"
-XARG_TENANT = "tiergate_tenant"
+DEFAULTS = BestEffortDefaults()
+"""The plugins' defaults when no ``TIERGATE_DEFAULT_*`` variable is set."""
 
 
 class RequestMappingError(ValueError):
@@ -62,19 +55,6 @@ class RequestMappingError(ValueError):
     def __init__(self, message: str, param: str | None = None) -> None:
         super().__init__(message)
         self.param = param
-
-
-def count_text_tokens(text: str) -> int:
-    """Prompt tokens of ``text`` under the ~4-characters-per-token stand-in (at least 1)."""
-    return max(1, -(-len(text) // CHARS_PER_TOKEN))
-
-
-def count_chat_tokens(contents: Sequence[str]) -> int:
-    """Prompt tokens of a chat: each message's text plus the template's per-message overhead."""
-    total = CHAT_REPLY_PRIMER_TOKENS
-    for text in contents:
-        total += CHAT_TOKENS_PER_MESSAGE + (-(-len(text) // CHARS_PER_TOKEN))
-    return total
 
 
 @lru_cache(maxsize=1)
@@ -115,84 +95,30 @@ class Scheduling:
     """Seconds between the gateway's arrival and now (0 without ``tiergate_arrival_unix_s``)."""
 
 
-def _number(xargs: Mapping[str, object], key: str) -> float | None:
-    value = xargs.get(key)
-    if value is None:
-        return None
-    try:
-        if isinstance(value, bool) or not isinstance(value, int | float | str):
-            raise TypeError
-        number = float(value)  # vLLM passes xargs through untyped: "250" is 250
-    except (TypeError, ValueError):
-        raise RequestMappingError(
-            f"vllm_xargs.{key} must be a number, got {value!r}", key
-        ) from None
-    if not math.isfinite(number):
-        raise RequestMappingError(f"vllm_xargs.{key} must be finite, got {value!r}", key)
-    return number
-
-
-def _positive(xargs: Mapping[str, object], key: str) -> float | None:
-    number = _number(xargs, key)
-    if number is not None and number <= 0:
-        raise RequestMappingError(f"vllm_xargs.{key} must be > 0, got {number!r}", key)
-    return number
-
-
-def weight_from_priority(priority: int) -> float:
-    """vLLM's ``priority`` (lower first) as a tier weight (larger first): ``2 ** -priority``."""
-    return 2.0 ** -max(-PRIORITY_CLIP, min(PRIORITY_CLIP, priority))
-
-
 def slo_from_xargs(
-    xargs: Mapping[str, object] | None, priority: int, *, now_unix_s: float | None = None
+    xargs: Mapping[str, object] | None,
+    priority: int,
+    *,
+    zero_load_ttft_s: float,
+    defaults: BestEffortDefaults = DEFAULTS,
+    now_unix_s: float | None = None,
 ) -> Scheduling:
-    """Read the gateway's ``tiergate_*`` keys; anything absent falls back to best effort.
+    """The request's scheduling fields, read by the vLLM plugins' own reader (``parse_meta``).
 
-    * ``tiergate_ttft_ms`` / ``tiergate_tpot_ms`` — a streaming SLO (either one alone takes the
-      default for the other);
-    * ``tiergate_deadline_ms`` — an end-to-end deadline (alone: a deadline-only request);
-    * ``tiergate_weight`` — the tier weight (else derived from ``priority``);
-    * ``tiergate_arrival_unix_s`` — when the gateway received the request, so deadlines count
-      from there; a timestamp in the future (clock skew) counts as now;
-    * ``tiergate_tier`` / ``tiergate_tenant`` — labels for tenant-fair policies.
-
-    Other keys are ignored, as vLLM ignores ``vllm_xargs`` it has no plugin for.
+    The plugin keeps the gateway's arrival as a Unix time; the emulated engine runs on its own
+    clock, so it keeps the delay since that arrival instead (0 without one).
     """
-    xargs = xargs or {}
-    ttft_ms = _positive(xargs, XARG_TTFT_MS)
-    tpot_ms = _positive(xargs, XARG_TPOT_MS)
-    deadline_ms = _positive(xargs, XARG_DEADLINE_MS)
-    weight = _positive(xargs, XARG_WEIGHT)
-    arrival_unix = _number(xargs, XARG_ARRIVAL_UNIX_S)
-
-    ttft_s = tpot_s = None
-    if ttft_ms is not None or tpot_ms is not None:
-        ttft_s = ttft_ms / 1e3 if ttft_ms is not None else DEFAULT_TTFT_S
-        tpot_s = tpot_ms / 1e3 if tpot_ms is not None else DEFAULT_TPOT_S
-    deadline_s = deadline_ms / 1e3 if deadline_ms is not None else None
-    if ttft_s is None and deadline_s is None:
-        ttft_s, tpot_s = DEFAULT_TTFT_S, DEFAULT_TPOT_S
-    slo = SLO(ttft_s=ttft_s, tpot_s=tpot_s, deadline_s=deadline_s)
-
-    delay = 0.0
-    if arrival_unix is not None:
-        now = time.time() if now_unix_s is None else now_unix_s
-        delay = max(0.0, now - arrival_unix)
-    return Scheduling(
-        slo=slo,
-        weight=weight if weight is not None else weight_from_priority(priority),
-        tier=_label(xargs, XARG_TIER),
-        tenant=_label(xargs, XARG_TENANT),
-        arrival_delay_s=delay,
+    now = time.time() if now_unix_s is None else now_unix_s
+    meta = parse_meta(
+        xargs, priority, defaults=defaults, zero_load_ttft_s=zero_load_ttft_s, now_unix_s=now
     )
-
-
-def _label(xargs: Mapping[str, object], key: str) -> str:
-    value = xargs.get(key)
-    if value is None or value == "":
-        return "default"
-    return str(value)
+    return Scheduling(
+        slo=meta.slo,
+        weight=meta.weight,
+        tier=meta.tier,
+        tenant=meta.tenant,
+        arrival_delay_s=0.0 if meta.arrival_s is None else now - meta.arrival_s,
+    )
 
 
 @dataclass(frozen=True, slots=True)

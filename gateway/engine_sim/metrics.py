@@ -4,19 +4,15 @@ Each engine gets its own :class:`~prometheus_client.CollectorRegistry`, so sever
 process do not clash. Labels follow vLLM V1: ``model_name`` and ``engine`` (the engine-core index,
 always ``"0"`` here); ``vllm:request_success_total`` adds ``finished_reason``. Gauges are read from
 the engine core when scraped, so stepping costs nothing for them. Latencies are in the engine's
-clock (seconds of emulated time; equal to wall seconds unless a time scale is set).
+clock (seconds of emulated time; equal to wall seconds unless a time scale is set). Histograms
+are :class:`~gateway.histogram.BatchHistogram` (one numpy call per step), shared with the gateway.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-
-import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
-from prometheus_client.core import HistogramMetricFamily
-from prometheus_client.registry import Collector
-from prometheus_client.utils import floatToGoString
 
+from gateway.histogram import ITL_BUCKETS, BatchHistogram
 from priority.sim.engine import EngineCore
 
 _LABELS = ("model_name", "engine")
@@ -27,61 +23,12 @@ TTFT_BUCKETS = (
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
     20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
 )  # fmt: skip
-ITL_BUCKETS = (
-    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-    20.0, 40.0, 80.0,
-)  # fmt: skip
 REQUEST_LATENCY_BUCKETS = (
     0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
     240.0, 480.0, 960.0, 1920.0, 7680.0,
 )  # fmt: skip
 
 LAG_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
-
-
-class BatchHistogram(Collector):
-    """A Prometheus histogram that takes a whole step's observations in one numpy call.
-
-    ``prometheus_client.Histogram`` costs a lock and a bucket search per value; the engine
-    observes one inter-token latency per emitted token, hundreds per step.
-    """
-
-    def __init__(
-        self, name: str, documentation: str, buckets: Sequence[float], labels: dict[str, str]
-    ) -> None:
-        if list(buckets) != sorted(buckets) or not buckets:
-            raise ValueError("buckets must be a non-empty increasing sequence")
-        self.name = name
-        self.documentation = documentation
-        self.bounds = np.asarray(buckets, dtype=np.float64)
-        self.labels = labels
-        self.counts = np.zeros(self.bounds.size + 1, dtype=np.int64)  # last: above every bound
-        self.sum = 0.0
-
-    def observe(self, value: float) -> None:
-        self.counts[int(np.searchsorted(self.bounds, value, side="left"))] += 1
-        self.sum += value
-
-    def observe_many(self, values: Sequence[float]) -> None:
-        if not values:
-            return
-        arr = np.asarray(values, dtype=np.float64)
-        index = np.searchsorted(self.bounds, arr, side="left")  # value <= bound: "le"
-        self.counts += np.bincount(index, minlength=self.counts.size)
-        self.sum += float(arr.sum())
-
-    @property
-    def count(self) -> int:
-        return int(self.counts.sum())
-
-    def collect(self) -> Iterator[HistogramMetricFamily]:
-        family = HistogramMetricFamily(self.name, self.documentation, labels=list(self.labels))
-        cumulative = np.cumsum(self.counts).tolist()
-        bounds = [floatToGoString(b) for b in self.bounds.tolist()] + ["+Inf"]
-        family.add_metric(
-            list(self.labels.values()), list(zip(bounds, cumulative, strict=True)), self.sum
-        )
-        yield family
 
 
 class EngineMetrics:
@@ -114,13 +61,15 @@ class EngineMetrics:
             "vllm:inter_token_latency_seconds", "Inter-token latency.", ITL_BUCKETS
         )
         self.e2e = histogram(
-            "vllm:e2e_request_latency_seconds", "End-to-end request latency.",
+            "vllm:e2e_request_latency_seconds",
+            "End-to-end request latency.",
             REQUEST_LATENCY_BUCKETS,
-        )  # fmt: skip
+        )
         self.queue_time = histogram(
-            "vllm:request_queue_time_seconds", "Time spent waiting before first scheduled.",
+            "vllm:request_queue_time_seconds",
+            "Time spent waiting before first scheduled.",
             REQUEST_LATENCY_BUCKETS,
-        )  # fmt: skip
+        )
         self.step_lag = histogram(
             "tiergate:engine_sim_step_lag_seconds",
             "How late the emulation delivered each step end (event-loop delay; not vLLM's).",
@@ -136,9 +85,11 @@ class EngineMetrics:
             "vllm:num_preemptions", "Cumulative preemptions.", _LABELS, registry=reg
         ).labels(**labels)
         self._success = Counter(
-            "vllm:request_success", "Successfully finished requests.",
-            (*_LABELS, "finished_reason"), registry=reg,
-        )  # fmt: skip
+            "vllm:request_success",
+            "Successfully finished requests.",
+            (*_LABELS, "finished_reason"),
+            registry=reg,
+        )
         self._labels = labels
         self._preemptions_seen = 0
         for reason in FINISH_REASONS:  # exported at 0 from the start, as vLLM does

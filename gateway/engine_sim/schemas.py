@@ -7,11 +7,17 @@ the text is filler). Types of the fields that matter are checked; a bad body is 
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from gateway.engine_sim.mapping import RequestMappingError, count_chat_tokens, count_text_tokens
+from gateway.engine_sim.mapping import RequestMappingError
+from gateway.tokens import CompletionPrompt, count_chat_tokens, count_prompt_tokens
+
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+XargValue = str | int | float | list[str | int | float]
+"""What vLLM's API server accepts as a ``vllm_xargs`` value (anything else is its 400); what
+the engine then makes of a ``tiergate_*`` value is :mod:`engine_common.protocol`'s rule."""
 
 
 class _OpenAIModel(BaseModel):
@@ -50,8 +56,19 @@ class _GenerationRequest(_OpenAIModel):
     n: int = Field(default=1, ge=1, le=1, description="the emulated engine samples one choice")
     temperature: float | None = Field(default=None, ge=0.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    priority: int = 0
-    vllm_xargs: dict[str, Any] | None = None
+    priority: int = Field(default=0, ge=_INT64_MIN, le=_INT64_MAX)
+    vllm_xargs: dict[str, XargValue] | None = None
+
+    @field_validator("vllm_xargs")
+    @classmethod
+    def _msgpack_integers(cls, xargs: dict[str, XargValue] | None) -> dict[str, XargValue] | None:
+        """vLLM's check (``SamplingParams._verify_extra_args``): its engine transport carries
+        64-bit integers only."""
+        for value in (xargs or {}).values():
+            for item in value if isinstance(value, list) else [value]:
+                if isinstance(item, int) and not _INT64_MIN <= item < 2**64:
+                    raise ValueError("extra_args integers must be between -2**63 and 2**64 - 1.")
+        return xargs
 
     @property
     def include_usage(self) -> bool:
@@ -78,26 +95,17 @@ class ChatCompletionRequest(_GenerationRequest):
 
 
 class CompletionRequest(_GenerationRequest):
-    prompt: str | list[str] | list[int] | list[list[int]]
+    prompt: CompletionPrompt
 
     def prompt_tokens(self) -> int:
-        prompt = self.prompt
-        if isinstance(prompt, str):
-            return count_text_tokens(prompt)
-        if not prompt:
-            raise RequestMappingError("prompt must not be empty", "prompt")
-        first = prompt[0]
-        if isinstance(first, int):
-            return len(prompt)
-        if len(prompt) > 1:
+        counts = count_prompt_tokens(self.prompt)
+        if len(counts) > 1:
             raise RequestMappingError(
                 "the emulated engine serves one prompt per request, got a batch", "prompt"
             )
-        if isinstance(first, str):
-            return count_text_tokens(first)
-        if not first:
+        if not counts or counts[0] == 0:
             raise RequestMappingError("prompt must not be empty", "prompt")
-        return len(first)
+        return counts[0]
 
 
 def describe_validation_error(exc: ValidationError) -> tuple[str, str | None]:

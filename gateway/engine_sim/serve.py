@@ -49,10 +49,15 @@ class EngineSpec:
 
     def create_app(self) -> FastAPI:
         return create_engine_app(
-            self.resolve_profile(), self.policy, model_name=self.model_name, seed=self.seed,
-            noise_sigma=self.noise_sigma, policy_params=dict(self.policy_params or {}),
-            time_scale=self.time_scale, max_model_len=self.max_model_len,
-        )  # fmt: skip
+            self.resolve_profile(),
+            self.policy,
+            model_name=self.model_name,
+            seed=self.seed,
+            noise_sigma=self.noise_sigma,
+            policy_params=dict(self.policy_params or {}),
+            time_scale=self.time_scale,
+            max_model_len=self.max_model_len,
+        )
 
 
 @dataclass(eq=False)
@@ -79,9 +84,12 @@ async def serve_engine(
     app = spec.create_app()
     sock = bind(host, spec.port, blocking=False)
     config = uvicorn.Config(
-        app, log_level=log_level, access_log=False, lifespan="on",
+        app,
+        log_level=log_level,
+        access_log=False,
+        lifespan="on",
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
-    )  # fmt: skip
+    )
     server = EmbeddedServer(config)
     task = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]))
     deadline = asyncio.get_running_loop().time() + STARTUP_TIMEOUT_S

@@ -1,24 +1,30 @@
-"""The ``tiergate`` command line."""
+"""The scheduling core's command line: ``sim`` and ``profile`` (``python -m priority.cli``).
+
+It imports no web framework and nothing of the gateway, so the core and the engine plugins
+(installed beside vLLM without the web stack) can run ``python -m priority.cli profile fit``.
+The ``tiergate`` console script (:mod:`tiergate_cli`, above the core) mounts these same
+commands with :func:`register` and adds the gateway's.
+"""
 
 from __future__ import annotations
 
 import typer
 
-from gateway.cli import register as register_admin_commands
-from gateway.engine_sim.cli import engine_sim_command
-from gateway.serve import serve_command
 from priority.cli.profile import profile_app
 from priority.cli.sim import sim
 
+
+def register(app: typer.Typer) -> None:
+    """Mount the core's commands (``sim``, ``profile``) on ``app``."""
+    app.command("sim")(sim)
+    app.add_typer(profile_app, name="profile")
+
+
 app = typer.Typer(
-    help="tiergate: SLO-aware, multi-priority LLM serving — simulator, profiles and tools.",
+    help="tiergate's scheduling core: the cluster simulator and latency profiles.",
     no_args_is_help=True,
     add_completion=False,
 )
-app.command("sim")(sim)
-app.add_typer(profile_app, name="profile")
-app.command("serve")(serve_command)
-app.command("engine-sim")(engine_sim_command)
-register_admin_commands(app)
+register(app)
 
-__all__ = ["app"]
+__all__ = ["app", "register"]

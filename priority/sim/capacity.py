@@ -33,8 +33,9 @@ def _prefix(trace: Trace, keep: int) -> Trace:
     def cut(column: Any) -> Any:
         return None if column is None else column[:keep]
 
-    return replace(trace, **{f.name: cut(getattr(trace, f.name)) for f in fields(trace)
-                             if f.name != "name"})  # fmt: skip
+    return replace(
+        trace, **{f.name: cut(getattr(trace, f.name)) for f in fields(trace) if f.name != "name"}
+    )
 
 
 def trace_head(trace: Trace, seconds: float) -> Trace:

@@ -26,7 +26,7 @@ import numpy as np
 
 from priority.gain import GainWeights
 from priority.profiles import Profile
-from priority.request import SLO, Request
+from priority.request import SLO, Request, relative_ttft_s
 from priority.sim.traces import FloatArray, IntArray, Trace, load_trace
 
 
@@ -100,7 +100,7 @@ class SloPolicy:
             raise ValueError("deadline_s must be > 0")
 
     def ttft_for(self, zero_load_ttft_s: float) -> float:
-        return max(self.ttft_scale * zero_load_ttft_s, self.ttft_floor_s)
+        return relative_ttft_s(zero_load_ttft_s, self.ttft_scale, self.ttft_floor_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,9 +219,15 @@ def build_workload(
     if rows.size == 0:
         raise ValueError(f"trace {tr.name}: no request arrives before duration_s={duration_s}")
     return _assemble(
-        tr.name, tr, rows, arrivals, tier_rng, tiers or TierMix(), slo or SloPolicy(),
+        tr.name,
+        tr,
+        rows,
+        arrivals,
+        tier_rng,
+        tiers or TierMix(),
+        slo or SloPolicy(),
         reference_profile,
-    )  # fmt: skip
+    )
 
 
 def poisson_workload(
@@ -255,9 +261,15 @@ def poisson_workload(
     prompts, outputs = _sample_lengths(length_rng, n, prompt_tokens, output_tokens)
     trace = Trace(name=name, arrival_s=arrivals, prompt_tokens=prompts, output_tokens=outputs)
     return _assemble(
-        name, trace, np.arange(n, dtype=np.int64), arrivals, tier_rng, tiers or TierMix(),
-        slo or SloPolicy(), reference_profile,
-    )  # fmt: skip
+        name,
+        trace,
+        np.arange(n, dtype=np.int64),
+        arrivals,
+        tier_rng,
+        tiers or TierMix(),
+        slo or SloPolicy(),
+        reference_profile,
+    )
 
 
 def _poisson_arrivals(

@@ -49,14 +49,26 @@ def test_profile_and_fit_on_the_npu(tmp_path: Path, record_property: Any) -> Non
     from typer.testing import CliRunner
 
     from engine_ascend import profile_batches_npu as npb
-    from engine_cuda.profile_batches import batch_grid
+    from engine_common.profiling import batch_grid
     from priority.cli import app
     from priority.profiles import load_profile
     from priority.profiles.table import read_rows
 
     table, fitted = tmp_path / "910b.csv", tmp_path / "910b.json"
-    npb.main(["--model", MODEL, "--layers", str(LAYERS), "--device", DEVICE, "--grid", "small",
-              "-o", str(table)])
+    npb.main(
+        [
+            "--model",
+            MODEL,
+            "--layers",
+            str(LAYERS),
+            "--device",
+            DEVICE,
+            "--grid",
+            "small",
+            "-o",
+            str(table),
+        ]
+    )
     rows = read_rows(table)
     assert [(r.prefill, r.decode_kv) for r in rows] == batch_grid("small")
     assert {(r.meta["dtype"], r.meta["source"]) for r in rows} == {("bfloat16", npb.SOURCE)}
@@ -64,8 +76,17 @@ def test_profile_and_fit_on_the_npu(tmp_path: Path, record_property: Any) -> Non
 
     result = CliRunner().invoke(
         app,
-        ["profile", "fit", str(table), "-o", str(fitted), "--hardware", "ascend-910b",
-         "--model", f"{MODEL} ({LAYERS} layers)"],
+        [
+            "profile",
+            "fit",
+            str(table),
+            "-o",
+            str(fitted),
+            "--hardware",
+            "ascend-910b",
+            "--model",
+            f"{MODEL} ({LAYERS} layers)",
+        ],
     )
     assert result.exit_code == 0, result.output
     profile = load_profile(fitted)
@@ -134,8 +155,9 @@ def test_scheduler_runs_on_the_vllm_ascend_base(
     from priority.profiles import load_profile
 
     monkeypatch.delenv("TIERGATE_PROFILE")  # the Ascend default profile
-    config = _ascend_config(harness.write_tiny_model(tmp_path / "tiny"),
-                            async_scheduling=async_scheduling)
+    config = _ascend_config(
+        harness.write_tiny_model(tmp_path / "tiny"), async_scheduling=async_scheduling
+    )
     scheduler = harness.make_scheduler(TiergateScheduler, config)
     patched = importlib.import_module(compat.SCHEDULER_MODULE).Scheduler
     # the class as vllm-ascend left it, resolved when vLLM constructs the scheduler
@@ -153,8 +175,11 @@ def test_scheduler_runs_on_the_vllm_ascend_base(
             f"r{i}",
             100 + 150 * i,
             6,
-            {"tiergate_weight": 2.0 if i % 2 else 1.0, "tiergate_ttft_ms": 500,
-             "tiergate_tpot_ms": 50},
+            {
+                "tiergate_weight": 2.0 if i % 2 else 1.0,
+                "tiergate_ttft_ms": 500,
+                "tiergate_tpot_ms": 50,
+            },
         )
         for i in range(6)
     ]

@@ -66,9 +66,14 @@ def test_vllm_and_simulator_agree_on_every_token(tiny_model_dir: Path) -> None:
     arrivals = trace()
     profile = load_profile("h100-llama3.1-8b")
     sim = replay_simulator(
-        arrivals, profile, "slide", num_blocks=NUM_BLOCKS, block_size=BLOCK,
-        token_budget=BUDGET, max_num_seqs=MAX_SEQS,
-    )  # fmt: skip
+        arrivals,
+        profile,
+        "slide",
+        num_blocks=NUM_BLOCKS,
+        block_size=BLOCK,
+        token_budget=BUDGET,
+        max_num_seqs=MAX_SEQS,
+    )
 
     clock = replay.FakeClock(T0)
     scheduler = replay.make_scheduler(
@@ -107,9 +112,14 @@ def test_agreement_with_and_without_kv_pressure(
     sim = replay_simulator(cases, profile, policy, num_blocks=blocks)
     drivers = []
     real = replay.replay_vllm(
-        cases, tiny_model_dir, profile.coefficients, num_blocks=blocks, policy=policy,
-        profile=PROFILE, on_step=lambda s, _o: drivers.append(s.tiergate),
-    )  # fmt: skip
+        cases,
+        tiny_model_dir,
+        profile.coefficients,
+        num_blocks=blocks,
+        policy=policy,
+        profile=PROFILE,
+        on_step=lambda s, _o: drivers.append(s.tiergate),
+    )
     k = first_divergence(real, sim)
     assert k is None, f"step {k}: vLLM ran {real.batches[k]}, the simulator {sim.batches[k]}"
     assert real.preempted == sim.preempted

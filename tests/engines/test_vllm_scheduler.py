@@ -134,8 +134,13 @@ def test_batch_follows_slidebatching_worked_example(tiny_model_dir: Path) -> Non
 
     def mirror(request_id: str, ttft_s: float, tpot_s: float) -> Request:
         r = scheduler.requests[request_id]
-        view = Request(request_id, r.arrival_time, r.num_prompt_tokens, SLO(ttft_s, tpot_s),
-                       max_output_tokens=r.max_tokens)
+        view = Request(
+            request_id,
+            r.arrival_time,
+            r.num_prompt_tokens,
+            SLO(ttft_s, tpot_s),
+            max_output_tokens=r.max_tokens,
+        )
         view.num_output_tokens = r.num_output_tokens
         view.num_computed_tokens = r.num_computed_tokens
         view.num_kv_blocks = cdiv(r.num_computed_tokens, 16) if r.num_computed_tokens else 0
@@ -184,22 +189,29 @@ def _limits_hold(max_tokens: int, max_seqs: int) -> Any:
 def test_budgets_kv_limits_and_preemption_hold(tiny_model_dir: Path) -> None:
     """A KV pool too small for everyone: the policy preempts, requests resume and all finish."""
     clock = H.FakeClock(T0)
-    scheduler = build(tiny_model_dir, clock, num_blocks=24, max_num_seqs=4,
-                      max_num_batched_tokens=256)
+    scheduler = build(
+        tiny_model_dir, clock, num_blocks=24, max_num_seqs=4, max_num_batched_tokens=256
+    )
     arrivals = [
-        H.Arrival(T0 + 0.01 * i, f"r{i}", 60 + 13 * i, 40 + 7 * i,
-                  slo_args(300, 30 if i % 2 else 80, tiergate_weight=2.0 if i % 2 else 1.0))
+        H.Arrival(
+            T0 + 0.01 * i,
+            f"r{i}",
+            60 + 13 * i,
+            40 + 7 * i,
+            slo_args(300, 30 if i % 2 else 80, tiergate_weight=2.0 if i % 2 else 1.0),
+        )
         for i in range(8)
     ]
-    trace = H.run_trace(scheduler, arrivals, PROFILE.coefficients, clock,
-                        on_step=_limits_hold(256, 4))
+    trace = H.run_trace(
+        scheduler, arrivals, PROFILE.coefficients, clock, on_step=_limits_hold(256, 4)
+    )
     for a in arrivals:  # every request produced exactly its tokens
         assert len(trace.token_times[a.request_id]) == a.max_tokens
     preempted = set().union(*trace.preempted)
     assert preempted, "the KV pool was sized to force preemption"
     for request_id in preempted:  # each was recomputed later: scheduled again after preemption
         when = next(k for k, p in enumerate(trace.preempted) if request_id in p)
-        assert any(request_id in b for b in trace.batches[when + 1:])
+        assert any(request_id in b for b in trace.batches[when + 1 :])
     assert scheduler.tiergate.state.plan_deviations == 0
     assert scheduler.get_request_counts() == (0, 0)
     assert compat.kv_cache_usage(scheduler) == 0.0
@@ -209,8 +221,11 @@ def test_requests_without_slo_metadata_are_best_effort(tiny_model_dir: Path) -> 
     clock = H.FakeClock(T0)
     scheduler = build(tiny_model_dir, clock)
     scheduler.add_request(H.make_request("plain", 50, 5, arrival_time=T0))
-    scheduler.add_request(H.make_request("junk", 50, 5, arrival_time=T0,
-                                         extra_args={"tiergate_ttft_ms": "soon", "x": [1]}))
+    scheduler.add_request(
+        H.make_request(
+            "junk", 50, 5, arrival_time=T0, extra_args={"tiergate_ttft_ms": "soon", "x": [1]}
+        )
+    )
     scheduler.add_request(H.make_request("vip", 50, 5, arrival_time=T0, priority=-1))
     step(scheduler, clock)
     for request_id in ("plain", "junk", "vip"):
@@ -246,8 +261,11 @@ def test_vllm_xargs_reach_the_scheduler_through_openai_protocol(tiny_model_dir: 
     params = request.to_sampling_params(4, {})
     clock = H.FakeClock(T0)
     scheduler = build(tiny_model_dir, clock)
-    scheduler.add_request(H.make_request("x", 20, 4, arrival_time=T0, sampling_params=params,
-                                         priority=request.priority))
+    scheduler.add_request(
+        H.make_request(
+            "x", 20, 4, arrival_time=T0, sampling_params=params, priority=request.priority
+        )
+    )
     step(scheduler, clock)
     view = scheduler.tiergate.view_of("x")
     assert view is not None
@@ -260,11 +278,13 @@ def test_vllm_xargs_reach_the_scheduler_through_openai_protocol(tiny_model_dir: 
 
 def test_async_scheduler_runs_overlapped_steps_and_keeps_stats_exact(tiny_model_dir: Path) -> None:
     clock = H.FakeClock(T0)
-    scheduler = build(tiny_model_dir, clock, async_scheduling=True, max_num_seqs=3,
-                      max_num_batched_tokens=128)
+    scheduler = build(
+        tiny_model_dir, clock, async_scheduling=True, max_num_seqs=3, max_num_batched_tokens=128
+    )
     for i in range(5):
-        scheduler.add_request(H.make_request(f"r{i}", 40 + 30 * i, 6, arrival_time=T0,
-                                             extra_args=slo_args(500, 50)))
+        scheduler.add_request(
+            H.make_request(f"r{i}", 40 + 30 * i, 6, arrival_time=T0, extra_args=slo_args(500, 50))
+        )
     in_flight: list[Any] = []
     produced: dict[str, int] = {}
     for _ in range(200):
@@ -296,8 +316,9 @@ def test_policy_state_reaches_the_stat_logger(tiny_model_dir: Path) -> None:
     clock = H.FakeClock(T0)
     scheduler = build(tiny_model_dir, clock)
     for i in range(3):
-        scheduler.add_request(H.make_request(f"r{i}", 64, 8, arrival_time=T0,
-                                             extra_args=slo_args(100, 20)))
+        scheduler.add_request(
+            H.make_request(f"r{i}", 64, 8, arrival_time=T0, extra_args=slo_args(100, 20))
+        )
     step(scheduler, clock)
     step(scheduler, clock)
     stats = scheduler.make_stats()
@@ -314,8 +335,9 @@ def test_policy_state_reaches_the_stat_logger(tiny_model_dir: Path) -> None:
     def value(name: str) -> float | None:
         return registry.get_sample_value(name, {"engine": "0"})
 
-    assert value("tiergate:latency_budget_seconds") == pytest.approx(state.latency_budget_s,
-                                                                    abs=1e-6)
+    assert value("tiergate:latency_budget_seconds") == pytest.approx(
+        state.latency_budget_s, abs=1e-6
+    )
     assert value("tiergate:estimator_beta") == pytest.approx(state.beta, abs=1e-6)
     assert value("tiergate:urgent_requests") == state.num_urgent
     assert value("tiergate:policy_steps") == 2
@@ -326,8 +348,9 @@ def test_beta_learns_from_real_step_times(tiny_model_dir: Path) -> None:
     clock = H.FakeClock(T0)
     scheduler = build(tiny_model_dir, clock, max_num_seqs=16)
     for i in range(12):
-        scheduler.add_request(H.make_request(f"r{i}", 30, 120, arrival_time=T0,
-                                             extra_args=slo_args(1000, 200)))
+        scheduler.add_request(
+            H.make_request(f"r{i}", 30, 120, arrival_time=T0, extra_args=slo_args(1000, 200))
+        )
     betas = []
     for _ in range(100):
         output = scheduler.schedule()

@@ -39,9 +39,12 @@ def stock_replay(policy: str, pool: str, model_dir: Path) -> Replay:
     key = (policy, pool)
     if key not in _STOCK:
         _STOCK[key] = replay.replay_vllm(
-            arrivals(), model_dir, COEFFICIENTS, num_blocks=KV_POOLS[pool],
+            arrivals(),
+            model_dir,
+            COEFFICIENTS,
+            num_blocks=KV_POOLS[pool],
             stock_policy=MODES[policy],
-        )  # fmt: skip
+        )
     return _STOCK[key]
 
 
@@ -91,9 +94,12 @@ def test_simulator_is_stock_vllm(policy: str, pool: str, tiny_model_dir: Path) -
     cases = arrivals()
     stock = stock_replay(policy, pool, tiny_model_dir)
     sim = replay_simulator(
-        cases, load_profile(PROFILE), policy, num_blocks=blocks,
+        cases,
+        load_profile(PROFILE),
+        policy,
+        num_blocks=blocks,
         params=vllm_params(policy, VERSION),
-    )  # fmt: skip
+    )
     assert_same_steps(sim, stock, f"simulated {policy} vs stock vLLM {VERSION} ({pool} KV)")
     for a in cases:
         np.testing.assert_allclose(

@@ -8,7 +8,6 @@ SLO headers and what reaches the engine, every error path, health and metrics.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -63,9 +62,14 @@ def _seed(factory: sessionmaker[Session]) -> dict[str, str]:
         seed_defaults(session)
         for name, best_effort in (("strict", False), ("strict-be", True)):
             crud.create_tier(
-                session, actor="test", name=name, weight=3.0, ttft_ms=20.0, tpot_ms=50.0,
+                session,
+                actor="test",
+                name=name,
+                weight=3.0,
+                ttft_ms=20.0,
+                tpot_ms=50.0,
                 best_effort_allowed=best_effort,
-            )  # fmt: skip
+            )
         tenants: dict[str, dict[str, Any]] = {
             "standard": {"tier": "standard"},
             "premium": {"tier": "premium"},
@@ -94,9 +98,13 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
         EngineSpec("910b-qwen2-7b", "vllm-v1-priority", MODEL),
     ]
     settings = Settings(
-        database_url=url, secret=SecretStr(SECRET), data_dir=root, redis_url=None,
-        auth_cache_ttl_s=CACHE_TTL_S, max_body_bytes=64 * 1024,
-    )  # fmt: skip
+        database_url=url,
+        secret=SecretStr(SECRET),
+        data_dir=root,
+        redis_url=None,
+        auth_cache_ttl_s=CACHE_TTL_S,
+        max_body_bytes=64 * 1024,
+    )
     with EngineThread(specs) as engines:
         submitted: list[CoreRequest] = []
         for running in engines:  # record what each engine receives
@@ -131,9 +139,12 @@ def test_chat_non_streaming_returns_text_and_usage(env: Env) -> None:
 
 def test_chat_streaming_with_usage(env: Env) -> None:
     stream = env.client().chat.completions.create(
-        model=MODEL, messages=CHAT, max_tokens=5, stream=True,
+        model=MODEL,
+        messages=CHAT,
+        max_tokens=5,
+        stream=True,
         stream_options={"include_usage": True},
-    )  # fmt: skip
+    )
     chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text
@@ -189,11 +200,23 @@ def test_tier_slo_and_weight_reach_the_engine(env: Env) -> None:
     assert seen.slo.deadline_s is None
 
 
+def test_a_clients_own_protocol_keys_never_reach_the_engine(env: Env) -> None:
+    forged = {"tiergate_deadline_ms": 5, "tiergate_weight": 64.0, "tiergate_tier": "gold"}
+    env.client("premium").chat.completions.create(
+        model=MODEL, messages=CHAT, max_tokens=2, extra_body={"vllm_xargs": forged}
+    )
+    seen = _last_submitted(env, "t-premium")
+    assert seen.slo.deadline_s is None  # the tier sets none; the client may not
+    assert seen.weight == 4.0 and seen.tier == "premium"
+
+
 def test_accepted_slo_headers_reach_the_engine(env: Env) -> None:
     env.client("premium").chat.completions.create(
-        model=MODEL, messages=CHAT, max_tokens=2,
+        model=MODEL,
+        messages=CHAT,
+        max_tokens=2,
         extra_headers={"x-slo-ttft-ms": "300", "x-slo-tpot-ms": "80", "x-slo-deadline-ms": "9000"},
-    )  # fmt: skip
+    )
     seen = _last_submitted(env, "t-premium")
     assert seen.slo.ttft_s == pytest.approx(0.3)
     assert seen.slo.tpot_s == pytest.approx(0.08)
@@ -260,16 +283,16 @@ def test_infeasible_slo_is_served_best_effort_when_the_tier_allows(env: Env) -> 
 def test_missing_and_malformed_authorization_are_401(env: Env) -> None:
     body = {"model": MODEL, "messages": CHAT}
     for headers in ({}, {"authorization": "Basic abc"}, {"authorization": "Bearer"}):
-        response = httpx.post(f"{env.gateway.base_url}/chat/completions", json=body,
-                              headers=headers)  # fmt: skip
+        response = httpx.post(
+            f"{env.gateway.base_url}/chat/completions", json=body, headers=headers
+        )
         assert response.status_code == 401
         error = response.json()["error"]
         assert error["code"] == "invalid_api_key" and error["message"]
 
 
 def test_unknown_key_is_401(env: Env) -> None:
-    client = openai.OpenAI(base_url=env.gateway.base_url, api_key="tg-abcdefgh-nope",
-                           max_retries=0)  # fmt: skip
+    client = openai.OpenAI(base_url=env.gateway.base_url, api_key="tg-abcdefgh-nope", max_retries=0)
     with pytest.raises(openai.AuthenticationError) as info:
         client.models.list()
     assert "tg-abcdefgh" in info.value.message
@@ -277,13 +300,19 @@ def test_unknown_key_is_401(env: Env) -> None:
         openai.OpenAI(base_url=env.gateway.base_url, api_key="sk-123", max_retries=0).models.list()
 
 
-def test_revoked_key_is_refused_within_the_cache_ttl(env: Env) -> None:
+def test_revoked_key_is_refused_within_the_cache_ttl(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
     key = env.new_key("t-standard")
     client = openai.OpenAI(base_url=env.gateway.base_url, api_key=key, max_retries=0)
+    auth = env.gateway.state.auth
+    frozen = auth.clock()  # the cache's clock stands still, then steps over the TTL
+    monkeypatch.setattr(auth, "clock", lambda: frozen)
     client.models.list()  # cached now
     with env.factory.begin() as session:
         crud.revoke_key(session, key.split("-")[1], actor="test")
-    time.sleep(CACHE_TTL_S + 0.1)
+    client.models.list()  # still served from the cache: the revocation waits for the TTL
+    frozen += CACHE_TTL_S
     with pytest.raises(openai.AuthenticationError) as info:
         client.models.list()
     assert "revoked" in info.value.message
@@ -304,8 +333,12 @@ def test_invalidate_makes_a_revocation_immediate(env: Env) -> None:
 def test_expired_key_is_401(env: Env) -> None:
     key = env.new_key("t-standard")
     with env.factory.begin() as session:
-        crud.update_key(session, key.split("-")[1],
-                        {"expires_at": utcnow() - timedelta(seconds=1)}, actor="test")  # fmt: skip
+        crud.update_key(
+            session,
+            key.split("-")[1],
+            {"expires_at": utcnow() - timedelta(seconds=1)},
+            actor="test",
+        )
     client = openai.OpenAI(base_url=env.gateway.base_url, api_key=key, max_retries=0)
     with pytest.raises(openai.AuthenticationError) as info:
         client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=2)
@@ -317,26 +350,30 @@ def test_expired_key_is_401(env: Env) -> None:
 
 def _post(env: Env, content: bytes, path: str = "/chat/completions") -> httpx.Response:
     return httpx.post(
-        f"{env.gateway.base_url}{path}", content=content,
-        headers={"authorization": f"Bearer {env.keys['standard']}",
-                 "content-type": "application/json"},
-    )  # fmt: skip
+        f"{env.gateway.base_url}{path}",
+        content=content,
+        headers={
+            "authorization": f"Bearer {env.keys['standard']}",
+            "content-type": "application/json",
+        },
+    )
 
 
 def test_invalid_json_is_400(env: Env) -> None:
     response = _post(env, b"{not json")
     assert response.status_code == 400
     assert "JSON" in response.json()["error"]["message"]
+    assert response.json()["error"]["code"] == "invalid_json"
 
 
-def test_schema_violations_are_422_naming_the_field(env: Env) -> None:
+def test_schema_violations_are_400_naming_the_field(env: Env) -> None:
     response = _post(env, b'{"model": "qwen2-7b", "messages": []}')
-    assert response.status_code == 422
+    assert response.status_code == 400
     assert response.json()["error"]["param"] == "messages"
-    response = _post(env, b'{"model": "qwen2-7b", "messages": [{"role": "user"}], '
-                          b'"max_tokens": 0}')  # fmt: skip
-    assert response.status_code == 422 and response.json()["error"]["param"] == "max_tokens"
-    with pytest.raises(openai.UnprocessableEntityError):
+    response = _post(env, b'{"model": "qwen2-7b", "messages": [{"role": "user"}], "max_tokens": 0}')
+    assert response.status_code == 400 and response.json()["error"]["param"] == "max_tokens"
+    assert response.json()["error"]["code"] == "invalid_value"
+    with pytest.raises(openai.BadRequestError):  # as OpenAI answers it
         env.client().completions.create(model=MODEL, prompt="x", max_tokens=-1)
 
 
@@ -356,8 +393,11 @@ def test_body_too_large_is_413(env: Env) -> None:
         yield big[:1000]
         yield big[1000:]
 
-    response = httpx.post(f"{env.gateway.base_url}/completions", content=chunks(),
-                          headers={"authorization": f"Bearer {env.keys['standard']}"})  # fmt: skip
+    response = httpx.post(
+        f"{env.gateway.base_url}/completions",
+        content=chunks(),
+        headers={"authorization": f"Bearer {env.keys['standard']}"},
+    )
     assert response.status_code == 413
 
 
@@ -390,8 +430,9 @@ def test_openapi_docs_list_the_endpoints(env: Env) -> None:
 
 
 def test_metrics_expose_requests_latency_gain_and_backends(env: Env) -> None:
-    list(env.client().chat.completions.create(model=MODEL, messages=CHAT, max_tokens=3,
-                                              stream=True))  # fmt: skip
+    list(
+        env.client().chat.completions.create(model=MODEL, messages=CHAT, max_tokens=3, stream=True)
+    )
     text = httpx.get(f"{env.gateway.url}/metrics").text
     for name in (
         'tiergate_requests_total{status="200",tenant="t-standard",tier="standard"}',

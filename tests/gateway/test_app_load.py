@@ -11,9 +11,11 @@ import asyncio
 import logging
 import os
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -29,6 +31,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from gateway.app import BackendSpec, create_app
 from gateway.app.server import GatewayThread
 from gateway.db import crud
+from gateway.db.identity import KeyIdentity
 from gateway.db.models import Base, UsageRecord
 from gateway.db.seed import seed_defaults
 from gateway.db.session import make_engine, make_session_factory
@@ -195,12 +198,17 @@ def test_open_breaker_takes_a_dead_backend_out_of_routing(
     factory: sessionmaker[Session], tmp_path: Path
 ) -> None:
     key = _tenant_key(factory, "watcher")
-    thread = EngineThread([EngineSpec("a100-qwen2-7b", "vllm-v1-priority", MODEL),
-                           EngineSpec("910b-qwen2-7b", "vllm-v1-priority", MODEL)])  # fmt: skip
+    thread = EngineThread(
+        [
+            EngineSpec("a100-qwen2-7b", "vllm-v1-priority", MODEL),
+            EngineSpec("910b-qwen2-7b", "vllm-v1-priority", MODEL),
+        ]
+    )
     engines = thread.start()
     try:
-        with _gateway(factory, engines, tmp_path, scrape_interval_s=0.05,
-                      breaker_failures=2) as gateway:  # fmt: skip
+        with _gateway(
+            factory, engines, tmp_path, scrape_interval_s=0.05, breaker_failures=2
+        ) as gateway:
             asyncio.run_coroutine_threadsafe(stop_engines(engines[:1]), thread.loop).result(10)
             _wait_for(lambda: not gateway.state.pool.backends[0].view.healthy)
             ready = httpx.get(f"{gateway.url}/health/readiness").json()
@@ -212,6 +220,8 @@ def test_open_breaker_takes_a_dead_backend_out_of_routing(
 
 
 def _wait_for(condition: Callable[[], bool], timeout_s: float = 20.0) -> None:
+    """Poll a state owned by another thread (gateway, engines) that offers no event to wait on.
+    The deadline only bounds a failing test: a pass never depends on how soon it comes true."""
     deadline = time.monotonic() + timeout_s
     while not condition():
         if time.monotonic() > deadline:
@@ -233,15 +243,20 @@ def test_client_disconnect_cancels_the_upstream_request(
         headers = {"authorization": f"Bearer {key}"}
         with httpx.Client(timeout=30) as client:
             if stream:
-                with client.stream("POST", f"{gateway.base_url}/chat/completions", json=body,
-                                   headers=headers) as response:  # fmt: skip
+                with client.stream(
+                    "POST", f"{gateway.base_url}/chat/completions", json=body, headers=headers
+                ) as response:
                     assert response.status_code == 200
                     next(response.iter_lines())  # the first token arrived
                     assert _engine_load(engines) >= 1
             else:
                 with pytest.raises(httpx.ReadTimeout):
-                    client.post(f"{gateway.base_url}/chat/completions", json=body,
-                                headers=headers, timeout=0.5)  # fmt: skip
+                    client.post(
+                        f"{gateway.base_url}/chat/completions",
+                        json=body,
+                        headers=headers,
+                        timeout=0.5,
+                    )
         _wait_for(lambda: _engine_load(engines) == 0)
         _wait_for(lambda: gateway.state.queue.in_flight == 0)
         assert all(not b.view.prefill_queue for b in gateway.state.pool.backends)
@@ -264,6 +279,15 @@ def test_client_gone_while_sending_its_body_is_a_quiet_499(
     with _gateway(factory, engines, tmp_path) as gateway:
         uvicorn_errors.addHandler(caplog.handler)  # after uvicorn configured its logging
         host, port = gateway.url.removeprefix("http://").split(":")
+        authenticated = threading.Event()  # the request is in the handler, reading its body
+        authenticate = gateway.state.auth.authenticate
+
+        async def spy(authorization: str | None) -> KeyIdentity:
+            identity = await authenticate(authorization)
+            authenticated.set()
+            return identity
+
+        gateway.state.auth.authenticate = spy  # type: ignore[method-assign]
         with socket.create_connection((host, int(port)), timeout=5) as sock:
             sock.sendall(
                 b"POST /v1/chat/completions HTTP/1.1\r\n"
@@ -271,7 +295,7 @@ def test_client_gone_while_sending_its_body_is_a_quiet_499(
                 + b"content-type: application/json\r\ncontent-length: 1000\r\n\r\n"
                 + b'{"model": "qwen2-7b", "messa'
             )
-            time.sleep(0.2)  # the gateway is waiting for the rest of the body
+            assert authenticated.wait(30), "the request never reached the handler"
         _wait_for(lambda: gateway.state.usage_writer.submitted == 1)
         client = openai.OpenAI(base_url=gateway.base_url, api_key=key, max_retries=0)
         assert client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=2).choices
@@ -293,9 +317,12 @@ def test_smoothing_holds_each_chunk_until_shortly_before_its_deadline(
         client = openai.OpenAI(base_url=gw.base_url, api_key=key, max_retries=0)
         sent = time.monotonic()
         stream = client.chat.completions.create(
-            model=MODEL, messages=CHAT, max_tokens=4, stream=True,
+            model=MODEL,
+            messages=CHAT,
+            max_tokens=4,
+            stream=True,
             extra_headers={"x-slo-ttft-ms": str(ttft_ms), "x-slo-tpot-ms": str(tpot_ms)},
-        )  # fmt: skip
+        )
         received = [
             time.monotonic() - sent for c in stream if c.choices and c.choices[0].delta.content
         ]
@@ -307,25 +334,38 @@ def test_smoothing_holds_each_chunk_until_shortly_before_its_deadline(
 def test_admission_queue_full_is_429_and_ttl_is_503(
     factory: sessionmaker[Session], engines: list[RunningEngine], tmp_path: Path
 ) -> None:
-    """One dispatch slot and one queue place: of three concurrent requests one runs, one waits
-    past its 0.2 s queue TTL (the runner needs ~60 decode steps), one finds the queue full."""
+    """One dispatch slot and one queue place: a long stream holds the slot, a second request
+    waits, a third finds the queue full (429); once the queue's clock has passed the waiter's
+    TTL, the slot's release finds it expired (503). The stream holds the slot until the test
+    closes it and the TTL passes on a stepped clock, so no outcome depends on timing."""
     key = _tenant_key(factory, "crowd")
-    options = {"max_in_flight": 1, "max_queued": 1, "queue_ttl_s": 0.2}
+    options = {"max_in_flight": 1, "max_queued": 1, "queue_ttl_s": 60.0}  # no timer fires
     with _gateway(factory, engines, tmp_path, **options) as gateway:
-        client = openai.AsyncOpenAI(base_url=gateway.base_url, api_key=key, max_retries=0)
+        queue = gateway.state.queue
+        stepped = time.monotonic()  # the queue's clock: it reads ``stepped`` at each call
+        queue._clock = lambda: stepped
+        client = openai.OpenAI(base_url=gateway.base_url, api_key=key, max_retries=0)
 
-        async def one() -> tuple[int, str | None]:
+        def one() -> tuple[int, str | None]:
             try:
-                await client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=60)
+                client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=2)
             except openai.APIStatusError as exc:
                 return exc.status_code, exc.response.headers.get("x-tiergate-reject-reason")
             return 200, None
 
-        async def three() -> list[tuple[int, str | None]]:
-            try:
-                return list(await asyncio.gather(one(), one(), one()))
-            finally:
-                await client.close()
-
-        outcomes = sorted(asyncio.run(three()))
-    assert outcomes == [(200, None), (429, "queue_full"), (503, "queue_ttl")]
+        body = {"model": MODEL, "messages": CHAT, "max_tokens": 5000, "stream": True}
+        headers = {"authorization": f"Bearer {key}"}
+        with ThreadPoolExecutor(1) as pool, httpx.Client(timeout=30) as http:
+            with http.stream(
+                "POST", f"{gateway.base_url}/chat/completions", json=body, headers=headers
+            ) as running:
+                assert running.status_code == 200
+                lines = running.iter_lines()  # kept: a dropped iterator closes the stream
+                next(lines)  # it holds the slot until this stream closes
+                waiting = pool.submit(one)
+                _wait_for(lambda: queue.queued == 1)
+                assert one() == (429, "queue_full")
+                stepped += 120.0  # past the waiter's TTL, by the clock the queue orders by
+            # the stream is closed: its slot goes back, and the queue drops the expired waiter
+            assert waiting.result(timeout=30) == (503, "queue_ttl")
+        client.close()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +17,6 @@ from pydantic import ValidationError
 
 from gateway.app.auth import AuthCache
 from gateway.app.backends import BackendPool, BackendSpec, parse_vllm_gauges
-from gateway.app.errors import ApiError
 from gateway.app.metrics import OTHER_TENANT, GatewayMetrics, TenantLabels
 from gateway.app.proxy import _token_times
 from gateway.app.schemas import ChatBody
@@ -33,6 +32,7 @@ from gateway.embedded import Listening
 from gateway.engine_sim import RunningEngine
 from gateway.engine_sim.mapping import weight_from_priority
 from gateway.engine_sim.schemas import ChatCompletionRequest, describe_validation_error
+from gateway.errors import ApiError
 from gateway.settings import Settings
 
 times_st = st.lists(st.floats(0, 1e3, allow_nan=False), min_size=1, max_size=40).map(sorted)
@@ -56,10 +56,18 @@ def test_engine_priority_inverts_the_engine_weight_mapping(exponent: int) -> Non
 
 def _policy(**overrides: Any) -> EffectivePolicy:
     values: dict[str, Any] = dict(
-        weight=2.0, ttft_ms=2000.0, tpot_ms=100.0, deadline_ms=None, min_ttft_ms=500.0,
-        min_tpot_ms=None, min_deadline_ms=None, best_effort_allowed=False, rpm_limit=None,
-        tpm_limit=None, max_concurrency=None,
-    )  # fmt: skip
+        weight=2.0,
+        ttft_ms=2000.0,
+        tpot_ms=100.0,
+        deadline_ms=None,
+        min_ttft_ms=500.0,
+        min_tpot_ms=None,
+        min_deadline_ms=None,
+        best_effort_allowed=False,
+        rpm_limit=None,
+        tpm_limit=None,
+        max_concurrency=None,
+    )
     values.update(overrides)
     return EffectivePolicy(**values)
 
@@ -173,71 +181,108 @@ def test_auth_cache_coalesces_concurrent_misses(tmp_path: Path) -> None:
     engine.dispose()
 
 
-def _slow_auth_cache(tmp_path: Path, ttl_s: float) -> tuple[Any, AuthCache, str, Any]:
-    """A cache whose database reads after the first one are held until ``gate`` is set (the
-    read itself happens first, so a held read returns what the database said before)."""
+class _StepClock:
+    """A monotonic clock that moves only when a test steps it (thread-safe: a float read)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
+class _SlowAuth:
+    """An auth cache on a stepped clock whose database reads after the first one are held
+    until ``gate`` is set. The read itself happens first (then ``read`` is set), so a held read
+    returns what the database said before."""
+
+    engine: Any
+    cache: AuthCache
+    key: str
+    clock: _StepClock
+    read: threading.Event = field(default_factory=threading.Event)
+    gate: threading.Event = field(default_factory=threading.Event)
+    loads: int = 0
+    finished: int = 0
+
+    async def refreshed(self) -> None:
+        """Open the gate and wait for the background refreshes to end."""
+        self.gate.set()
+        await asyncio.gather(*self.cache._refreshing)
+
+
+def _slow_auth_cache(tmp_path: Path, ttl_s: float) -> _SlowAuth:
     engine = make_engine(f"sqlite:///{tmp_path / 'auth.db'}")
     Base.metadata.create_all(engine)
     factory = make_session_factory(engine)
     with factory.begin() as session:
         seed_defaults(session)
         key = crud.create_key(session, actor="t", tenant="demo", secret="s").plaintext
-    cache = AuthCache(factory, "s", ttl_s=ttl_s)
-    gate = threading.Event()
-    original = cache._load
-    cache.loads = 0  # type: ignore[attr-defined]
+    clock = _StepClock()
+    slow = _SlowAuth(engine, AuthCache(factory, "s", ttl_s=ttl_s, clock=clock), key, clock)
+    original = slow.cache._load
 
     def held(presented: str) -> Any:
-        cache.loads += 1  # type: ignore[attr-defined]
+        slow.loads += 1
         entry = original(presented)
-        if cache.loads > 1:  # type: ignore[attr-defined]
-            gate.wait(5.0)
+        if slow.loads > 1:
+            slow.read.set()
+            slow.gate.wait(60.0)  # a bound only so that a failed test cannot hang the run
+        slow.finished += 1
         return entry
 
-    cache._load = held  # type: ignore[method-assign,assignment]
-    return engine, cache, key, gate
+    slow.cache._load = held  # type: ignore[method-assign,assignment]
+    return slow
 
 
 def test_auth_cache_refreshes_a_busy_key_without_making_requests_wait(tmp_path: Path) -> None:
-    engine, cache, key, gate = _slow_auth_cache(tmp_path, ttl_s=0.4)
+    slow = _slow_auth_cache(tmp_path, ttl_s=1.0)
+    cache, bearer = slow.cache, f"Bearer {slow.key}"
 
-    async def scenario() -> float:
-        await cache.authenticate(f"Bearer {key}")  # a miss: the one read a request waits for
-        await asyncio.sleep(0.25)  # past half the TTL, before its end
-        started = time.monotonic()
-        identity = await cache.authenticate(f"Bearer {key}")
-        waited = time.monotonic() - started
-        assert identity.tenant_name == "demo"
-        await asyncio.sleep(0.05)
-        assert cache.loads == 2  # type: ignore[attr-defined]  # the refresh is under way
-        gate.set()
-        await asyncio.sleep(0.05)
-        return waited
+    async def scenario() -> None:
+        await cache.authenticate(bearer)  # a miss: the one read a request waits for
+        slow.clock.now += 0.75  # past half the TTL, before its end
+        try:
+            identity = await cache.authenticate(bearer)  # a hit that starts a refresh
+            assert identity.tenant_name == "demo"
+            await asyncio.to_thread(slow.read.wait, 60.0)
+            assert (slow.loads, slow.finished) == (2, 1)  # the refresh's read is held ...
+            identity = await cache.authenticate(bearer)
+            assert identity.tenant_name == "demo"
+            assert slow.finished == 1  # ... and requests are served from the cache meanwhile
+        finally:
+            await slow.refreshed()
+        slow.clock.now += 0.375  # past the first entry's TTL, before the refreshed one's half
+        await cache.authenticate(bearer)
+        assert (slow.loads, slow.finished) == (2, 2)  # the refresh stored its entry
 
-    assert asyncio.run(scenario()) < 0.1  # served from the cache while the read was held
-    engine.dispose()
+    asyncio.run(scenario())
+    slow.engine.dispose()
 
 
 def test_auth_cache_drops_a_refresh_that_raced_an_invalidation(tmp_path: Path) -> None:
-    engine, cache, key, gate = _slow_auth_cache(tmp_path, ttl_s=0.4)
-    factory = make_session_factory(engine)
+    slow = _slow_auth_cache(tmp_path, ttl_s=1.0)
+    cache, bearer, prefix = slow.cache, f"Bearer {slow.key}", slow.key.split("-")[1]
+    factory = make_session_factory(slow.engine)
 
     async def scenario() -> None:
-        await cache.authenticate(f"Bearer {key}")
-        await asyncio.sleep(0.25)
-        await cache.authenticate(f"Bearer {key}")  # starts a refresh that reads "valid"
-        await asyncio.sleep(0.05)
-        with factory.begin() as session:
-            crud.revoke_key(session, key.split("-")[1], actor="t")
-        cache.invalidate(key.split("-")[1])
-        gate.set()
-        await asyncio.sleep(0.05)  # the stale read completes now, after the invalidation
+        await cache.authenticate(bearer)
+        slow.clock.now += 0.75
+        try:
+            await cache.authenticate(bearer)  # starts a refresh ...
+            await asyncio.to_thread(slow.read.wait, 60.0)  # ... that has read "valid"
+            with factory.begin() as session:
+                crud.revoke_key(session, prefix, actor="t")
+            cache.invalidate(prefix)
+        finally:
+            await slow.refreshed()  # the stale read completes now, after the invalidation
         with pytest.raises(ApiError) as refused:
-            await cache.authenticate(f"Bearer {key}")
+            await cache.authenticate(bearer)
         assert refused.value.status == 401 and "revoked" in refused.value.message
 
     asyncio.run(scenario())
-    engine.dispose()
+    slow.engine.dispose()
 
 
 label_values = st.text(alphabet=st.sampled_from('ab }{"\\\n=,'), max_size=6)

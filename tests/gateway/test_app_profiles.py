@@ -50,9 +50,14 @@ def test_gateway_routes_to_a_backend_on_a_stored_profile(tmp_path: Path) -> None
             key = crud.create_key(s, actor="test", tenant="acme", secret=SECRET).plaintext
             crud.import_profile(s, profile.to_dict(), actor="test")
             crud.create_backend(
-                s, actor="test", name="site-0", base_url=engines[0].url, model=MODEL,
-                profile="site-a100", kind="emulated",
-            )  # fmt: skip
+                s,
+                actor="test",
+                name="site-0",
+                base_url=engines[0].url,
+                model=MODEL,
+                profile="site-a100",
+                kind="emulated",
+            )
         with GatewayThread(create_app(settings)) as gateway:
             (backend,) = gateway.state.pool.backends
             assert backend.profile == profile and backend.spec.profile == profile

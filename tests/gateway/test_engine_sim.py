@@ -28,19 +28,16 @@ from gateway.engine_sim.cli import engine_sim_command
 from gateway.engine_sim.filler import filler_text
 from gateway.engine_sim.loop import WallClockEngine
 from gateway.engine_sim.mapping import (
-    DEFAULT_TPOT_S,
-    DEFAULT_TTFT_S,
     OutputLengthSampler,
     RequestMappingError,
     Scheduling,
     build_request,
-    count_chat_tokens,
-    count_text_tokens,
     plan_output,
     slo_from_xargs,
     trace_output_lengths,
     weight_from_priority,
 )
+from gateway.tokens import count_chat_tokens, count_text_tokens
 from priority.estimator import LatencyCoefficients
 from priority.policies import SchedulerInput, SchedulingPolicy, StepPlan, make_policy
 from priority.profiles import EngineConfig, Profile
@@ -204,10 +201,13 @@ def test_completions_streaming_and_not(main: RunningEngine) -> None:
 
     chunks = list(
         c.completions.create(
-            model="qwen-test", prompt=[1, 2, 3, 4, 5], max_tokens=12, stream=True,
+            model="qwen-test",
+            prompt=[1, 2, 3, 4, 5],
+            max_tokens=12,
+            stream=True,
             stream_options={"include_usage": True},
         )
-    )  # fmt: skip
+    )
     assert "".join(ch.choices[0].text for ch in chunks if ch.choices) == filler_text(0, 12)
     assert chunks[-1].usage is not None
     assert chunks[-1].usage.prompt_tokens == 5  # token ids count as themselves
@@ -260,19 +260,37 @@ def test_engines_side_by_side_get_their_own_ports(engines: dict[str, RunningEngi
     [
         ({"model": "qwen-test"}, "messages"),
         ({"model": "qwen-test", "messages": []}, "messages"),
-        ({"model": "qwen-test", "messages": [{"role": "user", "content": "x"}], "max_tokens": 0},
-         "max_tokens"),
-        ({"model": "qwen-test", "messages": [{"role": "robot", "content": "x"}]},
-         "messages.0.role"),
+        (
+            {"model": "qwen-test", "messages": [{"role": "user", "content": "x"}], "max_tokens": 0},
+            "max_tokens",
+        ),
+        (
+            {"model": "qwen-test", "messages": [{"role": "robot", "content": "x"}]},
+            "messages.0.role",
+        ),
         ({"model": "qwen-test", "messages": [{"role": "user", "content": "x"}], "n": 2}, "n"),
-        ({"model": "qwen-test", "messages": [{"role": "user", "content": "x"}],
-          "max_tokens": 5000}, "max_tokens"),  # beyond max_model_len 4096
-        ({"model": "qwen-test", "messages": [{"role": "user", "content": "x"}],
-          "vllm_xargs": {"tiergate_ttft_ms": -5}}, "tiergate_ttft_ms"),
-        ({"model": "qwen-test", "messages": [{"role": "user", "content": "x"}],
-          "vllm_xargs": {"tiergate_weight": "heavy"}}, "tiergate_weight"),
+        (
+            {
+                "model": "qwen-test",
+                "messages": [{"role": "user", "content": "x"}],
+                "max_tokens": 5000,
+            },
+            "max_tokens",
+        ),  # beyond max_model_len 4096
+        (
+            {"model": "qwen-test", "messages": [{"role": "user", "content": "x"}], "priority": 1.5},
+            "priority",
+        ),  # vLLM's API server checks the types of these two
+        (
+            {
+                "model": "qwen-test",
+                "messages": [{"role": "user", "content": "x"}],
+                "vllm_xargs": {"tiergate_tier": None},
+            },
+            "vllm_xargs.tiergate_tier.str",
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_chat_body_is_openai_400(main: RunningEngine, body: dict[str, Any], param: str) -> None:
     response = httpx.post(f"{main.base_url}/chat/completions", json=body)
     assert response.status_code == 400
@@ -284,9 +302,10 @@ def test_bad_chat_body_is_openai_400(main: RunningEngine, body: dict[str, Any], 
 
 def test_invalid_json_and_batched_prompt_are_400(main: RunningEngine) -> None:
     bad = httpx.post(
-        f"{main.base_url}/completions", content=b"{not json",
+        f"{main.base_url}/completions",
+        content=b"{not json",
         headers={"content-type": "application/json"},
-    )  # fmt: skip
+    )
     assert bad.status_code == 400 and "JSON" in bad.json()["error"]["message"]
     batch = httpx.post(
         f"{main.base_url}/completions", json={"model": "qwen-test", "prompt": ["a", "b"]}
@@ -384,9 +403,12 @@ def _first_token_order(
 
             async def one(extra: dict[str, Any], tokens: int) -> float:
                 stream = await c.completions.create(
-                    model=engine.spec.model_name, prompt="z" * 40, max_tokens=tokens,
-                    stream=True, extra_body=extra,
-                )  # fmt: skip
+                    model=engine.spec.model_name,
+                    prompt="z" * 40,
+                    max_tokens=tokens,
+                    stream=True,
+                    extra_body=extra,
+                )
                 first = math.inf
                 async for _ in stream:
                     first = min(first, time.monotonic())
@@ -428,7 +450,9 @@ def test_vllm_priority_field_orders_service(engines: dict[str, RunningEngine]) -
     assert order == ["high"] * 8 + ["low"] * 8
 
 
-def test_vllm_xargs_reach_the_engine(main: RunningEngine, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def submitted(main: RunningEngine, monkeypatch: pytest.MonkeyPatch) -> list[Request]:
+    """The core requests the main engine is given from now on, in order."""
     captured: list[Request] = []
     engine = main.sim.engine
     original = engine.submit
@@ -438,24 +462,37 @@ def test_vllm_xargs_reach_the_engine(main: RunningEngine, monkeypatch: pytest.Mo
         return original(request, finish_reason)
 
     monkeypatch.setattr(engine, "submit", recording)
+    return captured
+
+
+def test_vllm_xargs_reach_the_engine(main: RunningEngine, submitted: list[Request]) -> None:
     gateway_arrival = time.time() - 2.0
     xargs = {
-        "tiergate_deadline_ms": 30000, "tiergate_weight": 3.5, "tiergate_tier": "gold",
-        "tiergate_tenant": "acme", "tiergate_arrival_unix_s": gateway_arrival, "other": [1, 2],
-    }  # fmt: skip
+        "tiergate_deadline_ms": 30000,
+        "tiergate_weight": 3.5,
+        "tiergate_tier": "gold",
+        "tiergate_tenant": "acme",
+        "tiergate_arrival_unix_s": gateway_arrival,
+        "other": [1, 2],
+    }
     before = scrape(main)
     client(main).chat.completions.create(
-        model="qwen-test", messages=[{"role": "user", "content": "q"}], max_tokens=2,
+        model="qwen-test",
+        messages=[{"role": "user", "content": "q"}],
+        max_tokens=2,
         extra_body={"vllm_xargs": xargs},
-    )  # fmt: skip
+    )
     client(main).chat.completions.create(
-        model="qwen-test", messages=[{"role": "user", "content": "q"}], max_tokens=2,
+        model="qwen-test",
+        messages=[{"role": "user", "content": "q"}],
+        max_tokens=2,
         extra_body={"priority": 2},
-    )  # fmt: skip
-    deadline_only, plain = captured
+    )
+    deadline_only, plain = submitted
     assert deadline_only.slo == SLO(deadline_s=30.0)
     assert (deadline_only.weight, deadline_only.tier, deadline_only.tenant) == (3.5, "gold", "acme")
-    assert plain.slo == SLO(ttft_s=DEFAULT_TTFT_S, tpot_s=DEFAULT_TPOT_S)
+    zero_load = main.sim.profile.zero_load_ttft_s(plain.prompt_tokens)
+    assert plain.slo == SLO(ttft_s=max(5 * zero_load, 0.2), tpot_s=0.1)  # the plugins' defaults
     assert plain.weight == 0.25 and plain.tier == "default"
     # deadlines count from the gateway's arrival: the TTFT the engine reports includes the 2 s
     assert deadline_only.token_times[0] - deadline_only.arrival_s >= 2.0
@@ -473,9 +510,11 @@ def test_stream_disconnect_aborts_and_frees_kv(engines: dict[str, RunningEngine]
     assert wait_until(lambda: idle(engine))
     before = scrape(engine)
     stream = client(engine).chat.completions.create(
-        model="abort", messages=[{"role": "user", "content": "w" * 400}], max_tokens=3000,
+        model="abort",
+        messages=[{"role": "user", "content": "w" * 400}],
+        max_tokens=3000,
         stream=True,
-    )  # fmt: skip
+    )
     for received, _chunk in enumerate(stream, start=1):
         if received == 3:
             break
@@ -511,9 +550,11 @@ def test_many_concurrent_streams_all_complete(engines: dict[str, RunningEngine])
 
             async def one(k: int) -> tuple[int, str]:
                 stream = await c.chat.completions.create(
-                    model="load", messages=[{"role": "user", "content": "hello " * k}],
-                    max_tokens=20 + k % 7, stream=True,
-                )  # fmt: skip
+                    model="load",
+                    messages=[{"role": "user", "content": "hello " * k}],
+                    max_tokens=20 + k % 7,
+                    stream=True,
+                )
                 text = "".join([ch.choices[0].delta.content or "" async for ch in stream])
                 return k, text
 
@@ -637,22 +678,52 @@ def test_token_counting_stand_in() -> None:
 
 
 def test_slo_from_xargs_defaults_and_partial_streaming() -> None:
-    best_effort = slo_from_xargs(None, 0)
-    assert best_effort.slo == SLO(ttft_s=DEFAULT_TTFT_S, tpot_s=DEFAULT_TPOT_S)
+    best_effort = slo_from_xargs(None, 0, zero_load_ttft_s=0.1)
+    assert best_effort.slo == SLO(ttft_s=0.5, tpot_s=0.1)  # 5 x zero-load TTFT, 100 ms TPOT
     assert best_effort.weight == 1.0 and best_effort.arrival_delay_s == 0.0
-    ttft_only = slo_from_xargs({"tiergate_ttft_ms": "250"}, 0)
-    assert ttft_only.slo == SLO(ttft_s=0.25, tpot_s=DEFAULT_TPOT_S)
+    ttft_only = slo_from_xargs({"tiergate_ttft_ms": "250"}, 0, zero_load_ttft_s=0.1)
+    assert ttft_only.slo == SLO(ttft_s=0.25, tpot_s=0.1)
     both = slo_from_xargs(
-        {"tiergate_ttft_ms": 500, "tiergate_tpot_ms": 50, "tiergate_deadline_ms": 9000}, 0
+        {"tiergate_ttft_ms": 500, "tiergate_tpot_ms": 50, "tiergate_deadline_ms": 9000},
+        0,
+        zero_load_ttft_s=0.1,
     )
     assert both.slo == SLO(ttft_s=0.5, tpot_s=0.05, deadline_s=9.0)
-    skewed = slo_from_xargs({"tiergate_arrival_unix_s": 200.0}, 0, now_unix_s=100.0)
+    skewed = slo_from_xargs(
+        {"tiergate_arrival_unix_s": 200.0}, 0, zero_load_ttft_s=0.1, now_unix_s=100.0
+    )
     assert skewed.arrival_delay_s == 0.0  # a future gateway timestamp counts as now
-    late = slo_from_xargs({"tiergate_arrival_unix_s": 97.5}, 0, now_unix_s=100.0)
+    late = slo_from_xargs(
+        {"tiergate_arrival_unix_s": 97.5}, 0, zero_load_ttft_s=0.1, now_unix_s=100.0
+    )
     assert late.arrival_delay_s == pytest.approx(2.5)
     for bad in ({"tiergate_deadline_ms": 0}, {"tiergate_weight": True}, {"tiergate_tpot_ms": "x"}):
-        with pytest.raises(RequestMappingError):
-            slo_from_xargs(bad, 0)
+        assert slo_from_xargs(bad, 0, zero_load_ttft_s=0.1) == best_effort  # ignored, as in vLLM
+
+
+def test_malformed_xargs_are_served_with_defaults(
+    main: RunningEngine, submitted: list[Request]
+) -> None:
+    xargs = {
+        "tiergate_ttft_ms": -5,
+        "tiergate_tpot_ms": 40,
+        "tiergate_weight": "heavy",
+        "tiergate_tier": 7,
+    }
+    response = httpx.post(
+        f"{main.base_url}/chat/completions",
+        json={
+            "model": "qwen-test",
+            "messages": [{"role": "user", "content": "q"}],
+            "max_tokens": 1,
+            "vllm_xargs": xargs,
+        },
+    )
+    assert response.status_code == 200
+    (request,) = submitted
+    zero_load = main.sim.profile.zero_load_ttft_s(request.prompt_tokens)
+    assert request.slo == SLO(ttft_s=max(5 * zero_load, 0.2), tpot_s=0.04)
+    assert (request.weight, request.tier) == (1.0, "default")
 
 
 @given(st.integers(-1000, 1000), st.integers(-1000, 1000))

@@ -145,26 +145,42 @@ async def test_burst_against_tpm_admits_floor_of_budget(make_limiter: MakeLimite
 
 @pytest.mark.asyncio
 async def test_concurrency_never_exceeded_under_random_workload(make_limiter: MakeLimiter) -> None:
+    """40 workers take and give back slots after seeded random numbers of event-loop yields.
+    No slot is given back before the limit has been reached and a request refused (so both
+    happen in every interleaving, whatever Redis's latency); after that, holds are random and
+    the limit must hold in whichever order the workers run."""
     limiter = make_limiter()
     limits = Limits(max_concurrency=5)
     rng = random.Random(7)
+    contended = asyncio.Event()  # the limit was reached and a request refused
     holding = 0
     peak = 0
     rejections = 0
 
+    async def yields(most: int) -> None:
+        for _ in range(rng.randrange(most + 1)):
+            await asyncio.sleep(0)
+
+    def note() -> None:
+        if peak == limits.max_concurrency and rejections:
+            contended.set()
+
     async def worker() -> None:
         nonlocal holding, peak, rejections
         for _ in range(6):
-            await asyncio.sleep(rng.uniform(0, 0.002))
+            await yields(3)
             try:
                 reservation = await limiter.reserve("t", limits, 1)
             except LimitExceeded as error:
                 assert error.reason is RejectReason.CONCURRENCY
                 rejections += 1
+                note()
                 continue
             holding += 1
             peak = max(peak, holding)
-            await asyncio.sleep(rng.uniform(0, 0.003))
+            note()
+            await contended.wait()
+            await yields(5)
             holding -= 1
             if rng.random() < 0.5:
                 await limiter.reconcile(reservation, 1)

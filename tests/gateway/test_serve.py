@@ -15,7 +15,7 @@ import httpx
 import openai
 import pytest
 
-from gateway.serve import MODEL_NAME
+from tiergate_cli import MODEL_NAME
 
 
 def free_port() -> int:
@@ -32,10 +32,21 @@ def serve(workdir: Path, port: int) -> Iterator[tuple[str, str]]:
     log = workdir / f"serve-{port}.log"
     with log.open("w") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "priority.cli", "serve", "--port", str(port),
-             "--log-level", "warning"],
-            cwd=workdir, env=env, stdout=out, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "tiergate_cli",
+                "serve",
+                "--port",
+                str(port),
+                "--log-level",
+                "warning",
+            ],
+            cwd=workdir,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60

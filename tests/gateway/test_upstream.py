@@ -27,15 +27,18 @@ async def _serve(handler: Handler) -> tuple[web.AppRunner, str]:
     return runner, f"http://127.0.0.1:{port}"
 
 
-async def _writes(request: web.Request, *parts: bytes | float) -> web.StreamResponse:
-    """Answer with a chunked body written in ``parts``; a float is a pause in seconds."""
+async def _writes(
+    request: web.Request, *parts: bytes | Callable[[], Awaitable[object]]
+) -> web.StreamResponse:
+    """Answer with a chunked body written in ``parts``; a callable is awaited between writes
+    (the client's signal that it has read what came before)."""
     response = web.StreamResponse(headers={"content-type": "text/event-stream"})
     await response.prepare(request)
     for part in parts:
-        if isinstance(part, float):
-            await asyncio.sleep(part)
-        else:
+        if isinstance(part, bytes):
             await response.write(part)
+        else:
+            await part()
     await response.write_eof()
     return response
 
@@ -45,13 +48,15 @@ async def _collect(batches: AsyncIterator[list[bytes]]) -> list[list[bytes]]:
 
 
 def test_events_are_split_completed_and_batched_per_read() -> None:
+    read: asyncio.Queue[None] = asyncio.Queue()  # one item per batch the client has taken
+
     async def handler(request: web.Request) -> web.StreamResponse:
         return await _writes(
             request,
             b"data: 1\n\ndata: 2",  # one whole event and half of the next
-            0.05,
+            read.get,
             b"\n\ndata: 3\n\n",  # the rest of 2, and 3: they arrive together
-            0.05,
+            read.get,
             b"data: [DONE]\n\ndata: tail",  # a last event without its blank line
         )
 
@@ -61,7 +66,10 @@ def test_events_are_split_completed_and_batched_per_read() -> None:
         try:
             response = await upstream.post_json(f"{url}/stream", b"{}")
             assert response.status == 200 and response.content_type == "text/event-stream"
-            batches = await _collect(response.event_batches())
+            batches = []
+            async for batch in response.event_batches():
+                batches.append(batch)
+                read.put_nowait(None)
             assert response.complete
             response.close()
             return batches
@@ -70,23 +78,22 @@ def test_events_are_split_completed_and_batched_per_read() -> None:
             await runner.cleanup()
 
     batches = asyncio.run(scenario())
-    events = [event for batch in batches for event in batch]
-    assert events == [
-        b"data: 1\n\n",
-        b"data: 2\n\n",
-        b"data: 3\n\n",
-        b"data: [DONE]\n\n",
-        b"data: tail\n\n",
+    assert batches == [
+        [b"data: 1\n\n"],
+        [b"data: 2\n\n", b"data: 3\n\n"],  # one read, one batch
+        [b"data: [DONE]\n\n"],
+        [b"data: tail\n\n"],  # completed at the end of the body
     ]
-    assert [b"data: 2\n\n", b"data: 3\n\n"] in batches  # one read, one batch
 
 
 def test_a_stream_cut_mid_body_raises_upstream_error() -> None:
+    first_read = asyncio.Event()
+
     async def handler(request: web.Request) -> web.StreamResponse:
         response = web.StreamResponse(headers={"content-type": "text/event-stream"})
         await response.prepare(request)
         await response.write(b"data: 1\n\n")
-        await asyncio.sleep(0.05)
+        await first_read.wait()
         assert request.transport is not None
         request.transport.close()  # the engine dies mid-stream
         return response
@@ -100,6 +107,7 @@ def test_a_stream_cut_mid_body_raises_upstream_error() -> None:
             with pytest.raises(UpstreamError):
                 async for batch in response.event_batches():
                     seen.extend(batch)
+                    first_read.set()
             assert not response.complete
             response.close()
         finally:
@@ -111,35 +119,38 @@ def test_a_stream_cut_mid_body_raises_upstream_error() -> None:
 
 
 def test_closing_an_unfinished_response_disconnects_the_engine() -> None:
+    closed = asyncio.Event()
     disconnected = asyncio.Event()
 
     async def handler(request: web.Request) -> web.StreamResponse:
         response = web.StreamResponse(headers={"content-type": "text/event-stream"})
         await response.prepare(request)
+        await response.write(b"data: x\n\n")
+        await closed.wait()
         try:
-            for _ in range(100):
+            while True:  # the engine goes on generating until a write finds the client gone
                 await response.write(b"data: x\n\n")
-                await asyncio.sleep(0.02)
+                await asyncio.sleep(0)  # a yield: the loop sees the connection's end
         except (ConnectionResetError, asyncio.CancelledError):
             disconnected.set()
             raise
-        return response
 
-    async def scenario() -> bool:
+    async def scenario() -> None:
         runner, url = await _serve(handler)
         upstream = Upstream(read_timeout_s=5.0, connect_timeout_s=1.0)
         try:
             response = await upstream.post_json(f"{url}/stream", b"{}")
             async for _ in response.event_batches():
                 break  # the client went away after the first event
+            assert not response.complete
             response.close()
-            await asyncio.wait_for(disconnected.wait(), 2.0)
-            return disconnected.is_set()
+            closed.set()
+            await asyncio.wait_for(disconnected.wait(), 60.0)  # a bound against a hang only
         finally:
             await upstream.aclose()
             await runner.cleanup()
 
-    assert asyncio.run(scenario())
+    asyncio.run(scenario())
 
 
 def test_unreachable_engine_and_bad_status_are_upstream_errors() -> None:

@@ -1,0 +1,258 @@
+"""The gateway→engine protocol: every field tiergate sends an engine, its bounds and defaults.
+
+Like vLLM's ``v1/core/sched/output.py`` this module is data only — key names, bounds, two
+dataclasses and the functions that write and read them — and imports neither vLLM nor a web
+framework, so the gateway, the emulated engine and the vLLM plugins all load the same copy.
+
+The wire format is vLLM's own OpenAI body, nothing added:
+
+* ``priority`` — vLLM's field (an integer, lower is served first); the engine turns it into a
+  weight only when ``tiergate_weight`` is absent or unusable;
+* ``vllm_xargs`` — vLLM's extension dict (``SamplingParams.extra_args`` inside the engine),
+  carrying the ``tiergate_*`` keys below. vLLM's API server already answers 400 for a value that
+  is not a string, a number or a list of them; everything else reaches the scheduler.
+
+**Who writes:** the gateway (``gateway.app.slo.engine_xargs`` and ``engine_priority``, built on
+:func:`encode_xargs` and :func:`priority_from_weight`) and the replays
+(``engine_common.sim_replay``).
+**Who reads:** the vLLM plugins (``engine_cuda``, ``engine_ascend``, through
+:func:`engine_common.slo.parse_meta` in ``engine_common.scheduler``) and the emulated engine
+(``gateway.engine_sim.mapping``, through the same ``parse_meta``), both with :func:`parse`.
+
+**Rule for values: a strict writer, a lenient reader.** :func:`encode_xargs` raises ``ValueError``
+on a value outside its bounds, so a gateway bug fails in the gateway (and its tests). :func:`parse`
+never rejects a request: a key that is absent takes its default, and so does one whose value is
+malformed (wrong type, not a number) or out of range (not finite, not positive) — that key is
+listed in :attr:`RequestMeta.ignored` for the caller to count and log. vLLM's scheduler cannot
+answer 400 (``add_request`` runs in the engine core after the API server accepted the request),
+so the real plugin can only fall back; the emulated engine does exactly the same, so tests
+against it see what the real engine does. Keys without the ``tiergate_`` prefix are not ours and
+are ignored silently, as vLLM ignores ``vllm_xargs`` no extension reads.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from priority.request import SLO, relative_ttft_s
+
+KEY_PREFIX = "tiergate_"
+"""Every key of ours in ``vllm_xargs`` starts with it (and nothing else of ours does)."""
+
+WEIGHT = "tiergate_weight"
+"""Number > 0, finite. The tier's weight after tenant overrides; larger is served first.
+Written by the gateway (``EffectivePolicy.weight``); read into ``Request.weight`` (every policy's
+gain). Absent or ignored: ``defaults.weight * 2 ** -priority`` (:func:`weight_from_priority`)."""
+TTFT_MS = "tiergate_ttft_ms"
+"""Number > 0 (ms), finite. Time-to-first-token objective. Written by the gateway (tier default
+or the ``x-slo-ttft-ms`` header); read into ``Request.slo.ttft_s``. Absent or ignored while
+``tiergate_tpot_ms`` is given, or while no deadline is: :meth:`BestEffortDefaults.ttft_for`."""
+TPOT_MS = "tiergate_tpot_ms"
+"""Number > 0 (ms), finite. Time-per-output-token objective. Written by the gateway; read into
+``Request.slo.tpot_s``. Absent or ignored (with a streaming SLO): ``defaults.tpot_s``."""
+DEADLINE_MS = "tiergate_deadline_ms"
+"""Number > 0 (ms), finite. End-to-end deadline, counted from the arrival. Written by the gateway
+(only when the tier or the request has one); read into ``Request.slo.deadline_s``. Alone (no
+TTFT/TPOT) it makes a deadline-only request; absent or ignored: no deadline."""
+ARRIVAL_UNIX_S = "tiergate_arrival_unix_s"
+"""Number >= 0 (Unix seconds), finite. When the gateway received the request, so objectives count
+from there, queueing at the gateway included. Written by the gateway; read into
+``Request.arrival_s``. A time in the engine's future (clock skew) counts as the engine's now;
+absent or ignored: the engine's own arrival time."""
+TIER = "tiergate_tier"
+"""Non-blank string (surrounding spaces dropped). The tier's name, for tier-aware policies.
+Written by the gateway; read into ``Request.tier``. Absent or ignored: ``defaults.tier``."""
+TENANT = "tiergate_tenant"
+"""Non-blank string (surrounding spaces dropped). The tenant's name, for tenant-fair policies.
+Written by the gateway; read into ``Request.tenant``. Absent or ignored: :data:`DEFAULT_TENANT`."""
+XARG_KEYS = (WEIGHT, TTFT_MS, TPOT_MS, DEADLINE_MS, ARRIVAL_UNIX_S, TIER, TENANT)
+
+PRIORITY = "priority"
+"""vLLM's own body field (integer, lower first), named in :attr:`RequestMeta.ignored` when it is
+not an integer (only possible offline: vLLM's API server checks it)."""
+PRIORITY_CLIP = 10
+"""A ``priority`` beyond ±10 counts as ±10: a weight ratio of ``2 ** 10`` is already strict
+precedence under every policy's gain, and the weights stay well-conditioned in gain sums."""
+DEFAULT_TENANT = "default"
+
+
+@dataclass(frozen=True, slots=True)
+class BestEffortDefaults:
+    """What a request gets for each objective it does not carry (``TIERGATE_DEFAULT_*``).
+
+    The TTFT default is relative to the hardware: ``ttft_scale`` times the prompt's TTFT on an
+    idle engine (from the latency profile), at least ``ttft_floor_s`` — a fixed number of seconds
+    would be lax for a short prompt on an H100 and unmeetable for a long one on a small GPU.
+    """
+
+    tier: str = "default"
+    weight: float = 1.0
+    ttft_s: float | None = None
+    """None: :meth:`ttft_for` scales the prompt's zero-load TTFT."""
+    tpot_s: float = 0.1
+    """100 ms: about 10 tokens a second, faster than people read."""
+    ttft_scale: float = 5.0
+    ttft_floor_s: float = 0.2
+
+    def ttft_for(self, zero_load_ttft_s: float) -> float:
+        """The default TTFT objective of a prompt that takes ``zero_load_ttft_s`` when alone."""
+        if self.ttft_s is not None:
+            return self.ttft_s
+        return relative_ttft_s(zero_load_ttft_s, self.ttft_scale, self.ttft_floor_s)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestMeta:
+    """What the engine learns from one request's ``priority`` and ``vllm_xargs``."""
+
+    slo: SLO
+    weight: float
+    tier: str
+    tenant: str
+    arrival_s: float | None
+    """The gateway's arrival time (Unix seconds), or None: use the engine's arrival time."""
+    has_slo: bool
+    """True when the request carried an objective of its own (False: best effort)."""
+    ignored: tuple[str, ...] = ()
+    """Keys present with a malformed or out-of-range value, which took their defaults."""
+
+
+def weight_from_priority(priority: int, default_weight: float = 1.0) -> float:
+    """vLLM's ``priority`` (lower first) as a weight (larger first):
+    ``default_weight * 2 ** -priority``, ``priority`` clipped to ±:data:`PRIORITY_CLIP`."""
+    return default_weight * 2.0 ** -max(-PRIORITY_CLIP, min(PRIORITY_CLIP, priority))
+
+
+def priority_from_weight(weight: float) -> int:
+    """The ``priority`` the gateway sends for a weight: the inverse of :func:`weight_from_priority`
+    for powers of two (weights 4 / 2 / 1 → -2 / -1 / 0), so stock vLLM under
+    ``--scheduling-policy priority`` serves tiers in the same order."""
+    _check(WEIGHT, weight, minimum=0.0)
+    return max(-PRIORITY_CLIP, min(PRIORITY_CLIP, -round(math.log2(weight))))
+
+
+def encode_xargs(
+    *,
+    weight: float,
+    ttft_ms: float,
+    tpot_ms: float,
+    deadline_ms: float | None,
+    arrival_unix_s: float,
+    tier: str,
+    tenant: str,
+) -> dict[str, str | float]:
+    """The ``tiergate_*`` keys of one request; ``ValueError`` for a value :func:`parse` would
+    ignore (a gateway bug, surfaced where it happens)."""
+    for key, number in ((WEIGHT, weight), (TTFT_MS, ttft_ms), (TPOT_MS, tpot_ms)):
+        _check(key, number, minimum=0.0)
+    _check(ARRIVAL_UNIX_S, arrival_unix_s, minimum=0.0, inclusive=True)
+    for key, label in ((TIER, tier), (TENANT, tenant)):
+        if not isinstance(label, str) or not label.strip():
+            raise ValueError(f"{key} must be a non-blank string, got {label!r}")
+    xargs: dict[str, str | float] = {
+        WEIGHT: weight,
+        TTFT_MS: ttft_ms,
+        TPOT_MS: tpot_ms,
+        ARRIVAL_UNIX_S: arrival_unix_s,
+        TIER: tier,
+        TENANT: tenant,
+    }
+    if deadline_ms is not None:
+        _check(DEADLINE_MS, deadline_ms, minimum=0.0)
+        xargs[DEADLINE_MS] = deadline_ms
+    return xargs
+
+
+def without_protocol_keys(xargs: Mapping[str, object] | None) -> dict[str, object]:
+    """A client's own ``vllm_xargs`` minus our keys: only the gateway may set those."""
+    return {k: v for k, v in (xargs or {}).items() if not k.startswith(KEY_PREFIX)}
+
+
+def parse(
+    xargs: Mapping[str, object] | None,
+    priority: object,
+    *,
+    defaults: BestEffortDefaults,
+    zero_load_ttft_s: float,
+    now_unix_s: float | None = None,
+) -> RequestMeta:
+    """The one reader of the protocol (see the module docstring for the rule).
+
+    ``zero_load_ttft_s`` is the prompt's TTFT on an idle engine (:meth:`Profile.zero_load_ttft_s`)
+    for the default TTFT; ``now_unix_s`` (None: no clamp) bounds the gateway's arrival time.
+    Numbers may come as strings (``"250"``): vLLM passes ``vllm_xargs`` through untyped.
+    """
+    args: Mapping[str, object] = xargs if isinstance(xargs, Mapping) else {}
+    ignored: list[str] = []
+
+    def number(key: str, *, positive: bool, scale: float = 1.0) -> float | None:
+        raw = args.get(key)
+        if raw is None:
+            return None
+        value = _finite(raw)
+        if value is not None:
+            value /= scale
+            if value > 0 or (not positive and value == 0):
+                return value
+        ignored.append(key)
+        return None
+
+    def label(key: str) -> str | None:
+        raw = args.get(key)
+        if raw is None:
+            return None
+        if isinstance(raw, str) and raw.strip():
+            return raw.strip()
+        ignored.append(key)
+        return None
+
+    weight = number(WEIGHT, positive=True)
+    ttft = number(TTFT_MS, positive=True, scale=1e3)
+    tpot = number(TPOT_MS, positive=True, scale=1e3)
+    deadline = number(DEADLINE_MS, positive=True, scale=1e3)
+    arrival = number(ARRIVAL_UNIX_S, positive=False)
+    tier, tenant = label(TIER), label(TENANT)
+
+    has_slo = ttft is not None or tpot is not None or deadline is not None
+    if ttft is not None or tpot is not None or deadline is None:  # a streaming SLO: fill it in
+        ttft = ttft if ttft is not None else defaults.ttft_for(zero_load_ttft_s)
+        tpot = tpot if tpot is not None else defaults.tpot_s
+    if weight is None:
+        shift = 0
+        if isinstance(priority, int) and not isinstance(priority, bool):
+            shift = priority
+        elif priority is not None:
+            ignored.append(PRIORITY)
+        weight = weight_from_priority(shift, defaults.weight)
+    if arrival is not None and now_unix_s is not None:
+        arrival = min(arrival, now_unix_s)
+    return RequestMeta(
+        slo=SLO(ttft_s=ttft, tpot_s=tpot, deadline_s=deadline),
+        weight=weight,
+        tier=tier or defaults.tier,
+        tenant=tenant or DEFAULT_TENANT,
+        arrival_s=arrival,
+        has_slo=has_slo,
+        ignored=tuple(ignored),
+    )
+
+
+def _finite(value: object) -> float | None:
+    """``value`` as a finite float; None for bools, lists, text that is no number, inf, nan and
+    integers too large for a float."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        return None
+    try:
+        number = float(value)
+    except (ValueError, OverflowError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _check(key: str, value: float, *, minimum: float, inclusive: bool = False) -> None:
+    number = None if isinstance(value, str) else _finite(value)
+    if number is None or number < minimum or (number == minimum and not inclusive):
+        bound = ">=" if inclusive else ">"
+        raise ValueError(f"{key} must be a finite number {bound} {minimum:g}, got {value!r}")

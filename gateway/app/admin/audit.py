@@ -1,0 +1,36 @@
+"""``/audit``: every change made through the API or the CLI, with its before and after."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+
+from gateway.app.admin.deps import AdminRoute, SessionDep
+from gateway.app.admin.schemas import MAX_AUDIT_ROWS, AuditOut, ListOut, Since
+from gateway.db import crud
+
+router = APIRouter(route_class=AdminRoute, tags=["audit"])
+
+
+@router.get("/audit")
+def list_audit(
+    session: SessionDep,
+    entity_type: Annotated[
+        str | None, Query(description="tier | tenant | api_key | backend | profile")
+    ] = None,
+    entity_id: Annotated[str | None, Query(description="the entity's id")] = None,
+    actor: Annotated[str | None, Query(description="e.g. admin-api:10.0.0.7")] = None,
+    since: Since = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_AUDIT_ROWS)] = 100,
+) -> ListOut[AuditOut]:
+    """Audit entries, newest first, with each change's before and after."""
+    rows = crud.list_audit(
+        session,
+        entity_type=entity_type,
+        entity_id=entity_id,
+        actor=actor,
+        since=since,
+        limit=limit,
+    )
+    return ListOut(data=[AuditOut.model_validate(r) for r in rows])

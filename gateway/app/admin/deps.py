@@ -1,0 +1,114 @@
+"""What every admin route shares: the admin-key guard, the database session, the audit actor.
+
+Auth and error mapping live in :class:`AdminRoute` rather than in a dependency or app-wide
+exception handlers: FastAPI parses the body before it runs any dependency, and the admin key
+must be checked before a byte of the body is parsed (an unauthenticated caller learns nothing
+from validation errors); and the router then answers the same in whatever app mounts it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import Callable, Coroutine, Iterator
+from typing import Annotated, Any
+
+from fastapi import Depends, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.routing import APIRoute
+from fastapi.security import HTTPBearer
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+from starlette.exceptions import HTTPException
+
+from gateway.app.state import StateDep, get_state
+from gateway.db.errors import DomainError
+from gateway.errors import (
+    ApiError,
+    concurrent_change,
+    domain_error,
+    http_error,
+    invalid_request,
+)
+
+__all__ = ["ACTOR", "ActorDep", "AdminRoute", "SessionDep", "StateDep", "admin_bearer"]
+
+ACTOR = "admin-api"
+
+admin_bearer = HTTPBearer(auto_error=False, scheme_name="admin key")
+"""Documents the scheme in OpenAPI (as the assembled router's dependency); AdminRoute enforces
+it."""
+
+
+def _digest(value: str) -> bytes:
+    # Comparing fixed-length digests keeps even the key's length out of the timing.
+    return hashlib.sha256(value.encode()).digest()
+
+
+def check_admin_key(request: Request) -> ApiError | None:
+    """None if the request carries the admin key; the 401/403 error otherwise."""
+    configured = get_state(request).settings.admin_key
+    expected = configured.get_secret_value() if configured is not None else ""
+    if not expected:
+        return ApiError(
+            403,
+            "the admin API is disabled: no admin key is configured; set the TIERGATE_ADMIN_KEY "
+            "environment variable and restart the gateway",
+            code="admin_api_disabled",
+        )
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(
+        _digest(token.strip()), _digest(expected)
+    ):
+        return ApiError(
+            401,
+            "missing or invalid admin key: send 'Authorization: Bearer <TIERGATE_ADMIN_KEY>'",
+            code="invalid_admin_key",
+            headers={"www-authenticate": "Bearer"},
+        )
+    return None
+
+
+class AdminRoute(APIRoute):
+    """Checks the admin key before anything else, and answers every error OpenAI-shaped."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def guarded(request: Request) -> Response:
+            denied = check_admin_key(request)
+            if denied is not None:
+                return denied.response()
+            try:
+                return await handler(request)
+            except RequestValidationError as exc:
+                return invalid_request(exc).response()
+            except DomainError as exc:
+                return domain_error(exc).response()
+            except IntegrityError:  # a concurrent change won a race the crud pre-checks missed
+                return concurrent_change().response()
+            except HTTPException as exc:  # e.g. FastAPI's 400 for a body that is not UTF-8
+                return http_error(exc).response()
+
+        return guarded
+
+
+async def request_actor(request: Request) -> str:
+    """``admin-api:<client host>`` for the audit log (``admin-api`` when the host is unknown)."""
+    host = request.client.host if request.client is not None else None
+    return f"{ACTOR}:{host}" if host else ACTOR
+
+
+def _session(state: StateDep) -> Iterator[Session]:
+    # A plain generator: FastAPI runs it in the thread pool, so closing the session (a rollback
+    # and a connection returned to the pool) never blocks the event loop.
+    with state.session_factory() as session:
+        yield session
+
+
+ActorDep = Annotated[str, Depends(request_actor)]
+"""Who the audit log records for a change made through this request."""
+
+SessionDep = Annotated[Session, Depends(_session)]
+"""A session for the request. Reads use it as is; a change runs in ``with session.begin():``,
+so it is committed before the route drops cached identities or reloads the pool."""

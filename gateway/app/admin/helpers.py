@@ -1,0 +1,135 @@
+"""What the resource routers do alike: find a row by name or id, apply a PATCH, delete, drop
+the cached identities a committed change made stale, and resolve the usage window.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from datetime import datetime, timedelta
+from typing import Any, Protocol, TypeVar
+
+from pydantic import BaseModel
+from sqlalchemy.orm import Session
+
+from gateway.app.admin.schemas import INT32_MAX, DeletedOut
+from gateway.app.state import GatewayState
+from gateway.db.errors import InvalidInput, NotFound
+from gateway.db.models import ApiKey, Tenant, utcnow
+
+DEFAULT_USAGE_HOURS = 24.0
+
+RowT = TypeVar("RowT")
+OutT = TypeVar("OutT")
+
+
+class _Versioned(Protocol):
+    """A row whose ``updated_at`` moves when a change is written (tiers, backends)."""
+
+    @property
+    def id(self) -> int: ...
+
+    @property
+    def updated_at(self) -> datetime: ...
+
+
+VersionedT = TypeVar("VersionedT", bound=_Versioned)
+
+
+def resolve(getter: Callable[[Session, int | str], RowT], session: Session, ref: int | str) -> RowT:
+    """A row by name, or by id when ``ref`` is an id or an all-digit string no name matches.
+
+    Names win: a tier may be called "2", and its name is what people type.
+    """
+    if isinstance(ref, int):
+        return getter(session, ref)
+    try:
+        return getter(session, ref)
+    except NotFound:
+        if ref.isascii() and ref.isdigit() and 0 < int(ref) <= INT32_MAX:
+            try:
+                return getter(session, int(ref))
+            except NotFound:
+                pass
+        raise
+
+
+def changes_of(body: BaseModel) -> dict[str, Any]:
+    """The fields a PATCH body actually sent (an explicit ``null`` included)."""
+    return body.model_dump(exclude_unset=True)
+
+
+def key_prefixes(tenant: Tenant) -> list[str]:
+    return [key.prefix for key in tenant.api_keys]
+
+
+def own_prefix(key: ApiKey) -> list[str]:
+    return [key.prefix]
+
+
+def invalidate(state: GatewayState, prefixes: Iterable[str] | None) -> None:
+    """Drop cached identities: of these key prefixes, or all of them (``None``)."""
+    if prefixes is None:
+        state.auth.invalidate()
+        return
+    for prefix in prefixes:
+        state.auth.invalidate(prefix)
+
+
+def patch_row(
+    s: Session,
+    actor: str,
+    ref: str,
+    get: Callable[[Session, int | str], VersionedT],
+    update: Callable[..., VersionedT],
+    body: BaseModel,
+) -> tuple[VersionedT, bool]:
+    """Apply a PATCH body to the row ``ref`` names; the row, and whether anything was written."""
+    row = resolve(get, s, ref)
+    updated_at = row.updated_at
+    row = update(s, row.id, changes_of(body), actor=actor)
+    return row, row.updated_at != updated_at
+
+
+def delete_row(
+    s: Session, actor: str, delete: Callable[..., None], entity: str, row_id: int, name: str
+) -> DeletedOut:
+    """Delete a row through its crud function; the answer names what was deleted."""
+    out = DeletedOut(object=entity, id=row_id, name=name)
+    delete(s, row_id, actor=actor)
+    return out
+
+
+def change_and_invalidate(
+    state: GatewayState,
+    session: Session,
+    change: Callable[[Session], RowT],
+    present: Callable[[RowT], OutT],
+    prefixes: Callable[[RowT], Iterable[str]],
+) -> OutT:
+    """Commit ``change``, then drop the cached identities of the keys it touched.
+
+    The answer and the prefixes are read inside the transaction; the cache is dropped only
+    once the change is committed, so no request can re-cache the old identity in between.
+    """
+    with session.begin():
+        row = change(session)
+        out, touched = present(row), list(prefixes(row))
+    invalidate(state, touched)
+    return out
+
+
+def usage_window(
+    since: datetime | None, until: datetime | None, hours: float | None
+) -> tuple[datetime, datetime | None]:
+    """``[since, until)``; ``hours`` counts back from ``until`` (default: now), 24 h if unset."""
+    if hours is not None and since is not None:
+        raise InvalidInput("give either since or hours, not both", param="hours")
+    if since is None:
+        span = hours if hours is not None else DEFAULT_USAGE_HOURS
+        try:
+            since = (until or utcnow()) - timedelta(hours=span)
+        except OverflowError:
+            raise InvalidInput("the window starts before year 1", param="hours") from None
+    if until is not None and since >= until:
+        raise InvalidInput("since must be before until", param="since")
+    return since, until

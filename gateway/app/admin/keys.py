@@ -1,0 +1,101 @@
+"""``/keys``: a tenant's API keys, addressed by their prefix (``tg-<prefix8>`` or bare).
+
+The plaintext is in the answer to creating a key and nowhere else. Every change drops the key's
+cached identity once committed, so a revocation or a new expiry holds on the next request.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+from sqlalchemy.orm import Session
+
+from gateway.app.admin.deps import ActorDep, AdminRoute, SessionDep, StateDep
+from gateway.app.admin.helpers import (
+    change_and_invalidate,
+    changes_of,
+    delete_row,
+    invalidate,
+    own_prefix,
+    resolve,
+)
+from gateway.app.admin.schemas import (
+    CreatedKeyOut,
+    DeletedOut,
+    KeyCreate,
+    KeyOut,
+    KeyUpdate,
+    ListOut,
+)
+from gateway.db import crud
+from gateway.db.models import ApiKey, utcnow
+from gateway.db.security import display_prefix
+
+router = APIRouter(route_class=AdminRoute, tags=["keys"])
+
+
+@router.get("/keys")
+def list_keys(
+    session: SessionDep,
+    tenant: Annotated[str | None, Query(description="tenant name or id")] = None,
+    active_only: Annotated[bool, Query(description="hide revoked and expired keys")] = False,
+) -> ListOut[KeyOut]:
+    tenant_id = resolve(crud.get_tenant, session, tenant).id if tenant is not None else None
+    now = utcnow()
+    rows = crud.list_keys(session, tenant=tenant_id, active_only=active_only, now=now)
+    return ListOut(data=[KeyOut.of(k, now) for k in rows])
+
+
+@router.post("/keys", status_code=201)
+def create_key(
+    body: KeyCreate, session: SessionDep, actor: ActorDep, state: StateDep
+) -> CreatedKeyOut:
+    """Issue a key. The response holds the plaintext ``key``: store it now, it is not kept."""
+    with session.begin():
+        created = crud.create_key(
+            session,
+            actor=actor,
+            tenant=resolve(crud.get_tenant, session, body.tenant).id,
+            secret=state.secret,
+            name=body.name,
+            expires_at=body.expires_at,
+        )
+        return CreatedKeyOut.of_created(created)
+
+
+@router.get("/keys/{prefix}")
+def get_key(prefix: str, session: SessionDep) -> KeyOut:
+    return KeyOut.of(crud.get_key(session, prefix))
+
+
+@router.patch("/keys/{prefix}")
+def update_key(
+    prefix: str, body: KeyUpdate, session: SessionDep, actor: ActorDep, state: StateDep
+) -> KeyOut:
+    """Rename a key or change its expiry (a past expiry expires it now)."""
+
+    def change(s: Session) -> ApiKey:
+        return crud.update_key(s, prefix, changes_of(body), actor=actor)
+
+    return change_and_invalidate(state, session, change, KeyOut.of, own_prefix)
+
+
+@router.post("/keys/{prefix}/revoke")
+def revoke_key(prefix: str, session: SessionDep, actor: ActorDep, state: StateDep) -> KeyOut:
+    """Revoke a key; it stops authenticating on the next request."""
+
+    def change(s: Session) -> ApiKey:
+        return crud.revoke_key(s, prefix, actor=actor)
+
+    return change_and_invalidate(state, session, change, KeyOut.of, own_prefix)
+
+
+@router.delete("/keys/{prefix}")
+def delete_key(prefix: str, session: SessionDep, actor: ActorDep, state: StateDep) -> DeletedOut:
+    with session.begin():
+        key = crud.get_key(session, prefix)
+        bare = key.prefix
+        out = delete_row(session, actor, crud.delete_key, "api_key", key.id, display_prefix(bare))
+    invalidate(state, [bare])
+    return out

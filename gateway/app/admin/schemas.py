@@ -1,0 +1,378 @@
+"""The admin API's request and response shapes, one group per resource, and the reports'
+query parameters.
+
+Only shapes: the rules (ranges, references, transitions) are the data layer's
+(:mod:`gateway.db.crud`), shared with the CLI.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Generic, Literal, TypeVar
+
+from fastapi import Query
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+
+from gateway.db import crud
+from gateway.db.identity import EffectivePolicy, effective_policy
+from gateway.db.models import ApiKey, Tenant, utcnow
+from gateway.db.security import display_prefix
+
+INT32_MAX = 2**31 - 1  # integer columns (ids, limits) are 32-bit on PostgreSQL
+MAX_USAGE_HOURS = 24.0 * 366 * 100  # a century: beyond it timedelta arithmetic overflows
+MAX_AUDIT_ROWS = 1000
+
+ItemT = TypeVar("ItemT")
+
+
+class _Input(BaseModel):
+    """Request bodies: unknown fields and type coercion ("5" for 5) are errors, not guesses."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+# The data layer enforces ranges (>= 1, > 0); these bounds only keep values the database
+# could not store from becoming a 500.
+Limit = Annotated[int, Field(le=INT32_MAX)]
+RowId = Annotated[int, Field(ge=1, le=INT32_MAX)]
+Ref = str | RowId  # a name, or an id
+
+
+class _Output(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+
+class ListOut(BaseModel, Generic[ItemT]):
+    object: Literal["list"] = "list"
+    data: list[ItemT]
+
+
+class DeletedOut(BaseModel):
+    object: str
+    id: int
+    name: str
+    deleted: Literal[True] = True
+
+
+# Each ``*Create`` body is its ``*Update`` (every field optional) with the required fields and
+# the non-null defaults restated: one list of fields per entity.
+
+
+class TierUpdate(_Input):
+    """Only the fields sent change; ``null`` clears an optional one (e.g. a limit)."""
+
+    name: str | None = None
+    description: str | None = None
+    weight: float | None = None
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    deadline_ms: float | None = None
+    min_ttft_ms: float | None = None
+    min_tpot_ms: float | None = None
+    min_deadline_ms: float | None = None
+    rpm_limit: Limit | None = None
+    tpm_limit: Limit | None = None
+    max_concurrency: Limit | None = None
+    best_effort_allowed: bool | None = None
+
+
+class TierCreate(TierUpdate):
+    name: str
+    weight: float
+    ttft_ms: float
+    tpot_ms: float
+    best_effort_allowed: bool = False
+
+
+class TierOut(_Output):
+    object: Literal["tier"] = "tier"
+    id: int
+    name: str
+    description: str | None
+    weight: float
+    ttft_ms: float
+    tpot_ms: float
+    deadline_ms: float | None
+    min_ttft_ms: float | None
+    min_tpot_ms: float | None
+    min_deadline_ms: float | None
+    rpm_limit: int | None
+    tpm_limit: int | None
+    max_concurrency: int | None
+    best_effort_allowed: bool
+    created_at: datetime
+    updated_at: datetime
+
+
+class TenantUpdate(_Input):
+    """Rename, move to another tier, or set/clear (``null``) overrides; status has actions."""
+
+    name: str | None = None
+    tier: Ref | None = None
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    deadline_ms: float | None = None
+    rpm_limit: Limit | None = None
+    tpm_limit: Limit | None = None
+    max_concurrency: Limit | None = None
+
+
+class TenantCreate(TenantUpdate):
+    name: str
+    tier: Ref
+    status: str = "active"
+
+
+class TenantOut(BaseModel):
+    object: Literal["tenant"] = "tenant"
+    id: int
+    name: str
+    tier: str
+    tier_id: int
+    status: str
+    ttft_ms: float | None
+    tpot_ms: float | None
+    deadline_ms: float | None
+    rpm_limit: int | None
+    tpm_limit: int | None
+    max_concurrency: int | None
+    effective: EffectivePolicy  # the limits and SLOs in force (overrides over the tier's)
+    created_at: datetime
+    updated_at: datetime
+
+    @classmethod
+    def of(cls, tenant: Tenant) -> TenantOut:
+        return cls(
+            id=tenant.id,
+            name=tenant.name,
+            tier=tenant.tier.name,
+            tier_id=tenant.tier_id,
+            status=tenant.status,
+            ttft_ms=tenant.ttft_ms,
+            tpot_ms=tenant.tpot_ms,
+            deadline_ms=tenant.deadline_ms,
+            rpm_limit=tenant.rpm_limit,
+            tpm_limit=tenant.tpm_limit,
+            max_concurrency=tenant.max_concurrency,
+            effective=effective_policy(tenant, tenant.tier),
+            created_at=tenant.created_at,
+            updated_at=tenant.updated_at,
+        )
+
+
+# JSON has no datetime type: these must be parsed from ISO 8601 strings, hence not strict.
+Expiry = Annotated[AwareDatetime | None, Field(strict=False)]
+
+
+class KeyUpdate(_Input):
+    name: str | None = None
+    expires_at: Expiry = None
+
+
+class KeyCreate(KeyUpdate):
+    tenant: Ref
+
+
+class KeyOut(BaseModel):
+    """A key's metadata. The plaintext is never part of it (see :class:`CreatedKeyOut`)."""
+
+    object: Literal["api_key"] = "api_key"
+    id: int
+    prefix: str  # "tg-<prefix8>": enough for a human to recognise the key, useless to use it
+    tenant: str
+    tenant_id: int
+    name: str | None
+    status: Literal["active", "revoked", "expired"]
+    created_at: datetime
+    expires_at: datetime | None
+    revoked_at: datetime | None
+    last_used_at: datetime | None
+
+    @classmethod
+    def of(cls, key: ApiKey, now: datetime | None = None) -> KeyOut:
+        return cls(**_key_fields(key, now))
+
+
+class CreatedKeyOut(KeyOut):
+    """The response to creating a key: the only time the plaintext ``key`` is ever shown."""
+
+    key: str
+
+    @classmethod
+    def of_created(cls, created: crud.CreatedKey) -> CreatedKeyOut:
+        return cls(**_key_fields(created.api_key, None), key=created.plaintext)
+
+
+def _key_fields(key: ApiKey, now: datetime | None) -> dict[str, Any]:
+    now = now or utcnow()
+    status: str = "active"
+    if key.revoked_at is not None and key.revoked_at <= now:
+        status = "revoked"
+    elif key.expires_at is not None and key.expires_at <= now:
+        status = "expired"
+    return {
+        "id": key.id,
+        "prefix": display_prefix(key.prefix),
+        "tenant": key.tenant.name,
+        "tenant_id": key.tenant_id,
+        "name": key.name,
+        "status": status,
+        "created_at": key.created_at,
+        "expires_at": key.expires_at,
+        "revoked_at": key.revoked_at,
+        "last_used_at": key.last_used_at,
+    }
+
+
+class BackendUpdate(_Input):
+    name: str | None = None
+    base_url: str | None = None
+    model: str | None = None
+    profile: str | None = None
+    kind: str | None = None
+    enabled: bool | None = None
+
+
+class BackendCreate(BackendUpdate):
+    name: str
+    base_url: str
+    model: str
+    profile: str  # a shipped latency profile (see ``priority.profiles.available_profiles``)
+    kind: str = "vllm"
+    enabled: bool = True
+
+
+class BackendOut(_Output):
+    object: Literal["backend"] = "backend"
+    id: int
+    name: str
+    base_url: str
+    model: str
+    profile: str
+    kind: str
+    enabled: bool
+    created_at: datetime
+    updated_at: datetime
+
+
+class ProfileImport(_Input):
+    """A profile document (as ``tiergate profile fit`` writes it), stored under ``name`` or,
+    when that is absent, under the document's own ``name``."""
+
+    document: dict[str, Any]
+    name: str | None = None
+
+
+class ProfileSummaryOut(BaseModel):
+    """A profile a backend can name: ``shipped`` with tiergate, or ``custom`` (imported)."""
+
+    object: Literal["latency_profile"] = "latency_profile"
+    name: str
+    source: Literal["shipped", "custom"]
+    id: int | None  # custom profiles only
+    hardware: str
+    model: str
+    tensor_parallel: int
+    created_at: datetime | None
+    created_by: str | None
+
+    @classmethod
+    def fields_of(cls, entry: crud.ProfileEntry) -> dict[str, Any]:
+        row, profile = entry.row, entry.profile
+        return {
+            "name": entry.name,
+            "source": entry.source,
+            "id": row.id if row is not None else None,
+            "hardware": profile.hardware,
+            "model": profile.model,
+            "tensor_parallel": profile.tensor_parallel,
+            "created_at": row.created_at if row is not None else None,
+            "created_by": row.created_by if row is not None else None,
+        }
+
+    @classmethod
+    def of(cls, entry: crud.ProfileEntry) -> ProfileSummaryOut:
+        return cls(**cls.fields_of(entry))
+
+
+class ProfileOut(ProfileSummaryOut):
+    """A profile with its whole document (coefficients, engine limits, provenance, fit)."""
+
+    document: dict[str, Any]
+
+    @classmethod
+    def of(cls, entry: crud.ProfileEntry) -> ProfileOut:
+        return cls(**cls.fields_of(entry), document=entry.profile.to_dict())
+
+
+class UsageOut(BaseModel):
+    """One group's totals; ``slo_attainment`` counts rejected and failed requests as misses."""
+
+    requests: int
+    ok: int
+    errors: int
+    rejected: int
+    cancelled: int
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    slo_met: int
+    slo_attainment: float | None
+    gain: float
+    ideal_gain: float
+    tdg_ratio: float | None
+
+    @staticmethod
+    def fields_of(summary: crud.UsageSummary) -> dict[str, Any]:
+        return {
+            "requests": summary.requests,
+            "ok": summary.ok,
+            "errors": summary.errors,
+            "rejected": summary.rejected,
+            "cancelled": summary.cancelled,
+            "prompt_tokens": summary.prompt_tokens,
+            "completion_tokens": summary.completion_tokens,
+            "total_tokens": summary.total_tokens,
+            "slo_met": summary.slo_met,
+            "slo_attainment": summary.slo_attainment,
+            "gain": summary.gain,
+            "ideal_gain": summary.ideal_gain,
+            "tdg_ratio": summary.tdg_ratio,
+        }
+
+
+class TenantUsageOut(UsageOut):
+    tenant: str | None  # None: records of tenants deleted since
+    tenant_id: int | None
+
+
+class TierUsageOut(UsageOut):
+    tier: str | None  # the tier's name when the requests were made
+
+
+class UsageReportOut(BaseModel, Generic[ItemT]):
+    object: Literal["usage_report"] = "usage_report"
+    since: datetime
+    until: datetime | None
+    data: list[ItemT]
+
+
+class AuditOut(_Output):
+    object: Literal["audit_entry"] = "audit_entry"
+    id: int
+    at: datetime
+    actor: str
+    action: str
+    entity_type: str
+    entity_id: str
+    before: dict[str, Any] | None
+    after: dict[str, Any] | None
+
+
+# Query parameters of the reports (module level: FastAPI resolves the annotations by name).
+Since = Annotated[AwareDatetime | None, Query(description="ISO 8601 with offset")]
+Until = Annotated[AwareDatetime | None, Query(description="ISO 8601 with offset (exclusive)")]
+Hours = Annotated[
+    float | None,
+    Query(gt=0, le=MAX_USAGE_HOURS, description="window length, back from until (or now)"),
+]

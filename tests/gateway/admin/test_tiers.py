@@ -1,0 +1,146 @@
+"""``/tiers``: CRUD by name and id, conflicts, and the error dialect for invalid bodies."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from .support import PREFIX, Admin, error
+
+
+def test_tier_crud_by_name_and_id(admin: Admin) -> None:
+    gold = admin.tier(rpm_limit=60, description="paying customers")
+    assert gold["object"] == "tier" and gold["rpm_limit"] == 60 and gold["tpm_limit"] is None
+    admin.tier("free", weight=1.0)
+    assert admin.ok("GET", "/tiers/gold") == gold
+    assert admin.ok("GET", f"/tiers/{gold['id']}") == gold
+    listed = admin.ok("GET", "/tiers")
+    assert listed["object"] == "list"
+    assert [t["name"] for t in listed["data"]] == ["gold", "free"]  # most important first
+
+    patched = admin.ok("PATCH", "/tiers/gold", {"weight": 5, "rpm_limit": None})
+    assert (patched["weight"], patched["rpm_limit"]) == (5.0, None)
+    assert patched["description"] == "paying customers"  # untouched: not sent
+    assert admin.state.auth.invalidated == [None]  # every identity on the tier is stale
+
+    deleted = admin.ok("DELETE", f"/tiers/{gold['id']}")
+    assert deleted == {"object": "tier", "id": gold["id"], "name": "gold", "deleted": True}
+    err = error(admin.call("GET", "/tiers/gold"), 404)
+    assert err["code"] == "not_found" and err["param"] == "tier"
+
+
+def test_noop_tier_patch_neither_audits_nor_invalidates(admin: Admin) -> None:
+    admin.tier()
+    admin.ok("PATCH", "/tiers/gold", {"weight": 3.0})
+    assert admin.state.auth.invalidated == []
+    assert [e["action"] for e in admin.audit(entity_type="tier")] == ["create"]
+
+
+def test_a_digit_name_wins_over_an_id(admin: Admin) -> None:
+    first = admin.tier("first")
+    named = admin.tier(str(first["id"]), weight=9.0)
+    assert admin.ok("GET", f"/tiers/{first['id']}")["id"] == named["id"]
+    error(admin.call("GET", "/tiers/99999999999999999999"), 404)  # beyond any id: no 500
+
+
+def test_tier_conflicts(admin: Admin) -> None:
+    admin.tier()
+    admin.tier("free", weight=1.0)
+    assert (
+        error(
+            admin.call(
+                "POST", "/tiers", {"name": "gold", "weight": 1.0, "ttft_ms": 1.0, "tpot_ms": 1.0}
+            ),
+            409,
+        )["code"]
+        == "already_exists"
+    )
+    err = error(admin.call("PATCH", "/tiers/free", {"name": "gold"}), 409)
+    assert (err["code"], err["param"]) == ("already_exists", "name")
+    admin.tenant()
+    err = error(admin.call("DELETE", "/tiers/gold"), 409)
+    assert err["code"] == "in_use" and "1 tenant" in err["message"]
+
+
+INVALID_TIERS: list[tuple[dict[str, Any], str, str]] = [
+    ({"weight": 0}, "weight", "invalid_value"),  # the data layer's rule
+    ({"weight": "3"}, "weight", "invalid_type"),  # no coercion from strings
+    ({"weight": True}, "weight", "invalid_type"),
+    ({"rpm_limit": 2.5}, "rpm_limit", "invalid_type"),
+    ({"rpm_limit": 0}, "rpm_limit", "invalid_value"),
+    ({"rpm_limit": 2**40}, "rpm_limit", "invalid_value"),  # would overflow PostgreSQL's int
+    ({"min_ttft_ms": 900.0}, "min_ttft_ms", "invalid_value"),  # above the default 800
+    ({"name": "bad name"}, "name", "invalid_value"),
+    ({"colour": "gold"}, "colour", "unknown_parameter"),
+]
+
+
+def test_invalid_tier_input_is_400_naming_the_field(admin: Admin) -> None:
+    for body, param, code in INVALID_TIERS:
+        spec = {"name": "gold", "weight": 3.0, "ttft_ms": 800.0, "tpot_ms": 40.0, **body}
+        err = error(admin.call("POST", "/tiers", spec), 400)
+        assert (err["param"], err["code"], err["type"]) == (param, code, "invalid_request_error")
+    assert admin.ok("GET", "/tiers")["data"] == []
+    admin.tier()
+    for body, param, code in INVALID_TIERS:
+        err = error(admin.call("PATCH", "/tiers/gold", body), 400)
+        assert (err["param"], err["code"]) == (param, code), body
+    assert [e["action"] for e in admin.audit()] == ["create"]
+
+
+def test_missing_fields_malformed_json_and_non_objects(admin: Admin) -> None:
+    err = error(admin.call("POST", "/tiers", {"name": "gold", "weight": 1.0}), 400)
+    assert (err["param"], err["code"]) == ("ttft_ms", "missing_required_parameter")
+    assert "more error" in err["message"]  # tpot_ms is missing too
+    response = admin.client.post(
+        f"{PREFIX}/tiers", content=b'{"name": "gold",', headers={"content-type": "application/json"}
+    )
+    assert error(response, 400)["code"] == "invalid_json"
+    err = error(admin.call("POST", "/tiers", [1, 2]), 400)
+    assert (err["param"], err["code"]) == (None, "invalid_type")  # the body as a whole
+    assert error(admin.call("PATCH", "/tiers/gold", {"weight": None}), 404)["param"] == "tier"
+    admin.tier()
+    err = error(admin.call("PATCH", "/tiers/gold", {"weight": None}), 400)
+    assert err["param"] == "weight"  # null only clears optional fields
+
+
+_JSON_VALUES = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats()
+    | st.text(max_size=80)
+    | st.lists(st.integers(), max_size=2)
+)
+_TIER_FIELDS = ["name", "weight", "ttft_ms", "tpot_ms", "rpm_limit", "deadline_ms", "x"]
+
+
+def test_no_tier_body_produces_a_server_error(admin: Admin) -> None:
+    """Whatever JSON object arrives, the answer is 201 or an OpenAI-shaped 4xx, never a 500.
+
+    (TestClient re-raises a server-side exception, so a 500 fails loudly here.)
+    """
+    admin.tier("target")
+    headers = {"content-type": "application/json"}
+
+    @settings(max_examples=40, deadline=None, derandomize=True)
+    @given(body=st.dictionaries(st.sampled_from(_TIER_FIELDS), _JSON_VALUES))
+    def check(body: dict[str, Any]) -> None:
+        # Python's json writes (and FastAPI reads) NaN and Infinity: they must be refused too.
+        content = json.dumps(body)
+        response = admin.client.post(f"{PREFIX}/tiers", content=content, headers=headers)
+        if response.status_code != 201:
+            assert 400 <= error_status(response) < 500
+        response = admin.client.patch(f"{PREFIX}/tiers/target", content=content, headers=headers)
+        if response.status_code != 200:
+            assert 400 <= error_status(response) < 500
+
+    check()
+
+
+def error_status(response: Any) -> int:
+    error(response, response.status_code)
+    return int(response.status_code)

@@ -1,0 +1,353 @@
+"""The gateway→engine protocol (:mod:`engine_common.protocol`): one writer, one reader, one rule.
+
+The writer is strict (a value the engine would ignore is a ``ValueError`` in the gateway), the
+reader lenient (a malformed or out-of-range value takes its default and is counted), and the
+emulated engine reads a body exactly as the vLLM plugins do. The same comparison against the real
+vLLM schedulers is ``tests/engines/test_protocol_agreement.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from engine_common import protocol as p
+from engine_common.scheduler import PolicyDriver
+from engine_common.settings import EngineSettings
+from engine_common.slo import ignored_counts, parse_meta
+from gateway.app.slo import RequestSLO, engine_priority, engine_xargs
+from gateway.engine_sim.app import build_engine_sim, core_request
+from gateway.engine_sim.schemas import ChatCompletionRequest
+from priority.profiles import load_profile
+from priority.request import SLO, Request
+from priority.sim.workload import SloPolicy
+
+DEFAULTS = p.BestEffortDefaults()
+PROFILE = "a100-qwen2-7b"
+NUMBER_KEYS = (p.WEIGHT, p.TTFT_MS, p.TPOT_MS, p.DEADLINE_MS, p.ARRIVAL_UNIX_S)
+LABEL_KEYS = (p.TIER, p.TENANT)
+
+
+def read(xargs: dict[str, Any] | None, priority: Any = 0, **kw: Any) -> p.RequestMeta:
+    return p.parse(xargs, priority, defaults=DEFAULTS, zero_load_ttft_s=0.1, **kw)
+
+
+# ---- the keys ---------------------------------------------------------------------------------
+
+
+def test_every_key_is_ours_and_documented() -> None:
+    assert len(set(p.XARG_KEYS)) == len(p.XARG_KEYS) == 7
+    assert all(key.startswith(p.KEY_PREFIX) for key in p.XARG_KEYS)
+    source = Path(p.__file__).read_text(encoding="utf-8")
+    for key in p.XARG_KEYS:
+        name = next(n for n in dir(p) if getattr(p, n) == key and n.isupper())
+        assert f'{name} = "{key}"\n"""' in source  # each key has its who-writes/who-reads note
+
+
+def test_without_protocol_keys_keeps_only_the_clients_own() -> None:
+    client = {"tiergate_deadline_ms": 1, "tiergate_future": "x", "session_id": "s", "k": [1]}
+    assert p.without_protocol_keys(client) == {"session_id": "s", "k": [1]}
+    assert p.without_protocol_keys(None) == {}
+
+
+# ---- the writer -------------------------------------------------------------------------------
+
+weights = st.floats(1e-6, 1e6)
+millis = st.floats(1e-3, 1e9)
+
+
+@given(
+    weight=weights,
+    ttft=millis,
+    tpot=millis,
+    deadline=st.none() | millis,
+    arrival=st.floats(0, 2e9),
+    tier=st.text(min_size=1).filter(str.strip),
+    tenant=st.text(min_size=1).filter(str.strip),
+)
+def test_what_the_gateway_writes_the_engine_reads_back(
+    weight: float,
+    ttft: float,
+    tpot: float,
+    deadline: float | None,
+    arrival: float,
+    tier: str,
+    tenant: str,
+) -> None:
+    slo = RequestSLO(ttft_ms=ttft, tpot_ms=tpot, deadline_ms=deadline)
+    xargs = engine_xargs(slo, weight=weight, arrival_unix_s=arrival, tier=tier, tenant=tenant)
+    meta = read(xargs, engine_priority(weight), now_unix_s=2e9)
+    assert meta.ignored == ()
+    assert meta.slo == SLO(
+        ttft_s=ttft / 1e3,
+        tpot_s=tpot / 1e3,
+        deadline_s=None if deadline is None else deadline / 1e3,
+    )
+    assert (meta.weight, meta.tier, meta.tenant) == (weight, tier.strip(), tenant.strip())
+    assert meta.arrival_s == arrival and meta.has_slo
+    assert (p.DEADLINE_MS in xargs) == (deadline is not None)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"weight": 0.0},
+        {"weight": -1.0},
+        {"weight": math.inf},
+        {"ttft_ms": 0.0},
+        {"tpot_ms": math.nan},
+        {"deadline_ms": -5.0},
+        {"arrival_unix_s": -1.0},
+        {"tier": "  "},
+        {"tenant": ""},
+    ],
+)
+def test_the_writer_refuses_what_the_reader_would_ignore(change: dict[str, Any]) -> None:
+    fields: dict[str, Any] = {
+        "weight": 1.0,
+        "ttft_ms": 500.0,
+        "tpot_ms": 50.0,
+        "deadline_ms": None,
+        "arrival_unix_s": 1.0,
+        "tier": "gold",
+        "tenant": "acme",
+    }
+    with pytest.raises(ValueError, match=p.KEY_PREFIX + next(iter(change))):
+        p.encode_xargs(**(fields | change))
+
+
+@given(st.integers(-p.PRIORITY_CLIP, p.PRIORITY_CLIP))
+def test_priority_and_weight_are_inverse_within_the_clip(priority: int) -> None:
+    assert p.priority_from_weight(p.weight_from_priority(priority)) == priority
+
+
+def test_priority_is_clipped_at_ten_both_ways() -> None:
+    assert p.priority_from_weight(2.0**20) == -10 and p.priority_from_weight(2.0**-20) == 10
+    assert p.weight_from_priority(1000) == 2.0**-10 and p.weight_from_priority(-1000) == 2.0**10
+    assert p.weight_from_priority(-1, 3.0) == 6.0  # relative to TIERGATE_DEFAULT_WEIGHT
+    with pytest.raises(ValueError):
+        p.priority_from_weight(0.0)
+
+
+# ---- the reader -------------------------------------------------------------------------------
+
+
+def test_absent_metadata_is_best_effort_with_profile_relative_ttft() -> None:
+    meta = read(None)
+    assert meta.slo == SLO(ttft_s=0.5, tpot_s=0.1)  # 5 x the 100 ms zero-load TTFT; 100 ms
+    assert (meta.weight, meta.tier, meta.tenant, meta.arrival_s) == (
+        1.0,
+        "default",
+        "default",
+        None,
+    )
+    assert not meta.has_slo and meta.ignored == ()
+    short = p.parse({}, 0, defaults=DEFAULTS, zero_load_ttft_s=0.001)
+    assert short.slo.ttft_s == 0.2  # the floor
+    fixed = p.BestEffortDefaults(tier="free", weight=0.5, ttft_s=3.0, tpot_s=0.2)
+    meta = p.parse({}, -1, defaults=fixed, zero_load_ttft_s=9.0)
+    assert (meta.slo, meta.weight, meta.tier) == (SLO(ttft_s=3.0, tpot_s=0.2), 1.0, "free")
+
+
+def test_best_effort_defaults_are_the_simulators_default_slos() -> None:
+    """Results from the simulator (priority.sim) assume the SLOs engines give by default."""
+    sim = SloPolicy()
+    assert (DEFAULTS.ttft_scale, DEFAULTS.ttft_floor_s, DEFAULTS.tpot_s) == (
+        sim.ttft_scale,
+        sim.ttft_floor_s,
+        sim.tpot_s,
+    )
+    assert all(DEFAULTS.ttft_for(z) == sim.ttft_for(z) for z in (0.0, 0.01, 0.5, 3.0))
+
+
+def test_partial_slos_fill_in_the_missing_half() -> None:
+    assert read({p.DEADLINE_MS: 2000}).slo == SLO(deadline_s=2.0)
+    assert read({p.TPOT_MS: 30}).slo == SLO(ttft_s=0.5, tpot_s=0.03)
+    assert read({p.TTFT_MS: "250"}).slo == SLO(ttft_s=0.25, tpot_s=0.1)  # numbers as text
+    assert read({p.TTFT_MS: 250, p.DEADLINE_MS: 9000}).slo == SLO(0.25, 0.1, 9.0)
+
+
+def test_arrival_in_the_future_counts_as_now() -> None:
+    assert read({p.ARRIVAL_UNIX_S: 200.0}, now_unix_s=100.0).arrival_s == 100.0
+    assert read({p.ARRIVAL_UNIX_S: 97.5}, now_unix_s=100.0).arrival_s == 97.5
+    assert read({p.ARRIVAL_UNIX_S: 0}).arrival_s == 0.0
+
+
+malformed_numbers = st.one_of(
+    st.booleans(),
+    st.text(max_size=6).filter(lambda s: _not_a_number(s)),
+    st.sampled_from([0, -1, -0.5, math.inf, -math.inf, math.nan, "inf", "nan", "-3", 10**400]),
+    st.lists(st.integers(), max_size=2),
+    st.just({"a": 1}),
+)
+malformed_labels = st.one_of(
+    st.booleans(), st.integers(), st.floats(), st.just("   "), st.just(""), st.lists(st.text())
+)
+
+
+def _not_a_number(text: str) -> bool:
+    try:
+        return not float(text) > 0
+    except ValueError:
+        return True
+
+
+@settings(deadline=None)
+@given(
+    key=st.sampled_from(NUMBER_KEYS + LABEL_KEYS),
+    data=st.data(),
+    priority=st.integers(-50, 50),
+)
+def test_a_malformed_value_reads_as_if_absent_and_is_named(
+    key: str, data: st.DataObject, priority: int
+) -> None:
+    value = data.draw(malformed_labels if key in LABEL_KEYS else malformed_numbers)
+    assume(not (key == p.ARRIVAL_UNIX_S and _is_zero(value)))  # time 0 is a valid arrival
+    meta = read({key: value}, priority, now_unix_s=1e9)
+    assert meta == dataclasses.replace(read({}, priority), ignored=(key,))
+
+
+def _is_zero(value: object) -> bool:
+    try:
+        return not isinstance(value, bool) and float(value) == 0  # type: ignore[arg-type]
+    except (TypeError, ValueError, OverflowError):
+        return False
+
+
+def test_a_bool_is_no_number_and_priority_must_be_an_integer() -> None:
+    assert read({p.ARRIVAL_UNIX_S: False}).ignored == (p.ARRIVAL_UNIX_S,)
+    assert read({}, priority="high").ignored == (p.PRIORITY,)
+    assert read({}, priority=True).weight == 1.0
+    assert read({}, priority=None).ignored == ()
+    assert read({p.WEIGHT: 2.0}, priority="high").ignored == ()  # priority unused
+
+
+@settings(deadline=None)
+@given(
+    st.dictionaries(
+        st.sampled_from([*p.XARG_KEYS, "tiergate_other", "other"]),
+        st.one_of(
+            st.none(),
+            st.booleans(),
+            st.integers(),
+            st.floats(),
+            st.text(max_size=5),
+            st.lists(st.integers(), max_size=2),
+        ),
+    ),
+    st.one_of(st.integers(-(2**70), 2**70), st.none(), st.floats(), st.text(max_size=2)),
+)
+def test_any_metadata_yields_a_valid_request(args: dict[str, object], priority: Any) -> None:
+    meta = read(args, priority, now_unix_s=time.time())
+    assert meta.weight > 0 and math.isfinite(meta.weight)
+    assert meta.tier.strip() == meta.tier != "" and meta.tenant.strip() == meta.tenant != ""
+    assert set(meta.ignored) <= {*p.XARG_KEYS, p.PRIORITY}
+    Request("r", 0.0, 1, meta.slo, weight=meta.weight, tier=meta.tier, tenant=meta.tenant)
+
+
+def test_ignored_values_are_counted_and_logged(caplog: pytest.LogCaptureFixture) -> None:
+    before = ignored_counts().get(p.TTFT_MS, 0)
+    with caplog.at_level(logging.WARNING, logger="engine_common.slo"):
+        for _ in range(10):
+            parse_meta({p.TTFT_MS: "soon"}, 0, defaults=DEFAULTS, zero_load_ttft_s=0.1)
+    assert ignored_counts()[p.TTFT_MS] == before + 10
+    assert all("tiergate_ttft_ms='soon'" in r.getMessage() for r in caplog.records)
+    assert 1 <= len(caplog.records) <= 2  # the 1st and the 10th at most, not every request
+
+
+# ---- the emulated engine reads as the plugin does --------------------------------------------
+
+BODIES: dict[str, dict[str, Any]] = {
+    "gateway": {
+        "priority": -1,
+        "vllm_xargs": {
+            p.WEIGHT: 2.0,
+            p.TTFT_MS: 400,
+            p.TPOT_MS: 40,
+            p.DEADLINE_MS: 20000,
+            p.TIER: "gold",
+            p.TENANT: "acme",
+        },
+    },
+    "none": {},
+    "priority-only": {"priority": 3},
+    "priority-beyond-clip": {"priority": -40},
+    "deadline-only": {"vllm_xargs": {p.DEADLINE_MS: "1500", p.TENANT: " beta "}},
+    "malformed": {
+        "vllm_xargs": {p.WEIGHT: "heavy", p.TTFT_MS: -5, p.TPOT_MS: [1], p.TIER: 7, "x": "y"},
+        "priority": 2,
+    },
+    "out-of-range": {"vllm_xargs": {p.WEIGHT: 0, p.TTFT_MS: "inf", p.DEADLINE_MS: 1e-330}},
+    "json-true": {"vllm_xargs": {p.WEIGHT: True}},  # vLLM's API server turns true into 1
+}
+
+
+def _body(case: dict[str, Any]) -> dict[str, Any]:
+    messages = [{"role": "user", "content": "How long is a piece of string? " * 8}]
+    return {"model": "m", "messages": messages, "max_tokens": 7, **case}
+
+
+@pytest.mark.parametrize("name", list(BODIES))
+def test_emulated_engine_sees_what_the_plugin_sees(name: str) -> None:
+    """The emulated engine's core request against the plugin's own view-building code, fed a
+    stand-in for vLLM's request (the real schedulers: tests/engines/test_protocol_agreement.py)."""
+    sim = build_engine_sim(load_profile(PROFILE), "slide", model_name="m")
+    body = ChatCompletionRequest.model_validate(_body(BODIES[name]))
+    emulated, _ = core_request(sim, body, "r")
+    vllm_request = SimpleNamespace(
+        request_id="r",
+        sampling_params=SimpleNamespace(extra_args=body.vllm_xargs),
+        priority=body.priority,
+        num_prompt_tokens=emulated.prompt_tokens,
+        arrival_time=time.time(),
+        max_tokens=7,
+    )
+    driver = SimpleNamespace(settings=EngineSettings.from_env(PROFILE, env={}))
+    plugin = PolicyDriver._new_view(driver, vllm_request)  # type: ignore[arg-type]
+    assert _view(plugin) == _view(emulated)
+
+
+def _view(request: Request) -> tuple[Any, ...]:
+    fields = ("slo", "weight", "tier", "tenant", "prompt_tokens", "max_output_tokens")
+    return tuple(getattr(request, name) for name in fields)
+
+
+def test_emulated_engine_counts_gateway_queueing_in_the_arrival() -> None:
+    sim = build_engine_sim(load_profile(PROFILE), "slide", model_name="m")
+    xargs = {p.ARRIVAL_UNIX_S: time.time() - 2.0, p.DEADLINE_MS: 5000}
+    body = ChatCompletionRequest.model_validate(_body({"vllm_xargs": xargs}))
+    request, _ = core_request(sim, body, "r")
+    assert sim.engine.now() - request.arrival_s == pytest.approx(2.0, abs=0.5)
+    future = ChatCompletionRequest.model_validate(
+        _body({"vllm_xargs": {p.ARRIVAL_UNIX_S: time.time() + 3600}})
+    )
+    request, _ = core_request(sim, future, "f")
+    assert sim.engine.now() - request.arrival_s == pytest.approx(0.0, abs=0.5)
+
+
+@pytest.mark.parametrize(
+    ("case", "param"),
+    [
+        ({"priority": 1.5}, "priority"),
+        ({"priority": 2**63}, "priority"),
+        ({"vllm_xargs": {p.TIER: None}}, "vllm_xargs.tiergate_tier.str"),
+        ({"vllm_xargs": {p.WEIGHT: {"a": 1}}}, "vllm_xargs.tiergate_weight.str"),
+    ],
+)
+def test_body_types_are_checked_as_vllms_api_server_does(case: dict[str, Any], param: str) -> None:
+    from pydantic import ValidationError
+
+    from gateway.engine_sim.schemas import describe_validation_error
+
+    with pytest.raises(ValidationError) as info:
+        ChatCompletionRequest.model_validate(_body(case))
+    assert describe_validation_error(info.value)[1] == param

@@ -1,0 +1,104 @@
+"""The ``tiergate`` console script, assembled above every layer it mounts.
+
+The layers point one way, so each one's commands live with it and meet only here: the scheduling
+core's ``sim`` and ``profile`` (:mod:`priority.cli`, no web stack), the gateway's admin commands
+(:mod:`gateway.cli`) and its server (:mod:`gateway.serve`), and the emulated engine
+(``gateway/engine_sim/``), which the gateway itself never imports: ``tiergate engine-sim``, and
+the four engines ``tiergate serve`` starts by default (:func:`emulated_fleet`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from functools import partial
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from gateway.app.backends import BackendSpec
+from gateway.cli import register as register_admin_commands
+from gateway.engine_sim.cli import engine_sim_command
+from gateway.engine_sim.serve import EngineSpec, serve_engines, stop_engines
+from gateway.serve import serve
+from priority.cli import register as register_core_commands
+from priority.policies import POLICY_NAMES
+
+EMULATED_FLEET = ("910b-qwen2-7b", "910b-qwen2-7b", "a100-qwen2-7b", "a100-qwen2-7b")
+"""Two Ascend 910B and two A100 profiles serving one model, so GoRouting really chooses."""
+MODEL_NAME = "qwen2-7b"
+"""The one model name the emulated fleet serves (clients ask for this)."""
+
+console = Console(stderr=True)
+
+
+@asynccontextmanager
+async def emulated_fleet(policy: str) -> AsyncIterator[list[BackendSpec]]:
+    """Serve :data:`EMULATED_FLEET` on free ports of this loop; yields them as gateway backends."""
+    specs = [
+        EngineSpec(profile=profile, policy=policy, model_name=MODEL_NAME, seed=i)
+        for i, profile in enumerate(EMULATED_FLEET)
+    ]
+    engines = await serve_engines(specs)
+    try:
+        backends = [
+            BackendSpec(
+                name=f"emulated-{i}-{spec.profile}",
+                base_url=engine.url,
+                model=MODEL_NAME,
+                profile=str(spec.profile),
+                kind="emulated",
+            )
+            for i, (spec, engine) in enumerate(zip(specs, engines, strict=True))
+        ]
+        for backend in backends:
+            console.print(f"  emulated engine {backend.name} at {backend.base_url}")
+        yield backends
+    finally:
+        await stop_engines(engines)
+
+
+def serve_command(
+    host: Annotated[str, typer.Option(help="Address the gateway binds.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=1, max=65535, help="Gateway port.")] = 8000,
+    policy: Annotated[
+        str, typer.Option(help=f"Policy of the emulated engines: {', '.join(POLICY_NAMES)}.")
+    ] = "slide",
+    emulated: Annotated[
+        bool,
+        typer.Option(
+            "--emulated/--no-emulated",
+            help="Serve four in-process emulated engines (default) or the backends table.",
+        ),
+    ] = True,
+    log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
+) -> None:
+    """Run the gateway (embedded default: SQLite + four emulated engines, seeded tiers)."""
+    if policy not in POLICY_NAMES:
+        raise typer.BadParameter(
+            f"unknown policy {policy!r}; known: {', '.join(POLICY_NAMES)}", param_hint="--policy"
+        )
+    serve(
+        host=host,
+        port=port,
+        log_level=log_level,
+        model=MODEL_NAME,
+        backends=partial(emulated_fleet, policy) if emulated else None,
+    )
+
+
+app = typer.Typer(
+    help="tiergate: SLO-aware, multi-priority LLM serving — simulator, profiles and tools.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+register_core_commands(app)
+app.command("serve")(serve_command)
+app.command("engine-sim")(engine_sim_command)
+register_admin_commands(app)
+
+__all__ = ["EMULATED_FLEET", "MODEL_NAME", "app", "emulated_fleet"]
+
+if __name__ == "__main__":
+    app()
