@@ -22,6 +22,7 @@ from gateway.cli import register as register_admin_commands
 from gateway.engine_sim.cli import engine_sim_command
 from gateway.engine_sim.serve import EngineSpec, serve_engines, stop_engines
 from gateway.serve import serve
+from gateway.settings import split_addr
 from priority.cli import register as register_core_commands
 from priority.policies import POLICY_NAMES
 
@@ -73,18 +74,32 @@ def serve_command(
         ),
     ] = True,
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
+    metrics_addr: Annotated[
+        str | None,
+        typer.Option(
+            help="host:port of the operator listener serving /metrics (not the API port). "
+            "Default: TIERGATE_METRICS_ADDR, else 127.0.0.1:9464 (a free port if taken).",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Run the gateway (embedded default: SQLite + four emulated engines, seeded tiers)."""
     if policy not in POLICY_NAMES:
         raise typer.BadParameter(
             f"unknown policy {policy!r}; known: {', '.join(POLICY_NAMES)}", param_hint="--policy"
         )
+    if metrics_addr is not None:
+        try:
+            split_addr(metrics_addr)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--metrics-addr") from exc
     serve(
         host=host,
         port=port,
         log_level=log_level,
         model=MODEL_NAME,
         backends=partial(emulated_fleet, policy) if emulated else None,
+        metrics_addr=metrics_addr,
     )
 
 

@@ -112,6 +112,8 @@ class Servers:
     engine_url: str
     gateway_url: str
     api_key: str
+    metrics_url: str
+    """The gateway's operator listener (``/metrics`` is not served on the API port)."""
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
     """The engine's, then the gateway's."""
 
@@ -234,9 +236,10 @@ def running_servers(setup: Setup) -> Iterator[Servers]:
             )
             procs.append(engine)
             engine_url = f"http://127.0.0.1:{engine_port}"
+            metrics_port = _free_port()
             gateway, gateway_port = _spawn(
                 ["--role", "gateway", "--engine-url", engine_url, "--profile", setup.profile],
-                env,
+                {**env, "TIERGATE_METRICS_ADDR": f"127.0.0.1:{metrics_port}"},
                 log,
             )
             procs.append(gateway)
@@ -244,7 +247,13 @@ def running_servers(setup: Setup) -> Iterator[Servers]:
                 _pin(os.getpid(), set(cpus[:-1]))
                 _pin(engine.pid, set(cpus[:-1]))
                 _pin(gateway.pid, {cpus[-1]})
-            servers = Servers(engine_url, f"http://127.0.0.1:{gateway_port}", key, procs)
+            servers = Servers(
+                engine_url,
+                f"http://127.0.0.1:{gateway_port}",
+                key,
+                f"http://127.0.0.1:{metrics_port}/metrics",
+                procs,
+            )
             _wait_ready(servers.gateway_url)
             yield servers
         finally:
@@ -268,6 +277,15 @@ def _report_server_log(path: Path, tail: int = 12) -> None:
         sep="\n  ",
         file=sys.stderr,
     )
+
+
+def _free_port() -> int:
+    """A port free now on 127.0.0.1 (for the gateway's metrics listener)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def _wait_ready(gateway_url: str) -> None:
@@ -538,7 +556,7 @@ async def generate_load(
                     await asyncio.sleep(delay)
                 if scrape is None and offset >= setup.warmup_s:
                     scrape = asyncio.ensure_future(
-                        _overhead_histogram(scraper, servers.gateway_url)
+                        _overhead_histogram(scraper, servers.metrics_url)
                     )
                     cpu_start, window_start = servers.cpu_seconds(), time.perf_counter()
                 block = int(offset / setup.block_s)
@@ -557,17 +575,17 @@ async def generate_load(
             await gateway.aclose()
         cpu_end, window_end = servers.cpu_seconds(), time.perf_counter()
         before = await scrape if scrape is not None else {}
-        after = await _overhead_histogram(scraper, servers.gateway_url)
+        after = await _overhead_histogram(scraper, servers.metrics_url)
     cpu = {k: cpu_end[k] - cpu_start.get(k, math.nan) for k in cpu_end}
     return LoadRun(samples, before, after, cpu, window_end - window_start)
 
 
-async def _overhead_histogram(client: httpx.AsyncClient, gateway_url: str) -> dict[str, float]:
+async def _overhead_histogram(client: httpx.AsyncClient, metrics_url: str) -> dict[str, float]:
     """Cumulative bucket counts of ``tiergate_gateway_overhead_seconds`` by upper bound."""
     from prometheus_client.parser import text_string_to_metric_families
 
     try:
-        text = (await client.get(f"{gateway_url}/metrics")).text
+        text = (await client.get(metrics_url)).text
     except httpx.HTTPError:
         return {}
     buckets: dict[str, float] = {}

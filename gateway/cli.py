@@ -24,15 +24,17 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 from rich.table import Column, Table
-from sqlalchemy.exc import OperationalError, ProgrammingError
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
+from gateway.bounds import MAX_LIMIT, MAX_SLO_MS, MAX_WEIGHT, MIN_LIMIT, MIN_SLO_MS, MIN_WEIGHT
 from gateway.db import crud, migrate
-from gateway.db.errors import DomainError
+from gateway.db.errors import DatabaseFailure, DomainError, classify, describe
 from gateway.db.models import BACKEND_KINDS, utcnow
 from gateway.db.security import display_prefix, server_secret
 from gateway.db.seed import DEMO_TENANT, seed_defaults
-from gateway.db.session import make_engine, make_session_factory
+from gateway.db.session import SQLITE_BUSY_TIMEOUT_MS, make_engine, make_session_factory
 from gateway.settings import get_settings
 
 console = Console(highlight=False)
@@ -76,22 +78,49 @@ def _fail(message: str, code: int = 2) -> typer.Exit:
 
 @contextmanager
 def _transaction() -> Iterator[Session]:
-    """One committed unit of work on the configured database; errors become exit codes."""
-    engine = make_engine(get_settings().database_url)
+    """One committed unit of work on the configured database; errors become exit codes.
+
+    The unit of work takes the database's write lock first (:mod:`gateway.db.session`), so
+    commands run at once from several processes queue for it instead of failing.
+    """
+    url = get_settings().database_url
+    engine = make_engine(url)
     try:
         with make_session_factory(engine).begin() as session:
             yield session
     except DomainError as exc:
         raise _fail(exc.message) from None
-    except (OperationalError, ProgrammingError) as exc:
-        detail = str(exc.orig).strip().splitlines()[0] if str(exc.orig).strip() else ""
-        raise _fail(
-            f"database error: {type(exc.orig).__name__}: {detail} — is the database reachable "
-            "and migrated (`tiergate db upgrade`)?",
-            code=1,
-        ) from None
+    except SQLAlchemyError as exc:
+        raise _database_failure(exc, url) from None
     finally:
         engine.dispose()
+
+
+def _database_failure(exc: SQLAlchemyError, url: str) -> typer.Exit:
+    """The exit for a database error, worded by what it means (never its text, which can carry
+    values); the ``tiergate db upgrade`` hint only when the schema really is not at head."""
+    failure = classify(exc)
+    if failure is DatabaseFailure.CONFLICT:
+        return _fail("the change conflicts with a concurrent one; check the current state, retry")
+    if failure is DatabaseFailure.INVALID:
+        return _fail(f"a value is outside what the database allows ({describe(exc)})")
+    if failure is DatabaseFailure.BUSY:
+        return _fail(
+            f"the database stayed busy (other writers held its lock for over "
+            f"{SQLITE_BUSY_TIMEOUT_MS / 1000:g} s, or its connections ran out); try again",
+            code=1,
+        )
+    where = make_url(url).render_as_string(hide_password=True)
+    if failure is DatabaseFailure.UNAVAILABLE:
+        return _fail(
+            f"cannot reach the database at {where} ({describe(exc)}): is it running, and is "
+            "TIERGATE_DATABASE_URL right?",
+            code=1,
+        )
+    mismatch = migrate.schema_mismatch(url)
+    if mismatch is not None:
+        return _fail(f"{mismatch}: run `tiergate db upgrade`", code=1)
+    return _fail(f"database error at {where}: {describe(exc)}", code=1)
 
 
 def _fmt(value: object) -> str:
@@ -171,18 +200,34 @@ def db_seed() -> None:
 # -- tiers ------------------------------------------------------------------------------------
 
 
+def _bounded(low: float, high: float, help_text: str) -> Any:
+    """An option refused outside ``[low, high]`` (exit code 2, naming the option and the
+    range): the bounds of :mod:`gateway.bounds`, which the admin API and the database apply."""
+    return typer.Option(min=low, max=high, help=f"{help_text}; {low:g} to {high:g}")
+
+
+def _slo_ms(help_text: str) -> Any:
+    return _bounded(MIN_SLO_MS, MAX_SLO_MS, help_text)
+
+
+def _limit(help_text: str) -> Any:
+    return _bounded(MIN_LIMIT, MAX_LIMIT, help_text)
+
+
 @tiers_app.command("create")
 def tiers_create(
     name: Annotated[str, typer.Argument(help="tier name")],
-    weight: Annotated[float, typer.Option(help="priority weight (> 0, larger = more important)")],
-    ttft_ms: Annotated[float, typer.Option(help="default time-to-first-token SLO, ms")],
-    tpot_ms: Annotated[float, typer.Option(help="default time-per-output-token SLO, ms")],
-    deadline_ms: Annotated[float | None, typer.Option(help="end-to-end deadline, ms")] = None,
-    min_ttft_ms: Annotated[float | None, typer.Option(help="tightest TTFT allowed, ms")] = None,
-    min_tpot_ms: Annotated[float | None, typer.Option(help="tightest TPOT allowed, ms")] = None,
-    rpm: Annotated[int | None, typer.Option(help="requests per minute (unset = unlimited)")] = None,
-    tpm: Annotated[int | None, typer.Option(help="tokens per minute (unset = unlimited)")] = None,
-    max_concurrency: Annotated[int | None, typer.Option(help="requests in flight")] = None,
+    weight: Annotated[
+        float, _bounded(MIN_WEIGHT, MAX_WEIGHT, "priority weight (larger = more important)")
+    ],
+    ttft_ms: Annotated[float, _slo_ms("default time-to-first-token SLO, ms")],
+    tpot_ms: Annotated[float, _slo_ms("default time-per-output-token SLO, ms")],
+    deadline_ms: Annotated[float | None, _slo_ms("end-to-end deadline, ms")] = None,
+    min_ttft_ms: Annotated[float | None, _slo_ms("tightest TTFT allowed, ms")] = None,
+    min_tpot_ms: Annotated[float | None, _slo_ms("tightest TPOT allowed, ms")] = None,
+    rpm: Annotated[int | None, _limit("requests per minute (unset = unlimited)")] = None,
+    tpm: Annotated[int | None, _limit("tokens per minute (unset = unlimited)")] = None,
+    max_concurrency: Annotated[int | None, _limit("requests in flight")] = None,
     best_effort: Annotated[
         bool, typer.Option(help="serve best-effort instead of shedding when the SLO is infeasible")
     ] = False,
@@ -523,7 +568,8 @@ def usage(
     by: Annotated[str, typer.Option(help="group by 'tenant' or 'tier'")] = "tenant",
     hours: Annotated[float, typer.Option(min=0.0, help="window: the last HOURS hours")] = 24.0,
 ) -> None:
-    """Usage summary: requests, tokens, SLO attainment and TDG ratio per tenant or tier."""
+    """Usage summary per tenant or tier: requests by outcome, then tokens and SLO attainment of
+    finished requests and the TDG ratio of accepted work (rejected ones are never misses)."""
     if by not in ("tenant", "tier"):
         raise _fail(f"--by must be 'tenant' or 'tier', got {by!r}")
     since = utcnow() - timedelta(hours=hours)
@@ -536,6 +582,7 @@ def usage(
             s.requests,
             s.ok,
             s.rejected,
+            s.cancelled,
             s.errors,
             s.total_tokens,
             None if s.slo_attainment is None else f"{s.slo_attainment:.1%}",
@@ -543,5 +590,16 @@ def usage(
         )
         for s in summaries
     ]
-    columns = (by, "requests", "ok", "rejected", "errors", "tokens", "SLO attainment", "TDG ratio")
+    # tokens and SLO attainment are those of finished (ok) requests: docs/usage.md
+    columns = (
+        Column(by, no_wrap=True),  # a name is never cut short; the numbers' headers wrap
+        "requests",
+        "ok",
+        "rejected",
+        "cancelled",
+        "errors",
+        "tokens",
+        "SLO attainment",
+        "TDG ratio",
+    )
     _print_table(f"usage, last {hours:g} h", columns, rows)

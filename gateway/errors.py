@@ -5,7 +5,8 @@ answer every error as an :class:`ApiError`, which the ``openai`` client parses i
 exceptions (``BadRequestError``, ``AuthenticationError``, ``RateLimitError``, ...). The same
 mistake gets the same status and ``code`` on both planes:
 
-* body not JSON, or empty: 400 ``invalid_json``;
+* body not JSON, empty, or nested deeper than ``MAX_JSON_DEPTH`` (128): 400 ``invalid_json``
+  (:func:`parse_json_body`; the admin API runs :func:`check_json_depth` before FastAPI parses);
 * a value of the wrong type (and a body that is not an object): 400 ``invalid_type``;
 * a required field missing: 400 ``missing_required_parameter``;
 * a field the endpoint refuses: 400 ``unknown_parameter`` (admin bodies; ``/v1`` passes unknown
@@ -14,7 +15,9 @@ mistake gets the same status and ``code`` on both planes:
   ``invalid_value``;
 * no such tier, tenant, key, backend or profile: 404 ``not_found`` (``/v1``: ``model_not_found``);
 * a name taken, an entity still in use, a concurrent change: 409 ``already_exists``, ``in_use``,
-  ``conflict``.
+  ``conflict``;
+* the database busy (a lock held past its timeout) or unreachable: 503 ``database_busy`` /
+  ``database_unavailable`` with ``Retry-After`` (:func:`database_error`: never a bare 500).
 
 400 and not 422 because OpenAI and vLLM answer 400, so a client sees the gateway fail like the
 API it stands in for. ``param`` names the offending field: a dotted path for nested ones
@@ -27,6 +30,7 @@ engine and the CLI can word their errors with it too.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -34,12 +38,26 @@ from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse
 
-from gateway.db.errors import AlreadyExists, Conflict, DomainError, InUse, InvalidInput, NotFound
+from gateway.db.errors import (
+    AlreadyExists,
+    Conflict,
+    DatabaseFailure,
+    DomainError,
+    InUse,
+    InvalidInput,
+    NotFound,
+    classify,
+    describe,
+)
+from gateway.jsonbody import MAX_JSON_DEPTH, json_depth_exceeds, too_deep_message
 
 if TYPE_CHECKING:
     from fastapi.exceptions import RequestValidationError
+    from sqlalchemy.exc import SQLAlchemyError
 
     from gateway.limits import AdmissionRejected
+
+log = logging.getLogger(__name__)
 
 INVALID_JSON = "invalid_json"
 INVALID_TYPE = "invalid_type"
@@ -141,6 +159,35 @@ def invalid_json(detail: str, position: int | None = None) -> ApiError:
 
 def empty_body() -> ApiError:
     return ApiError(400, "the request body is empty: send a JSON object", code=INVALID_JSON)
+
+
+def too_deeply_nested(limit: int = MAX_JSON_DEPTH) -> ApiError:
+    """400 ``invalid_json`` for a body whose arrays and objects nest deeper than ``limit``
+    (measured before parsing, :mod:`gateway.jsonbody`: a parser recurses once per level)."""
+    return ApiError(400, too_deep_message(limit), code=INVALID_JSON)
+
+
+def check_json_depth(raw: bytes) -> None:
+    """Raise :func:`too_deeply_nested` for a body nested deeper than ``MAX_JSON_DEPTH``."""
+    if json_depth_exceeds(raw):
+        raise too_deeply_nested()
+
+
+def parse_json_body(raw: bytes) -> Any:
+    """The body's JSON value; 400 ``invalid_json`` for an empty body, one nested too deeply
+    (checked before parsing), or one that is not JSON (malformed, not UTF-8, an integer of
+    more digits than the interpreter converts)."""
+    if not raw:
+        raise empty_body()
+    check_json_depth(raw)
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise invalid_json(exc.msg, exc.pos) from None
+    except UnicodeDecodeError as exc:
+        raise invalid_json(str(exc)) from None
+    except ValueError:  # int() refuses more than 4300 digits (sys.get_int_max_str_digits)
+        raise invalid_json("a number has too many digits") from None
 
 
 # -- validation errors ------------------------------------------------------------------------
@@ -273,3 +320,50 @@ def concurrent_change() -> ApiError:
     """409 for a change a concurrent one beat (a unique or foreign key the pre-checks missed)."""
     message = "the change conflicts with a concurrent one; re-read and retry"
     return ApiError(409, message, code=CONFLICT)
+
+
+DATABASE_BUSY = "database_busy"
+DATABASE_UNAVAILABLE = "database_unavailable"
+DATABASE_ERROR = "database_error"
+BUSY_RETRY_AFTER_S = 1
+UNAVAILABLE_RETRY_AFTER_S = 5
+
+
+def database_error(exc: SQLAlchemyError) -> ApiError:
+    """The answer to a database error no caller handled, by what it means (:func:`classify`).
+
+    A lost race is the client's 409, a value only the database's constraints refused its 400;
+    a busy or unreachable database a 503 with ``Retry-After``
+    (the transaction was rolled back: retrying is safe); anything else a 500. The error's own
+    text never reaches the answer or the log: it names the statement and, on PostgreSQL, the
+    offending values. The log line says what kind of failure it was and its codes.
+    """
+    failure = classify(exc)
+    if failure is DatabaseFailure.CONFLICT:
+        return concurrent_change()
+    if failure is DatabaseFailure.INVALID:
+        return ApiError(400, "a value is outside what the database allows", code=INVALID_VALUE)
+    if failure is DatabaseFailure.BUSY:
+        log.warning("database busy: %s", describe(exc))
+        return ApiError(
+            503,
+            "the database is busy with other changes; retry shortly",
+            code=DATABASE_BUSY,
+            headers={"retry-after": str(BUSY_RETRY_AFTER_S)},
+        )
+    if failure is DatabaseFailure.UNAVAILABLE:
+        log.error("database unavailable: %s", describe(exc))
+        return ApiError(
+            503,
+            "the database is unavailable; retry later",
+            code=DATABASE_UNAVAILABLE,
+            headers={"retry-after": str(UNAVAILABLE_RETRY_AFTER_S)},
+        )
+    log.error("database error (%s): %s", failure.value, describe(exc))
+    message = (
+        "the database lacks a table or column this gateway needs: is it migrated "
+        "(`tiergate db upgrade`)?"
+        if failure is DatabaseFailure.SCHEMA
+        else "internal database error"
+    )
+    return ApiError(500, message, code=DATABASE_ERROR)

@@ -4,6 +4,10 @@ The gateway serves the backends a :data:`BackendsSource` starts and yields, or, 
 backends table. What starts four emulated engines for ``tiergate serve`` (the embedded default
 of ``make run``) lives above the gateway, in :mod:`tiergate_cli`: the gateway never imports the
 emulated engine (``gateway/engine_sim/``), so it runs unchanged in front of real vLLM engines.
+
+Metrics are served on an operator listener of their own (:mod:`gateway.app.operator`):
+``tiergate serve`` always turns it on, at ``TIERGATE_METRICS_ADDR`` or 127.0.0.1:9464 — or a
+free port when a gateway beside this one holds 9464 — and prints where it is.
 """
 
 from __future__ import annotations
@@ -24,13 +28,18 @@ from gateway.db.crud.keys import create_key
 from gateway.db.security import server_secret
 from gateway.db.seed import seed_defaults
 from gateway.db.session import make_engine, make_session_factory
-from gateway.settings import Settings, get_settings
+from gateway.embedded import bind
+from gateway.settings import Settings, get_settings, join_addr, split_addr
 
 BackendsSource = Callable[[], AbstractAsyncContextManager[list[BackendSpec] | None]]
 """Starts what the gateway routes to on the serving loop and yields its specs (None: the
 backends table); leaving the context stops it, after the gateway has stopped."""
 
 console = Console(stderr=True)
+
+DEFAULT_METRICS_HOST = "127.0.0.1"
+DEFAULT_METRICS_PORT = 9464
+"""``tiergate serve``'s operator listener when none is configured: this machine only."""
 
 
 def prepare_database(settings: Settings) -> str | None:
@@ -48,9 +57,35 @@ def prepare_database(settings: Settings) -> str | None:
         return created.plaintext
 
 
+def metrics_address(configured: str | None) -> str:
+    """Where ``tiergate serve`` serves ``/metrics``, as a concrete ``host:port``.
+
+    The configured address as given (port 0: a free port, chosen now so that it can be
+    printed); unset: 127.0.0.1:9464, or a free port on 127.0.0.1 when 9464 is taken, so that
+    ``make run SERVE_ARGS="--port 8001"`` still starts a second gateway beside the first. A
+    configured address that is taken is not replaced: starting fails and says so.
+    """
+    if configured is not None:
+        host, port = split_addr(configured)
+        if port != 0:
+            return join_addr(host, port)
+        with bind(host, 0) as probe:
+            return join_addr(host, int(probe.getsockname()[1]))
+    try:
+        probe = bind(DEFAULT_METRICS_HOST, DEFAULT_METRICS_PORT)
+    except OSError:
+        probe = bind(DEFAULT_METRICS_HOST, 0)
+    with probe:
+        return join_addr(DEFAULT_METRICS_HOST, int(probe.getsockname()[1]))
+
+
 def announce(settings: Settings, *, base: str, demo_key: str | None, model: str) -> None:
     """Where the gateway listens, the demo key (printed once, on stdout) and a first request."""
     console.print(f"[bold]tiergate[/bold] gateway on {base} (database {settings.database_url})")
+    if settings.metrics_addr is not None:
+        host, port = split_addr(settings.metrics_addr)
+        shown = join_addr("127.0.0.1" if host in ("0.0.0.0", "::") else host, port)
+        console.print(f"Prometheus metrics (operators only): http://{shown}/metrics")
     if demo_key is not None:
         console.print("Demo API key for tenant [bold]demo[/bold] (shown once, store it now):")
         print(demo_key, flush=True)
@@ -99,9 +134,16 @@ def serve(
     log_level: str,
     model: str,
     backends: BackendsSource | None = None,
+    metrics_addr: str | None = None,
 ) -> None:
-    """Prepare the database, announce, and serve until interrupted (``model``: for the example)."""
+    """Prepare the database, announce, and serve until interrupted (``model``: for the example).
+
+    ``metrics_addr`` (``--metrics-addr``) overrides ``TIERGATE_METRICS_ADDR``; see
+    :func:`metrics_address` for the default.
+    """
     settings = get_settings()
+    chosen = metrics_address(metrics_addr if metrics_addr is not None else settings.metrics_addr)
+    settings = settings.model_copy(update={"metrics_addr": chosen})
     demo_key = prepare_database(settings)
     base = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
     announce(settings, base=base, demo_key=demo_key, model=model)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_DATABASE_URL = "sqlite:///./tiergate.db"
@@ -74,17 +74,60 @@ class Settings(BaseSettings):
     smoothing_margin_ms: float = Field(
         default=20.0, ge=0, description="how far ahead of its deadline a paced token is sent"
     )
+    metrics_addr: str | None = Field(
+        default=None,
+        description="host:port of the operator listener serving /metrics (never the API port); "
+        "unset = no listener, except under `tiergate serve` (127.0.0.1:9464)",
+    )
+    metrics_tenant_labels: bool = Field(
+        default=False,
+        description="label tiergate_requests_total by tenant name too (off: by tier only)",
+    )
     metrics_max_tenants: int = Field(
-        default=50, ge=1, description="tenants labelled by name in metrics; the rest are 'other'"
+        default=50,
+        ge=1,
+        description="with tenant labels: tenants labelled by name; the rest are 'other'",
     )
     usage_batch_size: int = Field(default=500, ge=1)
     usage_flush_interval_s: float = Field(default=0.5, gt=0)
     redis_prefix: str = Field(default="tiergate", description="key prefix of the Redis limiter")
 
+    @field_validator("metrics_addr")
+    @classmethod
+    def _check_metrics_addr(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        host, port = split_addr(value)
+        return join_addr(host, port)
+
     @property
     def data_path(self) -> Path:
         """``data_dir`` with ``~`` expanded."""
         return self.data_dir.expanduser()
+
+
+def split_addr(value: str) -> tuple[str, int]:
+    """``host:port`` (``[v6]:port`` for IPv6) as ``(host, port)``; port 0 = a free one.
+
+    The host is required: listening on every interface (``0.0.0.0``) must be written out,
+    since that is what exposes the listener beyond the machine.
+    """
+    host, sep, port = value.strip().rpartition(":")
+    example = "e.g. 127.0.0.1:9464, or 0.0.0.0:9464 in a container"
+    if not sep or not host:
+        raise ValueError(f"{value!r} is not host:port ({example})")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:
+        raise ValueError(f"{value!r}: write an IPv6 address in brackets, e.g. [::1]:9464")
+    if not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"{value!r}: the port must be a number from 0 to 65535 ({example})")
+    return host, int(port)
+
+
+def join_addr(host: str, port: int) -> str:
+    """The inverse of :func:`split_addr`."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 @lru_cache(maxsize=1)

@@ -40,6 +40,8 @@ def test_tiny_run_reports_the_schema_and_serves_both_paths(
     for key in ("direct_ttft_p50_ms", "gateway_ttft_p50_ms", "gateway_itl_p50_ms"):
         assert row[key] > 0
     assert row["direct_ttft_p50_ms"] <= row["direct_ttft_p99_ms"]
+    # read from the gateway's operator listener: the API port serves no /metrics
+    assert row["gateway_overhead_p99_ms"] is not None and row["gateway_overhead_p99_ms"] > 0
     assert row["added_ttft_p50_ms"] == pytest.approx(
         row["gateway_ttft_p50_ms"] - row["direct_ttft_p50_ms"], abs=2e-3
     )

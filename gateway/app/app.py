@@ -3,7 +3,8 @@
 The lifespan builds the :class:`GatewayState` (database, secret, auth cache, backend pool with
 its probes, rate limiter, admission queue, usage writer, metrics) and tears it down in reverse:
 the usage writer is closed last among the request-path objects, so every record submitted
-before shutdown is written.
+before shutdown is written. Where ``metrics_addr`` is set, the lifespan also runs the operator
+listener that serves ``/metrics`` (:mod:`gateway.app.operator`); the API port never does.
 """
 
 from __future__ import annotations
@@ -19,21 +20,28 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST
 from sqlalchemy import text
+from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.app.auth import AuthCache
 from gateway.app.backends import BackendPool, BackendSpec
 from gateway.app.metrics import GatewayMetrics
+from gateway.app.operator import metrics_listener
 from gateway.app.proxy import serve
 from gateway.app.state import GatewayState, StateDep
 from gateway.app.upstream import Upstream
 from gateway.db.security import server_secret
 from gateway.db.session import make_engine, make_session_factory
 from gateway.db.usage import UsageWriter
-from gateway.errors import ApiError, error_responses, http_error, invalid_request
+from gateway.errors import (
+    ApiError,
+    database_error,
+    error_responses,
+    http_error,
+    invalid_request,
+)
 from gateway.heap import freeze_startup_objects
 from gateway.limits import AdmissionQueue, AdmissionRejected, make_rate_limiter
 from gateway.settings import Settings, get_settings
@@ -55,9 +63,11 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         state, background = await _start(config, backends)
         app.state.gateway = state
-        freeze_startup_objects()
         try:
-            yield
+            async with metrics_listener(state, config.metrics_addr) as listener:
+                app.state.metrics_listener = listener
+                freeze_startup_objects()
+                yield
         finally:
             await _stop(state, background)
 
@@ -91,7 +101,9 @@ async def _start(
     engine = make_engine(config.database_url)
     factory = make_session_factory(engine)
     secret = await asyncio.to_thread(server_secret, config)
-    metrics = GatewayMetrics(max_tenants=config.metrics_max_tenants)
+    metrics = GatewayMetrics(
+        max_tenants=config.metrics_max_tenants, tenant_labels=config.metrics_tenant_labels
+    )
     upstream = Upstream(
         read_timeout_s=config.upstream_timeout_s,
         connect_timeout_s=config.upstream_connect_timeout_s,
@@ -212,12 +224,16 @@ def _add_routes(app: FastAPI) -> None:
         }
         return JSONResponse(body, status_code=200 if ready else 503)
 
-    @app.get("/metrics", tags=["health"], summary="Prometheus metrics")
-    async def metrics(state: StateDep) -> Response:
-        state.metrics.queue_depth.set(state.queue.queued)
-        state.metrics.in_flight.set(state.queue.in_flight)
-        state.pool.export_all()
-        return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+    @app.get("/metrics", include_in_schema=False)
+    async def metrics() -> Response:
+        # Not on the API port: the exposition is the operator's (gateway.app.operator). A 404
+        # that says where it went, for a scrape configured before the metrics moved.
+        raise ApiError(
+            404,
+            "Metrics are not served on the API port; they are on the operator listener "
+            "(TIERGATE_METRICS_ADDR, tiergate serve --metrics-addr).",
+            code="not_found",
+        )
 
 
 def _database_ok(state: GatewayState) -> bool:
@@ -248,6 +264,11 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         return http_error(exc).response()
+
+    @app.exception_handler(SQLAlchemyError)
+    async def _database(_: Request, exc: SQLAlchemyError) -> JSONResponse:
+        # 409/503/500 in the dialect, never Starlette's plain-text 500 and logged traceback
+        return database_error(exc).response()
 
 
 # ---- body size --------------------------------------------------------------------------

@@ -1,16 +1,19 @@
 """The gateway's Prometheus metrics, on a registry of its own (several apps fit in one process).
 
 Names follow the conventions users know (request counters, TTFT / inter-token / end-to-end
-histograms, a separate gateway-overhead histogram) under the ``tiergate_`` prefix. The tenant
-label is bounded: the first ``max_tenants`` tenants seen are labelled by name, later ones share
-``other``. Inter-token gaps are observed once per request with numpy (one call, not one per
-token), through :class:`~gateway.histogram.BatchHistogram`.
+histograms, a separate gateway-overhead histogram) under the ``tiergate_`` prefix. Series are
+labelled by tier; tenant names (who the customers are, and how much each sends) appear only
+where the operator turns tenant labels on (``TIERGATE_METRICS_TENANT_LABELS``), and then
+bounded: the first ``max_tenants`` tenants seen are labelled by name, later ones share
+``other``. The exposition is served on the operator listener (:mod:`gateway.app.operator`),
+never on the API port. Inter-token gaps are observed once per request with numpy (one call,
+not one per token), through :class:`~gateway.histogram.BatchHistogram`.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.metrics_core import Metric
@@ -45,19 +48,44 @@ class TenantLabels:
         return OTHER_TENANT
 
 
+def _no_tenant(_: str) -> str:
+    """The tenant label function when tenant labels are off: nothing about the tenant kept."""
+    return ""
+
+
+class RequestCounter:
+    """``tiergate_requests_total``: by tier and status, and by tenant only where enabled.
+
+    ``labels(tenant, tier, status)`` is the one call for both shapes, so the request path never
+    reads the setting; without tenant labels the tenant is dropped here, before it reaches the
+    registry and so the exposition.
+    """
+
+    def __init__(self, registry: CollectorRegistry, *, by_tenant: bool) -> None:
+        self.by_tenant = by_tenant
+        self._counter = Counter(
+            "tiergate_requests",
+            "Requests answered, by tier and HTTP status (and tenant, where enabled).",
+            ("tenant", "tier", "status") if by_tenant else ("tier", "status"),
+            registry=registry,
+        )
+
+    def labels(self, tenant: str, tier: str, status: str) -> Counter:
+        if self.by_tenant:
+            return self._counter.labels(tenant, tier, status)
+        return self._counter.labels(tier, status)
+
+
 class GatewayMetrics:
     """Every metric the gateway exports; ``render()`` is the ``/metrics`` body."""
 
-    def __init__(self, *, max_tenants: int = 50) -> None:
+    def __init__(self, *, max_tenants: int = 50, tenant_labels: bool = False) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         reg = self.registry
-        self.tenant_label = TenantLabels(max_tenants)
-        self.requests = Counter(
-            "tiergate_requests",
-            "Requests answered, by tenant, tier and HTTP status.",
-            ("tenant", "tier", "status"),
-            registry=reg,
+        self.tenant_label: Callable[[str], str] = (
+            TenantLabels(max_tenants) if tenant_labels else _no_tenant
         )
+        self.requests = RequestCounter(reg, by_tenant=tenant_labels)
         self.rejections = Counter(
             "tiergate_rejections",
             "Requests refused by admission control, by reason.",

@@ -1,11 +1,12 @@
 """The data plane: admit, route, relay, account — one :class:`Job` per request.
 
-Admission, in order: authenticate (401), parse and check the body (400), resolve the SLO
-(400), find the model (404), reserve tenant limits — prompt tokens plus expected output
-(``max_tokens``, else ``default_max_tokens``) — before anything is dispatched (429), shed
-requests GoRouting says no backend can serve in time unless the tier allows best effort (503
-``slo_infeasible``), then wait for a dispatch slot in the gain-ordered admission queue (429
-``queue_full`` / 503 ``queue_ttl``).
+Admission, in order: authenticate (401), parse and check the body (400: nesting bounded before
+parsing, OpenAI's types), resolve the SLO (400), find the model (404), check the backends'
+context length (400 ``context_length_exceeded``, :mod:`gateway.app.context`), reserve tenant
+limits — prompt tokens plus expected output (``max_tokens``, else ``default_max_tokens``) —
+before anything is dispatched (429), shed requests GoRouting says no backend can serve in time
+unless the tier allows best effort (503 ``slo_infeasible``), then wait for a dispatch slot in the
+gain-ordered admission queue (429 ``queue_full`` / 503 ``queue_ttl``).
 
 Dispatch: the router picks a backend; a failure before the first token (connect error, 5xx,
 a stream that ends first) counts against that backend's breaker and retries on another one, up
@@ -16,7 +17,10 @@ closes the upstream request, which makes the engine abort it.
 
 Accounting happens once, when the job ends, off the per-token path: each streamed chunk only
 appends its egress time to a list; gain (TDG), SLO attainment, metrics, the limiter's
-reconciliation and the usage record are computed from it at the end. Usage records go to the
+reconciliation and the usage record are computed from it at the end, by the rules of
+:mod:`gateway.app.accounting`: only work an engine accepted (answered 200) earns gain, ideal
+gain, tokens or an attainment sample; refusals (the gateway's, or an engine's 4xx) are
+``rejected``, never failures or misses (``docs/usage.md``). Usage records go to the
 batched :class:`~gateway.db.usage.UsageWriter` (never a database write on the request path).
 """
 
@@ -39,17 +43,18 @@ from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
 from engine_common.protocol import without_protocol_keys
+from gateway.app.accounting import Account, Outcome, account, record_gain
 from gateway.app.backends import Backend, ModelGroup
+from gateway.app.context import check_context, context_window
 from gateway.app.schemas import ChatBody, CompletionBody
 from gateway.app.slo import RequestSLO, engine_priority, engine_xargs, resolve_slo
 from gateway.app.state import GatewayState
 from gateway.app.upstream import UpstreamError, UpstreamResponse
 from gateway.db.identity import KeyIdentity
 from gateway.db.usage import UsageEvent
-from gateway.errors import ApiError, empty_body, invalid_body, invalid_json
+from gateway.errors import ApiError, invalid_body, parse_json_body
 from gateway.limits import AdmissionRejected, Limits, QueueItem, RejectReason, Reservation
 from gateway.limits.backlog import gain_density
-from priority.gain import ideal_tdg, slo_attained, tdg
 from priority.request import Request as CoreRequest
 from priority.routing import NoHealthyInstanceError, RouteDecision
 from priority.routing.goroute import raw_prefill_work
@@ -104,7 +109,7 @@ class Job:
 
     async def admit(self, http: Request) -> None:
         state, policy = self.state, self.identity.policy
-        self._parse(await http.body())
+        body = self._parse(await http.body())
         self.slo = resolve_slo(http.headers, policy, self.tier)
         assert self.model is not None
         group = state.pool.group(self.model)
@@ -116,6 +121,7 @@ class Job:
                 param="model",
             )
         self.group = group
+        fits = await self._check_context(body, group)
         self.core = CoreRequest(
             request_id=self.request_id,
             arrival_s=self.arrival,
@@ -135,6 +141,7 @@ class Job:
             decision.expected_gain is not None
             and decision.expected_gain <= 0.0
             and not policy.best_effort_allowed
+            and fits  # else maybe too long: the engine's tokenizer decides, not a retryable 503
         ):
             raise AdmissionRejected(
                 RejectReason.SLO_INFEASIBLE,
@@ -158,15 +165,8 @@ class Job:
         waited = self.granted_at - before
         self.decision = decision if waited < 1e-3 else None  # stale after a real wait
 
-    def _parse(self, raw: bytes) -> None:
-        if not raw:
-            raise empty_body()
-        try:
-            payload = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise invalid_json(exc.msg, exc.pos) from None
-        except UnicodeDecodeError as exc:
-            raise invalid_json(str(exc)) from None
+    def _parse(self, raw: bytes) -> ChatBody | CompletionBody:
+        payload = parse_json_body(raw)  # nesting bounded before parsing: never a RecursionError
         schema = ChatBody if self.kind == "chat" else CompletionBody
         try:  # a body that is not an object fails here too (``invalid_type``)
             body = schema.model_validate(payload)
@@ -179,6 +179,23 @@ class Job:
         self.prompt_tokens = body.prompt_tokens()
         expected = body.expected_output()
         self.expected_output = expected or self.state.settings.default_max_tokens
+        return body
+
+    async def _check_context(self, body: ChatBody | CompletionBody, group: ModelGroup) -> bool:
+        """400 ``context_length_exceeded`` for a request that certainly exceeds the backends'
+        context, before any limit or SLO is considered (:mod:`gateway.app.context`); False when
+        only the gateway's estimate says it does."""
+        window = await context_window(group, self.state.pool.upstream)
+        if window is None:
+            return True  # unknown: the engine decides, as it always did
+        return check_context(
+            window,
+            body.prompt_lengths(),
+            body.expected_output(),
+            exact_prompt=body.exact_prompt,
+            prompt_param=body.prompt_param,
+            output_param=body.output_param(),
+        )
 
     def _queue_ttl(self) -> float:
         ttl = self.state.settings.queue_ttl_s
@@ -283,6 +300,7 @@ class Job:
         if self.first_token and self.backend is not None:
             self.backend.own_decoding = max(0, self.backend.own_decoding - 1)
         self.first_token = False
+        self.accepted = False
         self.backend = None
 
     async def _attempt(self, backend: Backend, payload: bytes) -> UpstreamResponse | Response:
@@ -298,6 +316,7 @@ class Job:
             if upstream.status != 200:
                 content = await upstream.read()
                 return Response(content, upstream.status, media_type=upstream.content_type)
+            self.accepted = True  # reset by _undispatch if this attempt fails before a token
             if not self.stream:
                 timer = self._expect_first_token(backend)
                 try:
@@ -447,50 +466,52 @@ class Job:
         if self.slot:
             self.slot = False
             state.queue.release()
-        times = self.chunk_times if self.stream else ([now] if self.first_token else [])
+        outcome = Outcome(status)
+        # what reached the client: a non-streamed answer only when it is returned
+        times = self.chunk_times if self.stream else ([now] if outcome is Outcome.OK else [])
         delivered = self.completion_tokens if self.completion_tokens is not None else len(times)
-        prompt = self.upstream_prompt_tokens or self.prompt_tokens
-        if self.reservation is not None:
-            consumed = prompt + delivered if self.first_token else 0
+        token_times = _token_times(times, delivered)
+        result = account(
+            outcome,
+            accepted=self.accepted,
+            arrival_s=self.arrival,
+            slo=self.core.slo if self.core is not None else None,
+            weight=self.identity.policy.weight,
+            token_times=token_times,
+            output_budget=self.expected_output,
+            prompt_tokens=self.upstream_prompt_tokens or self.prompt_tokens,
+            weights=state.pool.weights,
+        )
+        if self.reservation is not None:  # the limits charge exactly what the usage shows
             try:
-                if status == "ok":
-                    await state.limiter.reconcile(self.reservation, consumed)
+                if outcome is Outcome.OK:
+                    await state.limiter.reconcile(self.reservation, result.total_tokens)
                 else:
-                    await state.limiter.release(self.reservation, consumed)
+                    await state.limiter.release(self.reservation, result.total_tokens)
             except Exception:  # a limiter outage must not lose the usage record
                 log.exception("could not reconcile reservation of %s", self.request_id)
-        self._account(status, http_status, reason, times, delivered, prompt, now)
+        self._account(outcome, http_status, reason, times, token_times, result, now)
 
     def _account(
         self,
-        status: str,
+        outcome: Outcome,
         http_status: int,
         reason: str | None,
         times: list[float],
-        delivered: int,
-        prompt: int,
+        token_times: list[float],
+        result: Account,
         now: float,
     ) -> None:
-        state, metrics, weights = self.state, self.state.metrics, self.state.pool.weights
-        tier, weight = self.tier, self.identity.policy.weight
-        token_times = _token_times(times, delivered)
-        gain = ideal = 0.0
-        met = False
+        """Observe latencies, add the request's gain to its tier and queue its usage record."""
+        state, metrics, tier = self.state, self.state.metrics, self.tier
         ttft_ms = tpot_ms = None
-        if self.core is not None:
-            slo = self.core.slo
-            ideal = ideal_tdg(weight, delivered if token_times else self.expected_output, weights)
-            if token_times:
-                gain = tdg(self.arrival, slo, weight, token_times, weights)
-                met = slo_attained(self.arrival, slo, token_times, finished=status == "ok")
-                ttft_ms = (token_times[0] - self.arrival) * 1e3
-                if len(token_times) > 1:
-                    tpot_ms = (token_times[-1] - token_times[0]) / (len(token_times) - 1) * 1e3
-                    metrics.observe_itl(tier, [b - a for a, b in itertools.pairwise(times)])
-                metrics.ttft.labels(tier).observe(ttft_ms / 1e3)
-            metrics.gain.labels(tier).inc(gain)
-            metrics.ideal_gain.labels(tier).inc(ideal)
-            metrics.slo.labels(tier, "true" if met else "false").inc()
+        if token_times:
+            ttft_ms = (token_times[0] - self.arrival) * 1e3
+            if len(token_times) > 1:
+                tpot_ms = (token_times[-1] - token_times[0]) / (len(token_times) - 1) * 1e3
+                metrics.observe_itl(tier, [b - a for a, b in itertools.pairwise(times)])
+            metrics.ttft.labels(tier).observe(ttft_ms / 1e3)
+        record_gain(metrics, tier, result)
         metrics.e2e.labels(tier).observe(now - self.arrival)
         metrics.requests.labels(
             metrics.tenant_label(self.identity.tenant_name), tier, str(http_status)
@@ -500,20 +521,16 @@ class Job:
         state.usage_writer.submit(
             UsageEvent(
                 request_id=self.request_id,
-                status=status,
+                status=outcome.value,
                 tenant_id=self.identity.tenant_id,
                 api_key_id=self.identity.key_id,
                 tier=tier,
                 model=self.model,
                 backend=self.backend.name if self.backend is not None else None,
-                prompt_tokens=prompt,
-                completion_tokens=delivered if self.first_token else 0,
                 ttft_ms=ttft_ms,
                 tpot_ms=tpot_ms,
-                gain=gain,
-                ideal_gain=ideal,
-                slo_met=met,
                 reject_reason=reason,
+                **result.usage_fields(),
             )
         )
 
@@ -522,6 +539,8 @@ class Job:
     pending: list[bytes]
     first_output: int = 0
     done: bool = False
+    accepted: bool = False
+    """An engine answered 200 on the attempt serving this request: only then is it accounted."""
     upstream_error: bool = False
 
 
@@ -665,7 +684,7 @@ async def _serve_stream(job: Job) -> Response:
         await job.finish("cancelled", 499)
         raise
     if isinstance(upstream, Response):  # the engine refused it (4xx): pass it on
-        await job.finish("error", upstream.status_code, "upstream_rejected")
+        await job.finish("rejected", upstream.status_code, "upstream_rejected")
         return upstream
     return RelayStream(job, upstream)
 
@@ -695,8 +714,8 @@ async def _serve_unary(job: Job, http: Request) -> Response:
         raise exc
     response = work.result()
     assert isinstance(response, Response)
-    ok = response.status_code == 200
+    ok = response.status_code == 200  # else the engine refused it (4xx)
     await job.finish(
-        "ok" if ok else "error", response.status_code, None if ok else "upstream_rejected"
+        "ok" if ok else "rejected", response.status_code, None if ok else "upstream_rejected"
     )
     return response

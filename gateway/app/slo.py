@@ -1,11 +1,12 @@
 """A request's SLO: its tier's defaults, or what it asks for in headers — never tighter than
 the tier allows — and how that SLO travels to the engine (wire format: engine_common.protocol).
 
-Headers (milliseconds, positive numbers): ``x-slo-ttft-ms``, ``x-slo-tpot-ms``,
-``x-slo-deadline-ms``. The floor of each is the tier's ``min_*_ms`` when set; a tier without
-one allows nothing tighter than its own default (a deadline's floor is then the tier's
-default deadline, or its TTFT when the tier has no deadline: a deadline shorter than the first
-token's objective would be the tighter SLO in disguise). Looser values are always accepted.
+Headers (milliseconds, from a microsecond to a day: :data:`gateway.bounds.MIN_SLO_MS` and
+``MAX_SLO_MS``): ``x-slo-ttft-ms``, ``x-slo-tpot-ms``, ``x-slo-deadline-ms``. The floor of each is
+the tier's ``min_*_ms`` when set; a tier without one allows nothing tighter than its own default
+(a deadline's floor is then the tier's default deadline, or its TTFT when the tier has no
+deadline: a deadline shorter than the first token's objective would be the tighter SLO in
+disguise). Looser values are always accepted.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from engine_common.protocol import encode_xargs, priority_from_weight
+from gateway.bounds import MAX_SLO_MS, MIN_SLO_MS
 from gateway.db.identity import EffectivePolicy
 from gateway.errors import bad_request
 from priority.request import SLO
@@ -22,7 +24,6 @@ from priority.request import SLO
 TTFT_HEADER = "x-slo-ttft-ms"
 TPOT_HEADER = "x-slo-tpot-ms"
 DEADLINE_HEADER = "x-slo-deadline-ms"
-MAX_SLO_MS = 86_400_000.0  # a day: beyond it a header is a mistake, not an objective
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,10 +48,10 @@ def _header(headers: Mapping[str, str], name: str) -> float | None:
         raise bad_request(
             f"header {name} must be a number of milliseconds, got {raw!r}", name
         ) from None
-    if not (math.isfinite(value) and 0 < value <= MAX_SLO_MS):
+    if not (math.isfinite(value) and MIN_SLO_MS <= value <= MAX_SLO_MS):
         raise bad_request(
-            f"header {name} must be a positive number of milliseconds up to {MAX_SLO_MS:g}, "
-            f"got {raw!r}",
+            f"header {name} must be a number of milliseconds from {MIN_SLO_MS:g} up to "
+            f"{MAX_SLO_MS:g} (a day), got {raw!r}",
             name,
         )
     return value

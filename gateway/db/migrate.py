@@ -14,6 +14,7 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from sqlalchemy.exc import SQLAlchemyError
 
 from gateway.db.session import make_engine
 from gateway.settings import get_settings
@@ -52,3 +53,22 @@ def current_revisions(url: str | None = None) -> tuple[str, ...]:
 
 def head_revisions() -> tuple[str, ...]:
     return tuple(ScriptDirectory.from_config(alembic_config("sqlite://")).get_heads())
+
+
+def schema_mismatch(url: str | None = None) -> str | None:
+    """Why the database's schema is not the one this code expects (never migrated, or at
+    another revision), in words; None when it is at head — or cannot be read, which is a
+    different problem than migrations.
+
+    Callers give the ``tiergate db upgrade`` hint only when this says so: an error is not a
+    missing migration just because it came from the database.
+    """
+    try:
+        current = current_revisions(url)
+    except SQLAlchemyError:
+        return None
+    heads = head_revisions()
+    if set(current) == set(heads):
+        return None
+    at = f"at {', '.join(current)}" if current else "not migrated"
+    return f"the database schema is {at}; this tiergate needs {', '.join(heads)}"

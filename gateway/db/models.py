@@ -29,6 +29,8 @@ from sqlalchemy import (
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
+from gateway.bounds import MAX_LIMIT, MAX_SLO_MS, MAX_WEIGHT, MIN_LIMIT, MIN_SLO_MS, MIN_WEIGHT
+
 TENANT_STATUSES = ("active", "suspended")
 BACKEND_KINDS = ("vllm", "vllm-ascend", "emulated")
 USAGE_STATUSES = ("ok", "error", "rejected", "cancelled")
@@ -80,6 +82,38 @@ def _check_in(column: str, values: tuple[str, ...]) -> str:
     return f"{column} IN ({', '.join(repr(v) for v in values)})"
 
 
+def _check_range(columns: tuple[str, ...], low: float, high: float, *, nullable: bool) -> str:
+    """Every column within ``[low, high]`` (NULL allowed when ``nullable``): the bounds of
+    :mod:`gateway.bounds`, written as SQL literals (``repr`` is exact for these numbers)."""
+    parts = []
+    for column in columns:
+        within = f"{column} >= {low!r} AND {column} <= {high!r}"
+        parts.append(f"({column} IS NULL OR ({within}))" if nullable else f"({within})")
+    return " AND ".join(parts)
+
+
+_LIMITS = ("rpm_limit", "tpm_limit", "max_concurrency")
+_LIMITS_RANGE = _check_range(_LIMITS, MIN_LIMIT, MAX_LIMIT, nullable=True)
+
+# The bounds of every tier and tenant number that reaches the gain, by constraint name (migration
+# 0003 wrote these; a change of bounds is a new migration).
+TIER_CHECKS = {
+    "weight_range": _check_range(("weight",), MIN_WEIGHT, MAX_WEIGHT, nullable=False),
+    "slo_range": _check_range(("ttft_ms", "tpot_ms"), MIN_SLO_MS, MAX_SLO_MS, nullable=False),
+    "deadline_range": _check_range(("deadline_ms",), MIN_SLO_MS, MAX_SLO_MS, nullable=True),
+    "min_slo_range": _check_range(
+        ("min_ttft_ms", "min_tpot_ms", "min_deadline_ms"), MIN_SLO_MS, MAX_SLO_MS, nullable=True
+    ),
+    "limits_range": _LIMITS_RANGE,
+}
+TENANT_CHECKS = {
+    "slo_range": _check_range(
+        ("ttft_ms", "tpot_ms", "deadline_ms"), MIN_SLO_MS, MAX_SLO_MS, nullable=True
+    ),
+    "limits_range": _LIMITS_RANGE,
+}
+
+
 class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING_CONVENTION)
     type_annotation_map: ClassVar[dict[Any, Any]] = {
@@ -102,11 +136,7 @@ class Tier(Timestamped, Base):
     """
 
     __tablename__ = "tiers"
-    __table_args__ = (
-        CheckConstraint("weight > 0", name="weight_positive"),
-        CheckConstraint("ttft_ms > 0 AND tpot_ms > 0", name="slo_positive"),
-        CheckConstraint("deadline_ms IS NULL OR deadline_ms > 0", name="deadline_positive"),
-    )
+    __table_args__ = tuple(CheckConstraint(sql, name=name) for name, sql in TIER_CHECKS.items())
 
     id: Mapped[int] = mapped_column(primary_key=True)
     name: Mapped[str] = mapped_column(String(64), unique=True)
@@ -130,7 +160,10 @@ class Tenant(Timestamped, Base):
     """A customer. Non-NULL override columns replace the tier's value for this tenant only."""
 
     __tablename__ = "tenants"
-    __table_args__ = (CheckConstraint(_check_in("status", TENANT_STATUSES), name="status"),)
+    __table_args__ = (
+        CheckConstraint(_check_in("status", TENANT_STATUSES), name="status"),
+        *(CheckConstraint(sql, name=name) for name, sql in TENANT_CHECKS.items()),
+    )
 
     id: Mapped[int] = mapped_column(primary_key=True)
     name: Mapped[str] = mapped_column(String(64), unique=True)
@@ -205,6 +238,10 @@ class UsageRecord(Base):
 
     Tier, model and backend are names as they were at request time (not foreign keys): a usage
     history outlives renamed tiers and removed backends. Tenant and key survive deletion as NULL.
+
+    ``status`` is the outcome (``ok``, ``rejected``, ``cancelled``, ``error`` = failed). Tokens,
+    ``gain`` and ``ideal_gain`` are those of work an engine accepted: a rejected request, or one
+    no engine took, carries zeros. ``slo_met`` is a sample only on ``ok`` rows (``docs/usage.md``).
     """
 
     __tablename__ = "usage_records"

@@ -1,7 +1,10 @@
 """Default tiers and a demo tenant, so a fresh install can serve requests at once.
 
 Idempotent: existing tiers and tenants are left exactly as they are (an operator may have tuned
-them); only missing ones are created. The defaults:
+them); only missing ones are created — also when several processes seed one database at once
+(gateways starting together): a default another seeder created first counts as present.
+
+The defaults:
 
 ========  ======  ========  ========  ===========  ==========================================
 tier      weight  TTFT ms   TPOT ms   deadline ms  notes
@@ -18,7 +21,9 @@ unlimited: they depend on the fleet's capacity, which only the operator knows.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from sqlalchemy import select
@@ -26,6 +31,7 @@ from sqlalchemy.orm import Session
 
 from gateway.db.crud.tenants import create_tenant, find_tenant
 from gateway.db.crud.tiers import create_tier, find_tier
+from gateway.db.errors import AlreadyExists
 from gateway.db.models import ApiKey
 
 DEMO_TENANT = "demo"
@@ -69,17 +75,32 @@ class SeedResult:
     demo_key_needed: bool = False  # the demo tenant has no key at all: the caller should issue one
 
 
+def _created(session: Session, create: Callable[[], object]) -> bool:
+    """Run ``create`` in a SAVEPOINT; False if a concurrent seeder took the name first.
+
+    On PostgreSQL another seeder may insert the same default between our check and our
+    insert; the unique key's refusal must cost only this one default, not the whole seeding
+    transaction. (SQLite's write transactions never overlap: the check is enough there.)
+    """
+    try:
+        with session.begin_nested():
+            create()
+    except AlreadyExists:
+        return False
+    return True
+
+
 def seed_defaults(session: Session, *, actor: str = "seed") -> SeedResult:
     """Create the missing default tiers and the demo tenant (audited like any admin change)."""
     created = []
     for spec in DEFAULT_TIERS:
-        if find_tier(session, spec["name"]) is None:
-            create_tier(session, actor=actor, **spec)
+        new_tier = partial(create_tier, session, actor=actor, **spec)
+        if find_tier(session, spec["name"]) is None and _created(session, new_tier):
             created.append(spec["name"])
+    demo = partial(create_tenant, session, actor=actor, name=DEMO_TENANT, tier=DEMO_TIER)
+    created_tenant = find_tenant(session, DEMO_TENANT) is None and _created(session, demo)
     tenant = find_tenant(session, DEMO_TENANT)
-    created_tenant = tenant is None
-    if tenant is None:
-        tenant = create_tenant(session, actor=actor, name=DEMO_TENANT, tier=DEMO_TIER)
+    assert tenant is not None, "the demo tenant was just found or created"
     has_key = session.scalar(select(ApiKey.id).where(ApiKey.tenant_id == tenant.id).limit(1))
     return SeedResult(
         created_tiers=created, created_demo_tenant=created_tenant, demo_key_needed=has_key is None

@@ -9,6 +9,7 @@ a few multi-row INSERTs per second instead of one transaction per request.
 from __future__ import annotations
 
 import logging
+import math
 import queue
 import threading
 import time
@@ -22,6 +23,9 @@ from sqlalchemy.orm import Session, sessionmaker
 from gateway.db.models import USAGE_STATUSES, UsageRecord, utcnow
 
 log = logging.getLogger(__name__)
+
+MAX_TOKENS = 2**31 - 1
+"""The token columns are 32-bit INTEGERs on PostgreSQL: a larger count would fail its batch."""
 
 # A Core INSERT (executemany / insertmanyvalues): no ORM bookkeeping per row.
 _INSERT = insert(UsageRecord.metadata.tables[UsageRecord.__tablename__])
@@ -53,6 +57,16 @@ class UsageEvent:
             raise ValueError(f"status must be one of {USAGE_STATUSES}, got {self.status!r}")
         if self.created_at.tzinfo is None:
             raise ValueError("created_at must be timezone-aware")
+        # one infinite or negative value would poison every report summing over it, for the
+        # whole retention window: refuse it here rather than let it reach the table
+        for name in ("gain", "ideal_gain"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0.0):
+                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+        for name in ("prompt_tokens", "completion_tokens"):
+            value = getattr(self, name)
+            if not 0 <= value <= MAX_TOKENS:
+                raise ValueError(f"{name} must be within [0, {MAX_TOKENS}], got {value!r}")
 
 
 YIELD_EVERY_ROWS = 25

@@ -46,6 +46,7 @@ from gateway.engine_sim.schemas import (
     describe_validation_error,
 )
 from gateway.heap import freeze_startup_objects
+from gateway.jsonbody import nesting_error
 from priority.policies import make_policy
 from priority.profiles import Profile
 from priority.request import Request as CoreRequest
@@ -239,9 +240,13 @@ def core_request(
 
 
 async def _generate(sim: EngineSim, http: Request, schema: type[_GenerationRequest]) -> Response:
+    raw = await http.body()
+    too_deep = nesting_error(raw)  # before parsing: the parser recurses once per level
+    if too_deep is not None:
+        return _bad_request(too_deep)
     try:
-        payload = json.loads(await http.body())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        payload = json.loads(raw)
+    except ValueError as exc:  # malformed, not UTF-8, an integer of too many digits
         return _bad_request(f"request body is not valid JSON: {exc}")
     try:
         body = schema.model_validate(payload)

@@ -173,7 +173,12 @@ def test_failover_when_a_backend_dies(factory: sessionmaker[Session], tmp_path: 
     engines = thread.start()
     try:
         with _gateway(
-            factory, engines, tmp_path, scrape_interval_s=60.0, breaker_failures=100
+            factory,
+            engines,
+            tmp_path,
+            scrape_interval_s=60.0,
+            breaker_failures=100,
+            metrics_addr="127.0.0.1:0",
         ) as gateway:  # no probe and no breaker: the retry path alone must carry it
             client = openai.OpenAI(base_url=gateway.base_url, api_key=key, max_retries=0)
             client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=2)
@@ -185,7 +190,7 @@ def test_failover_when_a_backend_dies(factory: sessionmaker[Session], tmp_path: 
                     )
                     if stream:
                         assert sum(1 for _ in reply) >= 1
-            metrics = httpx.get(f"{gateway.url}/metrics").text
+            metrics = httpx.get(gateway.app.state.metrics_listener.metrics_url).text
         assert 'tiergate_upstream_failures_total{backend="engine-0"}' in metrics
     finally:
         thread.stop()

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import importlib.util
+from typing import Any
+
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import inspect, text
+from sqlalchemy import CheckConstraint, inspect, text
 from sqlalchemy.exc import IntegrityError
 
+from gateway.bounds import MAX_LIMIT, MAX_SLO_MS, MAX_WEIGHT, MIN_LIMIT, MIN_SLO_MS, MIN_WEIGHT
 from gateway.db import crud, migrate
 from gateway.db.errors import InUse
-from gateway.db.models import Base
+from gateway.db.models import TENANT_CHECKS, TIER_CHECKS, Base
 from gateway.db.session import make_engine, make_session_factory
 from priority.profiles import load_profile
 
@@ -79,8 +83,13 @@ def test_each_revision_upgrades_and_downgrades_by_one_step(db_url: str) -> None:
     migrate.downgrade("0001", db_url)
     assert migrate.current_revisions(db_url) == ("0001",)
     assert _tables(db_url) == INITIAL_TABLES
+    migrate.upgrade(db_url, "0003")
+    assert _checks(db_url, "tiers") == _orm_checks("tiers")
+    migrate.downgrade("0002", db_url)
+    assert migrate.current_revisions(db_url) == ("0002",)
+    assert _checks(db_url, "tiers") == {"ck_tiers_" + n for n in OLD_TIER_CHECKS}
     migrate.upgrade(db_url)
-    assert migrate.current_revisions(db_url) == ("0002",) == migrate.head_revisions()
+    assert migrate.current_revisions(db_url) == migrate.head_revisions()
 
 
 def _store_profile_used_by_a_backend(url: str) -> None:
@@ -99,6 +108,7 @@ def _store_profile_used_by_a_backend(url: str) -> None:
 def test_downgrade_below_0002_refuses_while_backends_use_stored_profiles(db_url: str) -> None:
     migrate.upgrade(db_url)
     _store_profile_used_by_a_backend(db_url)
+    migrate.downgrade("0002", db_url)  # PostgreSQL runs a downgrade's steps in one transaction
     with pytest.raises(InUse, match=r"backend\(s\) b1 \(site-a100\) use stored latency"):
         migrate.downgrade("0001", db_url)
     assert migrate.current_revisions(db_url) == ("0002",)
@@ -111,3 +121,138 @@ def test_downgrade_below_0002_refuses_while_backends_use_stored_profiles(db_url:
         engine.dispose()
     migrate.downgrade("0001", db_url)
     assert _tables(db_url) == INITIAL_TABLES
+
+
+# ---- 0003: numeric bounds ------------------------------------------------------------------
+
+OLD_TIER_CHECKS = ("weight_positive", "slo_positive", "deadline_positive")
+
+
+def _checks(url: str, table: str) -> set[str]:
+    engine = make_engine(url)
+    try:
+        return {str(c["name"]) for c in inspect(engine).get_check_constraints(table)}
+    finally:
+        engine.dispose()
+
+
+def _orm_checks(table: str) -> set[str]:
+    constraints = Base.metadata.tables[table].constraints
+    return {str(c.name) for c in constraints if isinstance(c, CheckConstraint)}
+
+
+def _migration_0003() -> Any:
+    path = migrate.MIGRATIONS_DIR / "versions" / "0003_numeric_bounds.py"
+    spec = importlib.util.spec_from_file_location("migration_0003", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_0003_writes_the_orms_bounds() -> None:
+    """The migration states its bounds as literals (a migration never changes); they are the
+    ORM's, which read gateway.bounds."""
+    migration = _migration_0003()
+    assert migration.TIER_CHECKS == TIER_CHECKS
+    assert migration.TENANT_CHECKS == TENANT_CHECKS
+    assert (migration.WEIGHT, migration.SLO_MS, migration.LIMIT) == (
+        (MIN_WEIGHT, MAX_WEIGHT),
+        (MIN_SLO_MS, MAX_SLO_MS),
+        (MIN_LIMIT, MAX_LIMIT),
+    )
+
+
+OUT_OF_BOUNDS = [
+    ("tiers", "weight", 1e308),
+    ("tiers", "weight", 1e-308),
+    ("tiers", "ttft_ms", 1e12),
+    ("tiers", "tpot_ms", 1e-9),
+    ("tiers", "deadline_ms", 5e12),
+    ("tiers", "min_ttft_ms", 1e-6),
+    ("tiers", "rpm_limit", 0),
+    ("tenants", "ttft_ms", 1e-300),
+    ("tenants", "max_concurrency", -5),
+]
+
+
+def test_the_database_refuses_numbers_out_of_bounds(db_url: str) -> None:
+    """The last line of defence, whatever wrote the row (not the API, not the CLI)."""
+    migrate.upgrade(db_url)
+    _seed_tier_tenant_key_usage(db_url)
+    engine = make_engine(db_url)
+    try:
+        for table, column, value in OUT_OF_BOUNDS:
+            with pytest.raises(IntegrityError), engine.begin() as conn:
+                conn.execute(text(f"UPDATE {table} SET {column} = :v"), {"v": value})
+        with engine.begin() as conn:  # the edges are in
+            conn.execute(text("UPDATE tiers SET weight = :w"), {"w": MAX_WEIGHT})
+            conn.execute(text("UPDATE tenants SET ttft_ms = :t"), {"t": MIN_SLO_MS})
+    finally:
+        engine.dispose()
+
+
+def _seed_tier_tenant_key_usage(url: str) -> None:
+    engine = make_engine(url)
+    try:
+        with make_session_factory(engine).begin() as s:
+            crud.create_tier(s, actor="test", name="gold", weight=3.0, ttft_ms=100.0, tpot_ms=10.0)
+            crud.create_tenant(s, actor="test", name="acme", tier="gold")
+            crud.create_key(s, actor="test", tenant="acme", secret="migration-secret")
+        with engine.begin() as conn:
+            conn.execute(
+                text(
+                    "INSERT INTO usage_records (request_id, tenant_id, api_key_id, prompt_tokens, "
+                    "completion_tokens, gain, ideal_gain, slo_met, status, created_at) "
+                    "SELECT 'r-1', k.tenant_id, k.id, 1, 1, 0, 0, false, 'ok', CURRENT_TIMESTAMP "
+                    "FROM api_keys k"
+                )
+            )
+    finally:
+        engine.dispose()
+
+
+def _rows(url: str, sql: str) -> list[tuple[Any, ...]]:
+    engine = make_engine(url)
+    try:
+        with engine.connect() as conn:
+            return [tuple(row) for row in conn.execute(text(sql))]
+    finally:
+        engine.dispose()
+
+
+def test_0003_clamps_rows_out_of_bounds_and_keeps_every_reference(db_url: str) -> None:
+    """Rows 0002 allowed but the gain cannot take are moved to the nearest bound; rebuilding
+    the tables on SQLite loses no API key and no usage record's tenant (with foreign keys
+    enforced, dropping ``tenants`` would cascade to its keys)."""
+    migrate.upgrade(db_url, "0002")
+    _seed_tier_tenant_key_usage(db_url)
+    engine = make_engine(db_url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(
+                text(
+                    "UPDATE tiers SET weight = 1e308, ttft_ms = 1e12, tpot_ms = 1e-9, "
+                    "deadline_ms = 5e12, min_tpot_ms = 1e-9, rpm_limit = 0"
+                )
+            )
+            conn.execute(text("UPDATE tenants SET ttft_ms = 1e-300, max_concurrency = -5"))
+    finally:
+        engine.dispose()
+    usage_before = _rows(db_url, "SELECT tenant_id, api_key_id FROM usage_records")
+    migrate.upgrade(db_url)
+    assert _rows(
+        db_url, "SELECT weight, ttft_ms, tpot_ms, deadline_ms, min_tpot_ms, rpm_limit FROM tiers"
+    ) == [(MAX_WEIGHT, MAX_SLO_MS, MIN_SLO_MS, MAX_SLO_MS, MIN_SLO_MS, MIN_LIMIT)]
+    assert _rows(db_url, "SELECT ttft_ms, max_concurrency FROM tenants") == [
+        (MIN_SLO_MS, MIN_LIMIT)
+    ]
+    assert _rows(db_url, "SELECT COUNT(*) FROM api_keys") == [(1,)]
+    assert _rows(db_url, "SELECT tenant_id, api_key_id FROM usage_records") == usage_before
+    assert None not in usage_before[0]
+    assert _checks(db_url, "tiers") == _orm_checks("tiers")
+    assert _checks(db_url, "tenants") == _orm_checks("tenants")
+    migrate.downgrade("0002", db_url)  # the clamped values satisfy 0002's constraints
+    assert _rows(db_url, "SELECT COUNT(*) FROM api_keys") == [(1,)]
+    assert _rows(db_url, "SELECT tenant_id, api_key_id FROM usage_records") == usage_before
+    assert _checks(db_url, "tenants") == {"ck_tenants_status"}

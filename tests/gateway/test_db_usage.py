@@ -154,20 +154,24 @@ def test_usage_summaries_on_a_hand_made_set(session_factory: sessionmaker[Sessio
     a = by_tenant["acme"]
     assert a.group_id == acme
     assert (a.requests, a.ok, a.rejected, a.errors, a.cancelled) == (3, 2, 1, 0, 0)
-    assert (a.prompt_tokens, a.completion_tokens, a.total_tokens) == (350, 150, 500)
-    assert a.slo_met == 1 and a.slo_attainment == pytest.approx(1 / 3)
-    assert a.tdg_ratio == pytest.approx(5.0 / 12.0)
+    # a rejection is no usage, no SLO sample and no ideal gain (even on an old row carrying some)
+    assert (a.prompt_tokens, a.completion_tokens, a.total_tokens) == (300, 150, 450)
+    assert a.slo_met == 1 and a.slo_attainment == pytest.approx(1 / 2)
+    assert a.tdg_ratio == pytest.approx(5.0 / 10.0)
     b = by_tenant["beta"]
     assert (b.requests, b.ok, b.errors, b.cancelled) == (3, 1, 1, 1)
+    # cancelled and failed work apart from finished requests' tokens and attainment
+    assert (b.total_tokens, b.cancelled_tokens, b.failed_tokens) == (20, 35, 10)
+    assert b.slo_attainment == 1.0
     assert b.tdg_ratio == pytest.approx(2.5 / 4.0)
     assert by_tenant[None].requests == 1 and by_tenant[None].group_id is None
     assert [u.group for u in only_acme] == ["acme"] and only_acme[0].requests == 3
 
     gold, silver = by_tier["gold"], by_tier["silver"]
-    assert (gold.requests, gold.gain, gold.ideal_gain) == (3, 5.0, 12.0)
+    assert (gold.requests, gold.gain, gold.ideal_gain) == (3, 5.0, 10.0)
     assert (silver.requests, silver.slo_met) == (4, 2)
-    assert silver.slo_attainment == pytest.approx(0.5)
+    assert silver.slo_attainment == pytest.approx(1.0)
     assert silver.tdg_ratio == pytest.approx(3.5 / 5.0)
 
-    assert everything["acme"].requests == 4 and everything["acme"].prompt_tokens == 1349
+    assert everything["acme"].requests == 4 and everything["acme"].prompt_tokens == 1299
     assert [(u.group, u.requests) for u in until_old] == [("gold", 1)]

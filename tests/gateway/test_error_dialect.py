@@ -24,6 +24,7 @@ from gateway.db.models import Base
 from gateway.db.seed import seed_defaults
 from gateway.db.session import make_engine, make_session_factory
 from gateway.errors import ApiError, ErrorOut, describe_validation_error, invalid_body
+from gateway.jsonbody import MAX_JSON_DEPTH
 from gateway.settings import Settings
 
 SECRET = "dialect-test-secret"
@@ -32,6 +33,12 @@ CHAT = {"model": "qwen2-7b", "messages": [{"role": "user", "content": "hi"}]}
 TIER = {"name": "gold", "weight": 3.0, "ttft_ms": 800.0, "tpot_ms": 40.0}
 
 Body = dict[str, Any] | list[Any] | bytes  # bytes are sent as they are
+
+
+def _nested(depth: int) -> bytes:
+    """Arrays ``depth`` deep (inside a body's object: one level more)."""
+    return b"[" * depth + b"]" * depth
+
 
 # mistake: the /v1 body, the admin body, the status and code both answer, and each one's param
 MISTAKES: dict[str, tuple[Body, Body, int, str, str | None, str | None]] = {
@@ -52,13 +59,45 @@ MISTAKES: dict[str, tuple[Body, Body, int, str, str | None, str | None]] = {
     ),
     "out of range, by the data layer's rule on admin": (
         {**CHAT, "max_tokens": -1},
-        {**TIER, "weight": 0},
-        *(400, "invalid_value", "max_tokens", "weight"),
+        {**TIER, "min_ttft_ms": 900.0},  # a minimum above the tier's default TTFT (800)
+        *(400, "invalid_value", "max_tokens", "min_ttft_ms"),
+    ),
+    "out of OpenAI's range, or the gain's bounds": (
+        {**CHAT, "temperature": 3},
+        {**TIER, "weight": 1e308},
+        *(400, "invalid_value", "temperature", "weight"),
+    ),
+    "not a finite number": (  # Python's json writes and reads Infinity; JSON has no such value
+        {**CHAT, "temperature": float("inf")},
+        {**TIER, "weight": float("inf")},
+        *(400, "invalid_value", "temperature", "weight"),
+    ),
+    "a string for a boolean": (
+        {**CHAT, "stream": "yes"},
+        {**TIER, "best_effort_allowed": "yes"},
+        *(400, "invalid_type", "stream", "best_effort_allowed"),
     ),
     "not an object": ([1, 2], [1, 2], 400, "invalid_type", None, None),
     "not JSON": (b'{"model": "qwen2-7b",', b'{"name": "gold",', 400, "invalid_json", None, None),
     "not UTF-8": (b'{"model": "\xff"}', b'{"name": "\xff"}', 400, "invalid_json", None, None),
     "empty body": (b"", b"", 400, "invalid_json", None, None),
+    # a parser recurses once per level: thousands of them are a RecursionError, and a few
+    # hundred parse, then overflow whatever walks them next; both are refused before parsing
+    "nested far too deeply": (
+        b'{"model": "qwen2-7b", "messages": ' + _nested(5000) + b"}",
+        b'{"name": "gold", "description": ' + _nested(5000) + b"}",
+        *(400, "invalid_json", None, None),
+    ),
+    "nested past the bound": (
+        b'{"model": "qwen2-7b", "messages": ' + _nested(MAX_JSON_DEPTH) + b"}",
+        b'{"name": "gold", "description": ' + _nested(MAX_JSON_DEPTH) + b"}",
+        *(400, "invalid_json", None, None),
+    ),
+    "a number of more digits than Python converts": (
+        b'{"model": "qwen2-7b", "max_tokens": ' + b"1" * 5000 + b"}",
+        b'{"name": "gold", "rpm_limit": ' + b"1" * 5000 + b"}",
+        *(400, "invalid_json", None, None),
+    ),
 }
 
 

@@ -33,6 +33,9 @@ ERRORS = error_responses(
         409: "name taken, or still in use",
         # also keeps FastAPI from documenting its own 422, which this API never answers
         "4XX": "any other client error (e.g. 413: body too large)",
+        503: "the database is busy (`database_busy`) or unreachable (`database_unavailable`); "
+        "retry after `Retry-After` seconds",
+        500: "an unexpected database error (`database_error`), logged without its values",
     }
 )
 

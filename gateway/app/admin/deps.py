@@ -3,7 +3,10 @@
 Auth and error mapping live in :class:`AdminRoute` rather than in a dependency or app-wide
 exception handlers: FastAPI parses the body before it runs any dependency, and the admin key
 must be checked before a byte of the body is parsed (an unauthenticated caller learns nothing
-from validation errors); and the router then answers the same in whatever app mounts it.
+from validation errors); and the router then answers the same in whatever app mounts it. A
+database error no crud function turned into a domain error (a lost race, a lock that stayed
+busy) is answered 409 or 503 by what it means, never 500 with its text
+(:func:`gateway.errors.database_error`).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from fastapi import Depends, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from fastapi.security import HTTPBearer
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 from starlette.exceptions import HTTPException
 
@@ -25,7 +28,8 @@ from gateway.app.state import StateDep, get_state
 from gateway.db.errors import DomainError
 from gateway.errors import (
     ApiError,
-    concurrent_change,
+    check_json_depth,
+    database_error,
     domain_error,
     http_error,
     invalid_request,
@@ -80,13 +84,16 @@ class AdminRoute(APIRoute):
             if denied is not None:
                 return denied.response()
             try:
+                check_json_depth(await request.body())  # before FastAPI's parser recurses
                 return await handler(request)
+            except ApiError as exc:
+                return exc.response()
             except RequestValidationError as exc:
                 return invalid_request(exc).response()
             except DomainError as exc:
                 return domain_error(exc).response()
-            except IntegrityError:  # a concurrent change won a race the crud pre-checks missed
-                return concurrent_change().response()
+            except SQLAlchemyError as exc:  # a race the crud pre-checks missed, a busy database
+                return database_error(exc).response()
             except HTTPException as exc:  # e.g. FastAPI's 400 for a body that is not UTF-8
                 return http_error(exc).response()
 

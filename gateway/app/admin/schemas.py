@@ -1,8 +1,9 @@
 """The admin API's request and response shapes, one group per resource, and the reports'
 query parameters.
 
-Only shapes: the rules (ranges, references, transitions) are the data layer's
-(:mod:`gateway.db.crud`), shared with the CLI.
+Shapes, and the numeric bounds of :mod:`gateway.bounds` (shared with the CLI's options and the
+database's CHECK constraints); the rules (references, transitions, a minimum SLO within the
+default) are the data layer's (:mod:`gateway.db.crud`), shared with the CLI.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Annotated, Any, Generic, Literal, TypeVar
 from fastapi import Query
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
+from gateway.bounds import MAX_LIMIT, MAX_SLO_MS, MAX_WEIGHT, MIN_LIMIT, MIN_SLO_MS, MIN_WEIGHT
 from gateway.db import crud
 from gateway.db.identity import EffectivePolicy, effective_policy
 from gateway.db.models import ApiKey, Tenant, utcnow
@@ -31,9 +33,12 @@ class _Input(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
-# The data layer enforces ranges (>= 1, > 0); these bounds only keep values the database
-# could not store from becoming a 500.
-Limit = Annotated[int, Field(le=INT32_MAX)]
+# The bounds of every number that reaches the gain (gateway.bounds, which the database's CHECK
+# constraints read too): a value outside them is refused here, 400 ``invalid_value`` naming the
+# field. The data layer keeps its own rules on top (a minimum SLO above the default).
+Limit = Annotated[int, Field(ge=MIN_LIMIT, le=MAX_LIMIT)]
+Weight = Annotated[float, Field(ge=MIN_WEIGHT, le=MAX_WEIGHT, allow_inf_nan=False)]
+SloMs = Annotated[float, Field(ge=MIN_SLO_MS, le=MAX_SLO_MS, allow_inf_nan=False)]
 RowId = Annotated[int, Field(ge=1, le=INT32_MAX)]
 Ref = str | RowId  # a name, or an id
 
@@ -63,13 +68,13 @@ class TierUpdate(_Input):
 
     name: str | None = None
     description: str | None = None
-    weight: float | None = None
-    ttft_ms: float | None = None
-    tpot_ms: float | None = None
-    deadline_ms: float | None = None
-    min_ttft_ms: float | None = None
-    min_tpot_ms: float | None = None
-    min_deadline_ms: float | None = None
+    weight: Weight | None = None
+    ttft_ms: SloMs | None = None
+    tpot_ms: SloMs | None = None
+    deadline_ms: SloMs | None = None
+    min_ttft_ms: SloMs | None = None
+    min_tpot_ms: SloMs | None = None
+    min_deadline_ms: SloMs | None = None
     rpm_limit: Limit | None = None
     tpm_limit: Limit | None = None
     max_concurrency: Limit | None = None
@@ -78,9 +83,9 @@ class TierUpdate(_Input):
 
 class TierCreate(TierUpdate):
     name: str
-    weight: float
-    ttft_ms: float
-    tpot_ms: float
+    weight: Weight
+    ttft_ms: SloMs
+    tpot_ms: SloMs
     best_effort_allowed: bool = False
 
 
@@ -109,9 +114,9 @@ class TenantUpdate(_Input):
 
     name: str | None = None
     tier: Ref | None = None
-    ttft_ms: float | None = None
-    tpot_ms: float | None = None
-    deadline_ms: float | None = None
+    ttft_ms: SloMs | None = None
+    tpot_ms: SloMs | None = None
+    deadline_ms: SloMs | None = None
     rpm_limit: Limit | None = None
     tpm_limit: Limit | None = None
     max_concurrency: Limit | None = None
@@ -306,7 +311,10 @@ class ProfileOut(ProfileSummaryOut):
 
 
 class UsageOut(BaseModel):
-    """One group's totals; ``slo_attainment`` counts rejected and failed requests as misses."""
+    """One group's totals, each outcome apart (``docs/usage.md``): tokens and ``slo_attainment``
+    are those of finished (``ok``) requests; ``errors`` (failed), ``rejected`` and
+    ``cancelled`` requests are counted, never taken as SLO misses; ``tdg_ratio`` covers work an
+    engine accepted."""
 
     requests: int
     ok: int
@@ -316,6 +324,8 @@ class UsageOut(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    cancelled_tokens: int
+    failed_tokens: int
     slo_met: int
     slo_attainment: float | None
     gain: float
@@ -333,6 +343,8 @@ class UsageOut(BaseModel):
             "prompt_tokens": summary.prompt_tokens,
             "completion_tokens": summary.completion_tokens,
             "total_tokens": summary.total_tokens,
+            "cancelled_tokens": summary.cancelled_tokens,
+            "failed_tokens": summary.failed_tokens,
             "slo_met": summary.slo_met,
             "slo_attainment": summary.slo_attainment,
             "gain": summary.gain,

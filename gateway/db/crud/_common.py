@@ -20,7 +20,7 @@ from sqlalchemy import inspect, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from gateway.db.errors import AlreadyExists, InvalidInput, NotFound
+from gateway.db.errors import AlreadyExists, InvalidInput, NotFound, is_unique_violation
 from gateway.db.models import AuditLog, Base, utcnow
 
 RowT = TypeVar("RowT", bound=Base)
@@ -124,6 +124,24 @@ def get_named(session: Session, model: type[RowT], ref: int | str, entity: str) 
     return row
 
 
+def lock(session: Session, row: RowT, entity: str) -> RowT:
+    """``row`` re-read under a row lock held to the end of the transaction.
+
+    Every change of an existing row takes it before it reads anything it decides on. A change
+    reads, decides, then writes; on PostgreSQL (READ COMMITTED) a concurrent change could
+    commit in between, and this one would then write over it with a stale audit ``before``, or
+    delete a row already gone and answer success for it. ``SELECT ... FOR UPDATE`` makes the
+    second change wait and then see the first one's result (a deleted row: :class:`NotFound`,
+    as if they had run one after the other). SQLite ignores ``FOR UPDATE``: its write
+    transactions hold the whole database already (:mod:`gateway.db.session`).
+    """
+    identity = inspect(row).identity
+    fresh = session.get(type(row), identity, with_for_update=True, populate_existing=True)
+    if fresh is None:
+        raise NotFound(f"the {entity} was deleted by a concurrent change", param=entity)
+    return fresh
+
+
 def snapshot(obj: Base, exclude: Iterable[str] = ()) -> dict[str, Any]:
     """The row's column values as JSON-ready data (datetimes as ISO 8601) for the audit log."""
     skip = set(exclude)
@@ -170,12 +188,16 @@ def audit(
 def flush(session: Session, conflict_message: str) -> None:
     """Flush, turning a unique-constraint race (lost after our pre-check) into AlreadyExists.
 
-    After a domain error the session's transaction must be rolled back by the caller, which
-    ``with factory.begin()`` does.
+    Other integrity errors (a foreign key whose row a concurrent change deleted) propagate:
+    they are not a taken name, and the caller's error mapping words them
+    (:func:`gateway.db.errors.classify`). After either, the session's transaction must be
+    rolled back by the caller, which ``with factory.begin()`` does.
     """
     try:
         session.flush()
     except IntegrityError as exc:
+        if not is_unique_violation(exc):
+            raise
         raise AlreadyExists(conflict_message) from exc
 
 

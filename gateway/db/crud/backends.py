@@ -23,6 +23,7 @@ from gateway.db.crud._common import (
     delete_audited,
     find_named,
     get_named,
+    lock,
     update_named,
 )
 from gateway.db.crud.profiles import is_known_profile, stored_profile_names
@@ -128,7 +129,7 @@ def update_backend(
 ) -> Backend:
     """Partial update; a no-op writes no audit row."""
     check_fields(changes, UPDATABLE, ENTITY)
-    backend = get_backend(session, ref)
+    backend = lock(session, get_backend(session, ref), ENTITY)
     update_named(
         session,
         backend,
@@ -148,4 +149,5 @@ def set_backend_enabled(session: Session, ref: int | str, enabled: bool, *, acto
 
 
 def delete_backend(session: Session, ref: int | str, *, actor: str) -> None:
-    delete_audited(session, get_backend(session, ref), actor=actor, entity=ENTITY)
+    backend = lock(session, get_backend(session, ref), ENTITY)
+    delete_audited(session, backend, actor=actor, entity=ENTITY)

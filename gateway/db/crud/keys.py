@@ -16,6 +16,7 @@ from gateway.db.crud._common import (
     check_fields,
     check_optional_text,
     delete_audited,
+    lock,
     record_change,
     snapshot,
 )
@@ -126,7 +127,7 @@ def update_key(
 ) -> ApiKey:
     """Rename a key or change its expiry (an expiry in the past expires it now)."""
     check_fields(changes, UPDATABLE, ENTITY)
-    key = get_key(session, ref)
+    key = lock(session, get_key(session, ref), ENTITY)
     before = _audit_view(key)
     if "name" in changes:
         key.name = check_optional_text(changes["name"], "name", 128)
@@ -140,7 +141,7 @@ def revoke_key(
     session: Session, ref: int | str, *, actor: str, now: datetime | None = None
 ) -> ApiKey:
     """Revoke a key by id or prefix. Revoking a revoked key changes nothing (idempotent)."""
-    key = get_key(session, ref)
+    key = lock(session, get_key(session, ref), ENTITY)
     if key.revoked_at is not None:
         return key
     before = _audit_view(key)
@@ -150,7 +151,8 @@ def revoke_key(
 
 
 def delete_key(session: Session, ref: int | str, *, actor: str) -> None:
-    delete_audited(session, get_key(session, ref), actor=actor, entity=ENTITY, view=_audit_view)
+    key = lock(session, get_key(session, ref), ENTITY)
+    delete_audited(session, key, actor=actor, entity=ENTITY, view=_audit_view)
 
 
 def authenticate(

@@ -23,6 +23,7 @@ from gateway.db.crud._common import (
     delete_audited,
     find_named,
     get_named,
+    lock,
 )
 from gateway.db.errors import AlreadyExists, Conflict, InUse, InvalidInput, NotFound
 from gateway.db.models import Backend, LatencyProfile, utcnow
@@ -196,7 +197,7 @@ def get_deletable_profile(session: Session, ref: int | str) -> LatencyProfile:
 
 def delete_profile(session: Session, ref: int | str, *, actor: str) -> None:
     """Delete a stored profile that no backend (enabled or not) names."""
-    row = get_deletable_profile(session, ref)
+    row = lock(session, get_deletable_profile(session, ref), ENTITY)
     users = list(
         session.scalars(
             select(Backend.name).where(Backend.profile == row.name).order_by(Backend.name)

@@ -17,6 +17,7 @@ from gateway.db.crud._common import (
     check_positive,
     delete_audited,
     ensure_name_free,
+    lock,
     name_taken,
     update_named,
 )
@@ -127,7 +128,7 @@ def update_tenant(
 ) -> Tenant:
     """Partial update; ``tier`` takes a tier id or name. A no-op writes no audit row."""
     check_fields(changes, UPDATABLE, ENTITY)
-    tenant = get_tenant(session, ref)
+    tenant = lock(session, get_tenant(session, ref), ENTITY)
     new_tier = get_tier(session, changes["tier"]) if "tier" in changes else tenant.tier
 
     def move() -> None:
@@ -158,4 +159,5 @@ def activate_tenant(session: Session, ref: int | str, *, actor: str) -> Tenant:
 
 def delete_tenant(session: Session, ref: int | str, *, actor: str) -> None:
     """Delete a tenant and its keys; its usage records stay, with tenant and key set to NULL."""
-    delete_audited(session, get_tenant(session, ref), actor=actor, entity=ENTITY)
+    tenant = lock(session, get_tenant(session, ref), ENTITY)
+    delete_audited(session, tenant, actor=actor, entity=ENTITY)

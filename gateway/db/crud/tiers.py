@@ -19,6 +19,7 @@ from gateway.db.crud._common import (
     delete_audited,
     find_named,
     get_named,
+    lock,
     update_named,
 )
 from gateway.db.errors import InUse, InvalidInput
@@ -133,7 +134,7 @@ def update_tier(
 ) -> Tier:
     """Apply a partial update (field → new value); a no-op update writes no audit row."""
     check_fields(changes, UPDATABLE, ENTITY)
-    tier = get_tier(session, ref)
+    tier = lock(session, get_tier(session, ref), ENTITY)
     update_named(
         session,
         tier,
@@ -149,7 +150,7 @@ def update_tier(
 
 def delete_tier(session: Session, ref: int | str, *, actor: str) -> None:
     """Delete a tier no tenant is on (tenants must be moved first)."""
-    tier = get_tier(session, ref)
+    tier = lock(session, get_tier(session, ref), ENTITY)
     tenants = session.scalar(select(func.count()).where(Tenant.tier_id == tier.id)) or 0
     if tenants:
         raise InUse(

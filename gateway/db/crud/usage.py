@@ -1,8 +1,17 @@
-"""Usage summaries per tenant and per tier over a time window.
+"""Usage summaries per tenant and per tier over a time window (definitions: ``docs/usage.md``).
 
-SLO attainment counts every request, rejected and failed ones included: a request that was shed
-or failed did not get its SLO. The TDG ratio is Σgain / Σideal gain (PROSERVE's normalised
-token-level deadline-aware gain), so a tier's ratio weighs long requests by their tokens.
+Each outcome is reported on its own and never mixed into another's numbers:
+
+* ``requests`` counts every request; ``ok``, ``errors`` (failed), ``rejected`` and ``cancelled``
+  split it by outcome.
+* Tokens (``prompt_tokens``, ``completion_tokens``) are those of finished (``ok``) requests;
+  what an engine spent on cancelled and failed ones is in ``cancelled_tokens`` and
+  ``failed_tokens``. A rejected request consumed nothing and has no tokens.
+* SLO attainment is ``slo_met / ok``: only a finished request is a sample. A tenant's own 429s
+  and 4xx, a shed request, a failure or a cancellation are not misses; they are counted above.
+* The TDG ratio is Σgain / Σideal gain over work an engine accepted (PROSERVE's normalised
+  token-level deadline-aware gain), so a tier's ratio weighs long requests by their tokens.
+  Rejected rows are left out of the sums even if an old row carries an ideal gain.
 """
 
 from __future__ import annotations
@@ -32,13 +41,16 @@ class UsageSummary:
     cancelled: int
     prompt_tokens: int
     completion_tokens: int
+    cancelled_tokens: int
+    failed_tokens: int
     slo_met: int
     gain: float
     ideal_gain: float
 
     @property
     def slo_attainment(self) -> float | None:
-        return self.slo_met / self.requests if self.requests else None
+        """Met SLOs over finished requests (None when none finished)."""
+        return self.slo_met / self.ok if self.ok else None
 
     @property
     def tdg_ratio(self) -> float | None:
@@ -46,12 +58,21 @@ class UsageSummary:
 
     @property
     def total_tokens(self) -> int:
+        """Tokens of finished requests (cancelled and failed ones are reported apart)."""
         return self.prompt_tokens + self.completion_tokens
 
 
-def _count_status(status: str) -> ColumnElement[Any]:
-    return func.coalesce(func.sum(case((UsageRecord.status == status, 1), else_=0)), 0)
+def _sum_where(condition: ColumnElement[bool], value: Any, zero: Any = 0) -> ColumnElement[Any]:
+    return func.coalesce(func.sum(case((condition, value), else_=zero)), zero)
 
+
+def _count_status(status: str) -> ColumnElement[Any]:
+    return _sum_where(UsageRecord.status == status, 1)
+
+
+_OK = UsageRecord.status == "ok"
+_ACCOUNTED = UsageRecord.status != "rejected"
+_TOKENS = UsageRecord.prompt_tokens + UsageRecord.completion_tokens
 
 _AGGREGATES = (
     func.count(UsageRecord.id),
@@ -59,11 +80,13 @@ _AGGREGATES = (
     _count_status("error"),
     _count_status("rejected"),
     _count_status("cancelled"),
-    func.coalesce(func.sum(UsageRecord.prompt_tokens), 0),
-    func.coalesce(func.sum(UsageRecord.completion_tokens), 0),
-    func.coalesce(func.sum(case((UsageRecord.slo_met.is_(True), 1), else_=0)), 0),
-    func.coalesce(func.sum(UsageRecord.gain), 0.0),
-    func.coalesce(func.sum(UsageRecord.ideal_gain), 0.0),
+    _sum_where(_OK, UsageRecord.prompt_tokens),
+    _sum_where(_OK, UsageRecord.completion_tokens),
+    _sum_where(UsageRecord.status == "cancelled", _TOKENS),
+    _sum_where(UsageRecord.status == "error", _TOKENS),
+    _sum_where(_OK & UsageRecord.slo_met.is_(True), 1),
+    _sum_where(_ACCOUNTED, UsageRecord.gain, 0.0),
+    _sum_where(_ACCOUNTED, UsageRecord.ideal_gain, 0.0),
 )
 
 
@@ -79,7 +102,7 @@ def _window(query: Select[Any], since: datetime | None, until: datetime | None) 
 
 
 def _summary(group: str | None, group_id: int | None, values: Any) -> UsageSummary:
-    n, ok, err, rej, canc, p_tok, c_tok, met, gain, ideal = values
+    n, ok, err, rej, canc, p_tok, c_tok, canc_tok, err_tok, met, gain, ideal = values
     return UsageSummary(
         group=group,
         group_id=group_id,
@@ -90,6 +113,8 @@ def _summary(group: str | None, group_id: int | None, values: Any) -> UsageSumma
         cancelled=int(canc),
         prompt_tokens=int(p_tok),
         completion_tokens=int(c_tok),
+        cancelled_tokens=int(canc_tok),
+        failed_tokens=int(err_tok),
         slo_met=int(met),
         gain=float(gain),
         ideal_gain=float(ideal),

@@ -8,6 +8,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gateway.bounds import MAX_LIMIT, MAX_SLO_MS, MAX_WEIGHT, MIN_LIMIT, MIN_SLO_MS, MIN_WEIGHT
+
 from .support import PREFIX, Admin, error
 
 
@@ -75,6 +77,13 @@ INVALID_TIERS: list[tuple[dict[str, Any], str, str]] = [
     ({"min_ttft_ms": 900.0}, "min_ttft_ms", "invalid_value"),  # above the default 800
     ({"name": "bad name"}, "name", "invalid_value"),
     ({"colour": "gold"}, "colour", "unknown_parameter"),
+    # the bounds of gateway.bounds: beyond them a gain sum overflows (issue 10, item 5)
+    ({"weight": 1e308}, "weight", "invalid_value"),
+    ({"weight": 1e-308}, "weight", "invalid_value"),
+    ({"ttft_ms": 1e300}, "ttft_ms", "invalid_value"),
+    ({"tpot_ms": 1e-320}, "tpot_ms", "invalid_value"),
+    ({"deadline_ms": 86_400_001.0}, "deadline_ms", "invalid_value"),
+    ({"min_tpot_ms": 1e-4}, "min_tpot_ms", "invalid_value"),
 ]
 
 
@@ -89,6 +98,28 @@ def test_invalid_tier_input_is_400_naming_the_field(admin: Admin) -> None:
         err = error(admin.call("PATCH", "/tiers/gold", body), 400)
         assert (err["param"], err["code"]) == (param, code), body
     assert [e["action"] for e in admin.audit()] == ["create"]
+
+
+def test_tier_and_tenant_numbers_are_bounded_where_they_enter(admin: Admin) -> None:
+    """Weights within [2**-10, 2**10] (the engine's priority clip), SLOs within [1 µs, 1 day],
+    limits within [1, 2**31 - 1]: the edges are accepted, a step beyond is 400 naming the field,
+    for a tier and for a tenant's overrides alike."""
+    edges = {"weight": MIN_WEIGHT, "ttft_ms": MAX_SLO_MS, "tpot_ms": MIN_SLO_MS}
+    tier = admin.tier("edge", **edges, deadline_ms=MAX_SLO_MS, rpm_limit=MAX_LIMIT)
+    assert (tier["weight"], tier["tpot_ms"], tier["rpm_limit"]) == (MIN_WEIGHT, 1e-3, MAX_LIMIT)
+    assert admin.ok("PATCH", "/tiers/edge", {"weight": MAX_WEIGHT})["weight"] == MAX_WEIGHT
+    for field, value in (("weight", MAX_WEIGHT * 2), ("ttft_ms", MAX_SLO_MS * 2)):
+        err = error(admin.call("PATCH", "/tiers/edge", {field: value}), 400)
+        assert (err["param"], err["code"]) == (field, "invalid_value")
+    admin.tenant(tier="edge", ttft_ms=MIN_SLO_MS, max_concurrency=MIN_LIMIT)
+    for field, value in (("ttft_ms", 1e308), ("deadline_ms", 0.0), ("tpm_limit", 0)):
+        err = error(admin.call("PATCH", "/tenants/acme", {field: value}), 400)
+        assert (err["param"], err["code"]) == (field, "invalid_value")
+        err = error(
+            admin.call("POST", "/tenants", {"name": "t2", "tier": "edge", field: value}), 400
+        )
+        assert (err["param"], err["code"]) == (field, "invalid_value")
+    assert admin.ok("GET", "/tiers/edge")["weight"] == MAX_WEIGHT
 
 
 def test_missing_fields_malformed_json_and_non_objects(admin: Admin) -> None:
