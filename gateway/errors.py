@@ -5,14 +5,16 @@ answer every error as an :class:`ApiError`, which the ``openai`` client parses i
 exceptions (``BadRequestError``, ``AuthenticationError``, ``RateLimitError``, ...). The same
 mistake gets the same status and ``code`` on both planes:
 
-* body not JSON, empty, or nested deeper than ``MAX_JSON_DEPTH`` (128): 400 ``invalid_json``
-  (:func:`parse_json_body`; the admin API runs :func:`check_json_depth` before FastAPI parses);
+* body not JSON, empty, nested deeper than ``MAX_JSON_DEPTH`` (128), or with a string UTF-8
+  cannot encode (a lone surrogate, ``"\\ud800"``): 400 ``invalid_json`` (:func:`parse_json_body`;
+  the admin API runs :func:`check_json_depth` and :func:`check_json_text` before FastAPI parses);
 * a value of the wrong type (and a body that is not an object): 400 ``invalid_type``;
 * a required field missing: 400 ``missing_required_parameter``;
 * a field the endpoint refuses: 400 ``unknown_parameter`` (admin bodies; ``/v1`` passes unknown
   fields on to the engine);
 * a value out of range or not allowed, by the schema or by the data layer's rules: 400
-  ``invalid_value``;
+  ``invalid_value`` (also a NUL character in any admin path, query or body string:
+  :func:`nul_character`);
 * no such tier, tenant, key, backend or profile: 404 ``not_found`` (``/v1``: ``model_not_found``);
 * a name taken, an entity still in use, a concurrent change: 409 ``already_exists``, ``in_use``,
   ``conflict``;
@@ -49,7 +51,14 @@ from gateway.db.errors import (
     classify,
     describe,
 )
-from gateway.jsonbody import MAX_JSON_DEPTH, json_depth_exceeds, too_deep_message
+from gateway.jsonbody import (
+    MAX_JSON_DEPTH,
+    UNPARSED,
+    Location,
+    json_depth_exceeds,
+    lone_surrogate_at,
+    too_deep_message,
+)
 
 if TYPE_CHECKING:
     from fastapi.exceptions import RequestValidationError
@@ -173,21 +182,58 @@ def check_json_depth(raw: bytes) -> None:
         raise too_deeply_nested()
 
 
+def unencodable_string(param: str | None) -> ApiError:
+    """400 ``invalid_json`` for a string with a lone surrogate: JSON's grammar allows the escape,
+    but the text is not Unicode (RFC 7493 forbids it), so no UTF-8 encoder downstream (the
+    database driver, the engine's request, this answer) can take it. ``param``: the string's
+    field, None for the body itself."""
+    where = f"{param}: " if param is not None else ""
+    message = (
+        f"{where}the string holds a lone UTF-16 surrogate (e.g. \\ud800 without its pair), "
+        "which is not Unicode text: send valid UTF-8"
+    )
+    return ApiError(400, message, code=INVALID_JSON, param=param)
+
+
+def check_json_text(raw: bytes, value: Any = UNPARSED) -> None:
+    """Raise :func:`unencodable_string` for a body (parsed: ``value``) with a lone surrogate
+    (:func:`gateway.jsonbody.lone_surrogate_at`: cheap unless the body has a surrogate escape)."""
+    where = lone_surrogate_at(raw, value)
+    if where is not None:
+        raise unencodable_string(dotted(where))
+
+
+def nul_character(param: str | None) -> ApiError:
+    """400 ``invalid_value`` for a NUL character in a string: PostgreSQL's text refuses it (and
+    SQLite would store a name no one can type), so the admin API refuses it on both alike."""
+    where = f"{param}: " if param is not None else ""
+    message = f"{where}must not contain a NUL character (\\u0000, %00)"
+    return ApiError(400, message, code=INVALID_VALUE, param=param)
+
+
+def dotted(where: Location) -> str | None:
+    """A :data:`~gateway.jsonbody.Location` as OpenAI's ``param`` (``messages.0.content``);
+    None for the body itself."""
+    return ".".join(str(part) for part in where) or None
+
+
 def parse_json_body(raw: bytes) -> Any:
     """The body's JSON value; 400 ``invalid_json`` for an empty body, one nested too deeply
-    (checked before parsing), or one that is not JSON (malformed, not UTF-8, an integer of
-    more digits than the interpreter converts)."""
+    (checked before parsing), one that is not JSON (malformed, not UTF-8, an integer of more
+    digits than the interpreter converts), or one with a string UTF-8 cannot encode."""
     if not raw:
         raise empty_body()
     check_json_depth(raw)
     try:
-        return json.loads(raw)
+        value = json.loads(raw)
     except json.JSONDecodeError as exc:
         raise invalid_json(exc.msg, exc.pos) from None
     except UnicodeDecodeError as exc:
         raise invalid_json(str(exc)) from None
     except ValueError:  # int() refuses more than 4300 digits (sys.get_int_max_str_digits)
         raise invalid_json("a number has too many digits") from None
+    check_json_text(raw, value)
+    return value
 
 
 # -- validation errors ------------------------------------------------------------------------

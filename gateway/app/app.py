@@ -5,6 +5,12 @@ its probes, rate limiter, admission queue, usage writer, metrics) and tears it d
 the usage writer is closed last among the request-path objects, so every record submitted
 before shutdown is written. Where ``metrics_addr`` is set, the lifespan also runs the operator
 listener that serves ``/metrics`` (:mod:`gateway.app.operator`); the API port never does.
+
+The OpenAPI document describes `/v1` as it is served although FastAPI parses none of it: the
+proxy reads the raw body and headers itself (:mod:`gateway.app.proxy`), so the request bodies,
+the SLO headers, the bearer scheme and both 200 answers (JSON, or an SSE stream) are written
+into the operations (``openapi_extra``, ``responses``) and their schemas added from
+:mod:`gateway.app.schemas` (:func:`document_v1`).
 """
 
 from __future__ import annotations
@@ -20,6 +26,8 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel
+from pydantic.json_schema import JsonSchemaMode, models_json_schema
 from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -30,8 +38,17 @@ from gateway.app.backends import BackendPool, BackendSpec
 from gateway.app.metrics import GatewayMetrics
 from gateway.app.operator import metrics_listener
 from gateway.app.proxy import serve
+from gateway.app.schemas import (
+    ChatBody,
+    ChatCompletion,
+    ChatCompletionChunk,
+    Completion,
+    CompletionBody,
+)
+from gateway.app.slo import DEADLINE_HEADER, TPOT_HEADER, TTFT_HEADER
 from gateway.app.state import GatewayState, StateDep
 from gateway.app.upstream import Upstream
+from gateway.bounds import MAX_SLO_MS, MIN_SLO_MS
 from gateway.db.security import server_secret
 from gateway.db.session import make_engine, make_session_factory
 from gateway.db.usage import UsageWriter
@@ -82,6 +99,7 @@ def create_app(
     admin = _admin_router()
     if admin is not None:
         app.include_router(admin, prefix="/admin/v1")
+    _install_openapi(app)
     return app
 
 
@@ -164,14 +182,146 @@ async def _flush_last_used(state: GatewayState) -> None:
 
 GENERATION_ERROR_TEXT: dict[int | str, str] = {
     400: "invalid request: not JSON, a wrong type, a missing field, a value out of range, a "
-    "malformed SLO header; `param` names the field",
+    "malformed SLO header; `param` names the field. Also the engine's own 400s, in this "
+    "dialect (`code`: the engine's, else `invalid_request`)",
     401: "missing, unknown, revoked or expired API key",
     404: "no backend serves the model",
     413: "request body too large",
     429: "a tenant limit (`x-tiergate-reject-reason`, `retry-after`) or the admission queue",
     503: "no backend can serve the request in time, or every attempt failed",
+    "4XX": "any other refusal by the engine: its status and message, in this dialect",
 }
 GENERATION_ERRORS = error_responses(GENERATION_ERROR_TEXT)
+
+V1_SECURITY = "api key"
+"""The `/v1` bearer scheme's name in OpenAPI (the admin API's is ``admin key``)."""
+_SECURITY_SCHEME = {
+    "type": "http",
+    "scheme": "bearer",
+    "description": "A tenant's API key (`tiergate keys create`, `POST /admin/v1/keys`).",
+}
+V1_SCHEMAS: tuple[tuple[type[BaseModel], JsonSchemaMode], ...] = (
+    (ChatBody, "validation"),
+    (CompletionBody, "validation"),
+    (ChatCompletion, "serialization"),
+    (ChatCompletionChunk, "serialization"),
+    (Completion, "serialization"),
+)
+"""The `/v1` shapes :func:`document_v1` adds to the OpenAPI components (with their parts)."""
+_SLO_HEADERS = {
+    TTFT_HEADER: "The objective for the time to the first token",
+    TPOT_HEADER: "The objective for the time per output token after the first",
+    DEADLINE_HEADER: "The deadline for the whole answer (its last token)",
+}
+
+
+def _component(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _sse_event(chunk: str) -> dict[str, Any]:
+    """One event of a streamed answer, as OpenAPI 3.1 tools read an event stream's ``schema``
+    (OpenAPI 3.2's ``itemSchema``): its ``data`` is ``[DONE]`` (the last), or the JSON of a
+    ``chunk``, or of an error (the stream then ends)."""
+    payload = {"anyOf": [_component(chunk), _component("ErrorOut")]}
+    return {
+        "type": "object",
+        "description": f"One server-sent event, `data: <JSON>`: a `{chunk}`, then `data: "
+        "[DONE]`. An error after the stream started is an `ErrorOut` event, and the stream "
+        "ends.",
+        "properties": {
+            "data": {
+                "type": "string",
+                "if": {"const": "[DONE]"},
+                "else": {"contentMediaType": "application/json", "contentSchema": payload},
+            },
+            "event": {"type": "string"},
+        },
+        "required": ["data"],
+    }
+
+
+def _examples(request: dict[str, Any]) -> dict[str, Any]:
+    """A request body's OpenAPI examples: ``request`` answered whole, and streamed."""
+    streamed = {**request, "stream": True, "stream_options": {"include_usage": True}}
+    return {
+        "whole": {"summary": "The answer in one JSON object", "value": request},
+        "streamed": {"summary": "The answer as server-sent events", "value": streamed},
+    }
+
+
+CHAT_EXAMPLE = {
+    "model": "qwen2-7b",
+    "messages": [{"role": "user", "content": "Name three rivers."}],
+    "max_tokens": 64,
+}
+COMPLETION_EXAMPLE = {"model": "qwen2-7b", "prompt": "Three rivers:", "max_tokens": 64}
+
+
+def _generation_docs(body: str, answer: str, chunk: str, example: dict[str, Any]) -> dict[str, Any]:
+    """The OpenAPI of a generation endpoint that FastAPI cannot infer (the proxy parses the
+    raw request): the body (with an example of each answer's request), the SLO headers, the
+    bearer scheme, and the 200 answer — JSON, or with ``"stream": true`` an SSE stream."""
+    headers = [
+        {
+            "name": name,
+            "in": "header",
+            "required": False,
+            "description": f"{what}, in milliseconds (default: the tier's; a tier may "
+            "refuse a tighter one)",
+            "schema": {"type": "number", "minimum": MIN_SLO_MS, "maximum": MAX_SLO_MS},
+        }
+        for name, what in _SLO_HEADERS.items()
+    ]
+    ok = {
+        "description": 'The completion: JSON, or with `"stream": true` a stream of '
+        "server-sent events. The engine's answer, relayed.",
+        "content": {
+            "application/json": {"schema": _component(answer)},
+            "text/event-stream": {"schema": _sse_event(chunk)},
+        },
+    }
+    return {
+        "responses": {200: ok, **GENERATION_ERRORS},
+        "openapi_extra": {
+            "requestBody": {
+                "required": True,
+                "content": {
+                    "application/json": {
+                        "schema": _component(body),
+                        "examples": _examples(example),
+                    }
+                },
+            },
+            "parameters": headers,
+            "security": [{V1_SECURITY: []}],
+        },
+    }
+
+
+def document_v1(openapi: dict[str, Any]) -> None:
+    """Add what the `/v1` operations refer to to ``openapi``'s components: the schemas of
+    :data:`V1_SCHEMAS` and the bearer scheme. A name FastAPI already gave another schema is an
+    error (two models of one name), not a silent overwrite."""
+    _, defs = models_json_schema(V1_SCHEMAS, ref_template="#/components/schemas/{model}")
+    components = openapi.setdefault("components", {})
+    schemas = components.setdefault("schemas", {})
+    for name, schema in defs.get("$defs", {}).items():
+        if schemas.setdefault(name, schema) != schema:
+            raise RuntimeError(f"two OpenAPI schemas are named {name!r}")
+    components.setdefault("securitySchemes", {})[V1_SECURITY] = _SECURITY_SCHEME
+
+
+def _install_openapi(app: FastAPI) -> None:
+    """Make ``app.openapi()`` (and ``/openapi.json``) include :func:`document_v1`'s additions."""
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            document_v1(generate())  # FastAPI caches the document it returns: amend it once
+        return generate()
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def _add_routes(app: FastAPI) -> None:
@@ -179,7 +329,7 @@ def _add_routes(app: FastAPI) -> None:
         "/v1/chat/completions",
         tags=["openai"],
         summary="Chat completion (SSE or JSON)",
-        responses=GENERATION_ERRORS,
+        **_generation_docs("ChatBody", "ChatCompletion", "ChatCompletionChunk", CHAT_EXAMPLE),
     )
     async def chat_completions(request: Request, state: StateDep) -> Response:
         return await serve(state, request, "chat")
@@ -188,7 +338,7 @@ def _add_routes(app: FastAPI) -> None:
         "/v1/completions",
         tags=["openai"],
         summary="Text completion (SSE or JSON)",
-        responses=GENERATION_ERRORS,
+        **_generation_docs("CompletionBody", "Completion", "Completion", COMPLETION_EXAMPLE),
     )
     async def completions(request: Request, state: StateDep) -> Response:
         return await serve(state, request, "completions")
@@ -198,6 +348,7 @@ def _add_routes(app: FastAPI) -> None:
         tags=["openai"],
         summary="Models served by the configured backends",
         responses=error_responses({401: GENERATION_ERROR_TEXT[401]}),
+        openapi_extra={"security": [{V1_SECURITY: []}]},
     )
     async def models(request: Request, state: StateDep) -> dict[str, Any]:
         await state.auth.authenticate(request.headers.get("authorization"))

@@ -9,11 +9,16 @@ unless the tier allows best effort (503 ``slo_infeasible``), then wait for a dis
 gain-ordered admission queue (429 ``queue_full`` / 503 ``queue_ttl``).
 
 Dispatch: the router picks a backend; a failure before the first token (connect error, 5xx,
-a stream that ends first) counts against that backend's breaker and retries on another one, up
-to ``max_attempts`` backends. A streaming response is only started once the first token is in
-hand, so the client never sees a failed attempt. After the first token, an upstream failure ends
-the stream with an OpenAI-style error event. A client that disconnects — streaming or not —
-closes the upstream request, which makes the engine abort it.
+a stream that ends first or with a server error) counts against that backend's breaker and
+retries on another one, up to ``max_attempts`` backends. A streaming response is only started
+once the first token is in hand, so the client never sees a failed attempt. After the first
+token, an upstream failure ends the stream with an OpenAI-style error event. A client that
+disconnects — streaming or not — closes the upstream request, which makes the engine abort it.
+
+An engine's refusal (a 4xx, or a stream whose first event is a 4xx error) is the client's
+answer, not a failed attempt, and an error event mid-stream is relayed; both in the gateway's
+dialect (:func:`engine_error`): vLLM words its errors ``{"type": "BadRequestError", "code":
+400}``, which OpenAI's clients and the documented :class:`~gateway.errors.ErrorOut` do not.
 
 Accounting happens once, when the job ends, off the per-token path: each streamed chunk only
 appends its egress time to a list; gain (TDG), SLO attainment, metrics, the limiter's
@@ -52,7 +57,7 @@ from gateway.app.state import GatewayState
 from gateway.app.upstream import UpstreamError, UpstreamResponse
 from gateway.db.identity import KeyIdentity
 from gateway.db.usage import UsageEvent
-from gateway.errors import ApiError, invalid_body, parse_json_body
+from gateway.errors import INVALID_REQUEST, ApiError, invalid_body, parse_json_body
 from gateway.limits import AdmissionRejected, Limits, QueueItem, RejectReason, Reservation
 from gateway.limits.backlog import gain_density
 from priority.request import Request as CoreRequest
@@ -68,6 +73,82 @@ _SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
 class UpstreamFailed(Exception):
     """An attempt failed before its first token: try another backend."""
+
+
+class EngineRefused(Exception):
+    """The engine refused the request in its stream's first event (a 4xx error event): the
+    client's answer, as if the engine had answered that status."""
+
+    def __init__(self, error: ApiError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+ENGINE_ERROR = "engine_error"
+"""``code`` of an engine's server error that carried no string code of its own."""
+
+
+def engine_error(status: int | None, content: bytes) -> ApiError:
+    """An engine's error answer (a body, or an SSE event's data) in the gateway's dialect.
+
+    vLLM's ``{"error": {"message", "type": "BadRequestError", "param", "code": 400}}`` (or its
+    older flat ``{"object": "error", ...}``, or FastAPI's ``{"detail": ...}``) keeps its
+    message, ``param`` and status: ``status``, else the integer ``code`` of an SSE error event,
+    else 400 for OpenAI's ``invalid_request_error``, else 500. ``type`` comes from the status
+    (:func:`~gateway.errors.error_type`, as for every gateway error) and ``code`` is a string:
+    the engine's own if it had one (OpenAI's engines do), else ``invalid_request`` for a 4xx
+    and ``engine_error`` otherwise.
+    """
+    try:
+        payload: object = json.loads(content)
+    except (ValueError, RecursionError):  # not JSON (a proxy's HTML page): its text is the news
+        payload = content.decode("utf-8", "replace").strip()
+    return _engine_error_of(payload, status)
+
+
+def _engine_error_of(payload: object, status: int | None) -> ApiError:
+    fields: dict[str, Any] = {}
+    if isinstance(payload, dict):
+        inner = payload.get("error")
+        fields = inner if isinstance(inner, dict) else payload
+    raw_code = fields.get("code")
+    if status is None:  # an SSE error event: vLLM's code is its status; OpenAI's type says 4xx
+        status = 400 if fields.get("type") == "invalid_request_error" else 500
+        if isinstance(raw_code, int) and not isinstance(raw_code, bool) and 400 <= raw_code < 600:
+            status = raw_code
+    message = fields.get("message")
+    if not isinstance(message, str) or not message:
+        detail = fields.get("detail", payload if isinstance(payload, str) else None)
+        if detail is not None and not isinstance(detail, str):  # FastAPI's list of problems
+            detail = json.dumps(detail)
+        message = detail[:_MAX_DETAIL] if detail else None
+    if message is None:
+        message = f"the engine answered HTTP {status} without a message"
+    if isinstance(raw_code, str) and raw_code:
+        code = _printable(raw_code)
+    else:
+        code = INVALID_REQUEST if 400 <= status < 500 else ENGINE_ERROR
+    param = fields.get("param")
+    return ApiError(
+        status,
+        _printable(message),
+        code=code,
+        param=_printable(param) if isinstance(param, str) else None,
+    )
+
+
+_MAX_DETAIL = 2000
+"""Characters kept of an error that is not the engine's JSON (a proxy's HTML page)."""
+
+
+def _printable(text: str) -> str:
+    """``text`` encodable as UTF-8: an engine may echo a client's lone surrogate (``\\ud800``,
+    which JSON can carry and UTF-8 cannot); it is kept as that escape, visible."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
 
 
 class Job:
@@ -251,7 +332,8 @@ class Job:
 
         Returns the upstream response: for streaming, open and positioned after the first
         token's event (kept in ``self.pending``); for non-streaming, fully read. A 4xx from the
-        engine is returned to the client as is (as a finished :class:`Response`).
+        engine is returned to the client in the gateway's dialect (:func:`engine_error`, as a
+        finished :class:`Response`), as is a stream whose first event is a 4xx error.
         """
         assert self.group is not None and self.core is not None
         payload = self._payload()
@@ -311,11 +393,11 @@ class Job:
             raise UpstreamFailed(str(exc)) from None
         keep_open = False
         try:
-            if upstream.status >= 500:
-                raise UpstreamFailed(f"HTTP {upstream.status}")
-            if upstream.status != 200:
+            if upstream.status != 200 and not 400 <= upstream.status < 500:
+                raise UpstreamFailed(f"HTTP {upstream.status}")  # 5xx, or no OpenAI answer
+            if upstream.status != 200:  # the engine refused it: the client's answer
                 content = await upstream.read()
-                return Response(content, upstream.status, media_type=upstream.content_type)
+                return engine_error(upstream.status, content).response()
             self.accepted = True  # reset by _undispatch if this attempt fails before a token
             if not self.stream:
                 timer = self._expect_first_token(backend)
@@ -328,7 +410,11 @@ class Job:
                 self._read_usage(content)
                 return Response(content, 200, media_type="application/json")
             self.batches = upstream.event_batches()
-            self.pending = await self._until_first_token(backend)
+            try:
+                self.pending = await self._until_first_token(backend)
+            except EngineRefused as refused:
+                self.accepted = False  # refused, as a 4xx status is: nothing was served
+                return refused.error.response()
             keep_open = True
             return upstream
         except UpstreamError as exc:
@@ -433,12 +519,14 @@ class Job:
             await write(out[0] if len(out) == 1 else b"".join(out))
 
     def _filter(self, event: bytes) -> bytes | None:
-        """Drop the usage chunk the client did not ask for (after reading it); pass the rest."""
+        """Drop the usage chunk the client did not ask for (after reading it); reword an
+        engine's error event in the gateway's dialect; pass the rest."""
         if b'"usage"' in event and b'"choices":[]' in event.replace(b" ", b""):
             self._read_usage(event[event.find(b"{") :])
             return event if self.include_usage else None
         if b'"error"' in event and event.startswith(b'data: {"error"'):
             self.upstream_error = True
+            return engine_error(None, event[6:]).sse_event()
         return event
 
     async def _pace(self, sent: int, margin: float) -> None:
@@ -571,6 +659,9 @@ def _has_output(event: bytes) -> bool:
     except ValueError:
         return False
     if "error" in data:
+        error = _engine_error_of(data, None)
+        if 400 <= error.status < 500:
+            raise EngineRefused(error)
         raise UpstreamFailed(f"engine error before the first token: {data['error']}")
     for choice in data.get("choices") or ():
         if choice.get("text") or (choice.get("delta") or {}).get("content"):

@@ -7,15 +7,39 @@ documented range (not ``Infinity``, not ``"0.7"``), an integer is a whole JSON n
 API (:func:`gateway.errors.invalid_body`). ``null`` stays allowed where it was (not for
 ``stream``). Ranges are OpenAI's, narrowed to vLLM's where vLLM refuses more (``top_p`` 0).
 
+A few values that OpenAI's types allow but vLLM refuses are refused here too, before a tenant's
+limits or a backend are spent on them: a message ``role`` outside OpenAI's set, a content part
+without a ``type``, an empty prompt (vLLM: "The decoder prompt cannot be empty"), a ``seed``
+beyond 64 bits.
+
 Every other field passes through to the engine untouched, so new OpenAI or vLLM parameters
 (``top_k``, ``min_tokens``, ``guided_json``, ...) work without a gateway release.
+
+The models' JSON Schemas are also the OpenAPI documentation of the `/v1` bodies
+(:func:`gateway.app.app.document_v1`), as are the response shapes at the end of this module:
+the gateway parses the raw body itself, so FastAPI never sees these models.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    GetCoreSchemaHandler,
+    GetJsonSchemaHandler,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    WrapValidator,
+)
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import PydanticCustomError, core_schema
 
 from gateway.bounds import MAX_OUTPUT_TOKENS
 from gateway.tokens import count_chat_tokens, count_prompt_tokens
@@ -28,12 +52,71 @@ def _whole_number(value: Any) -> Any:
     return value
 
 
-Integer = Annotated[StrictInt, BeforeValidator(_whole_number)]
+WHOLE_NUMBER = BeforeValidator(_whole_number)
+"""Makes a strict integer accept ``5.0``. Bounds go before it (``Annotated[StrictInt,
+Field(ge=1), WHOLE_NUMBER]``): put after it, they still apply, but the JSON Schema (the OpenAPI
+documentation) then shows them as pydantic's ``ge`` / ``le`` instead of ``minimum`` /
+``maximum``, which JSON Schema ignores."""
+Integer = Annotated[StrictInt, WHOLE_NUMBER]
 """A whole JSON number; strings, booleans and fractions are the wrong type."""
 Number = Annotated[float, Field(strict=True, allow_inf_nan=False)]
 """A finite JSON number (integers included); strings and booleans are the wrong type."""
-OutputTokens = Annotated[Integer, Field(ge=1, le=MAX_OUTPUT_TOKENS)]
+OutputTokens = Annotated[StrictInt, Field(ge=1, le=MAX_OUTPUT_TOKENS), WHOLE_NUMBER]
 Penalty = Annotated[Number, Field(ge=-2.0, le=2.0)]
+Seed = Annotated[StrictInt, Field(ge=-(2**63), le=2**63 - 1), WHOLE_NUMBER]
+"""vLLM's range (its sampler seeds a 64-bit generator): a larger seed is its 400."""
+ROLES = ("system", "developer", "user", "assistant", "tool", "function")
+"""OpenAI's message roles; vLLM's chat template refuses any other."""
+
+
+class OneOf:
+    """``Annotated[StrictStr, OneOf("a", "b")]``: one of a few strings, documented as a JSON
+    Schema ``enum``. Unlike a ``Literal``, a value of another type stays the wrong type (400
+    ``invalid_type``, as everywhere); another string is ``invalid_value``."""
+
+    def __init__(self, *choices: str) -> None:
+        self.choices = choices
+        *head, last = (repr(c) for c in choices)
+        self._expected = f"{', '.join(head)} or {last}" if head else last
+
+    def _check(self, value: str) -> str:
+        if value not in self.choices:
+            raise PydanticCustomError(
+                "literal_error", "Input should be {expected}", {"expected": self._expected}
+            )
+        return value
+
+    def __get_pydantic_core_schema__(
+        self, source: Any, handler: GetCoreSchemaHandler
+    ) -> core_schema.CoreSchema:
+        return core_schema.no_info_after_validator_function(self._check, handler(source))
+
+    def __get_pydantic_json_schema__(
+        self, schema: core_schema.CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        out = handler(schema)
+        out["enum"] = list(self.choices)
+        return out
+
+
+def worded(rule: str) -> WrapValidator:
+    """Word a string's failure of the constraints before it (``pattern``, ``min_length``,
+    ``max_length``: documented in the JSON Schema) as one ``rule`` a person can follow, instead
+    of pydantic's "String should match pattern '^[A-Za-z0-9]...'". Still 400 ``invalid_value``;
+    a value that is not a string stays ``invalid_type``."""
+
+    def check(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        try:
+            return handler(value)
+        except ValidationError as exc:
+            if any(e["type"] in _STRING_CONSTRAINTS for e in exc.errors()):
+                raise PydanticCustomError("string_pattern_mismatch", rule) from None
+            raise
+
+    return WrapValidator(check)
+
+
+_STRING_CONSTRAINTS = frozenset({"string_pattern_mismatch", "string_too_short", "string_too_long"})
 
 
 class _OpenAIObject(BaseModel):
@@ -56,8 +139,8 @@ class _Body(_OpenAIObject):
     top_p: Annotated[Number, Field(gt=0.0, le=1.0)] | None = None  # 0 is vLLM's 400 anyway
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
-    n: Annotated[Integer, Field(ge=1)] | None = None
-    seed: Integer | None = None
+    n: Annotated[StrictInt, Field(ge=1), WHOLE_NUMBER] | None = None
+    seed: Seed | None = None
     stop: StrictStr | list[StrictStr] | None = None
     logit_bias: dict[str, Number] | None = None
     user: StrictStr | None = None
@@ -92,20 +175,28 @@ class _Body(_OpenAIObject):
         return False
 
 
-class _Message(_OpenAIObject):
-    role: StrictStr
-    content: StrictStr | list[dict[str, Any]] | None = None
+class ContentPart(_OpenAIObject):
+    """A part of a message's content: ``{"type": "text", "text": ...}``, or another kind
+    (``image_url``, ...) whose fields pass on to the engine; every part names its ``type``."""
+
+    type: StrictStr
+    text: StrictStr | None = None
+
+
+class ChatMessage(_OpenAIObject):
+    role: Annotated[StrictStr, OneOf(*ROLES)]
+    content: StrictStr | list[ContentPart] | None = None
 
     def text(self) -> str:
         if isinstance(self.content, str):
             return self.content
         if not self.content:
             return ""
-        return "".join(str(p.get("text") or "") for p in self.content)
+        return "".join(p.text or "" for p in self.content)
 
 
 class ChatBody(_Body):
-    messages: list[_Message] = Field(min_length=1)
+    messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: OutputTokens | None = None
     logprobs: StrictBool | None = None
     top_logprobs: Integer | None = None
@@ -128,18 +219,26 @@ class ChatBody(_Body):
         return "messages"
 
 
-TokenIds = list[Integer]
+Prompt = Annotated[StrictStr, Field(min_length=1)]
+TokenIds = Annotated[list[Integer], Field(min_length=1)]
 
 
 class CompletionBody(_Body):
-    prompt: StrictStr | list[StrictStr] | TokenIds | list[TokenIds]
+    # No empty prompt, alone or in a batch, and no empty batch: vLLM refuses a prompt of no
+    # tokens ("The decoder prompt cannot be empty"), and an empty text is one for most models.
+    prompt: (
+        Prompt
+        | Annotated[list[Prompt], Field(min_length=1)]
+        | TokenIds
+        | Annotated[list[TokenIds], Field(min_length=1)]
+    )
     echo: StrictBool | None = None
     logprobs: Integer | None = None
     best_of: Integer | None = None
     suffix: StrictStr | None = None
 
     def prompt_tokens(self) -> int:
-        # at least one token per prompt, and per request (an empty batch still costs a step)
+        # validation leaves no empty prompt; the floors keep the estimate positive regardless
         return max(1, sum(max(1, n) for n in self.prompt_lengths()))
 
     def prompt_lengths(self) -> list[int]:
@@ -154,3 +253,82 @@ class CompletionBody(_Body):
         return not isinstance(self.prompt, str) and all(
             not isinstance(part, str) for part in self.prompt
         )
+
+
+# ---- what the engines answer (documentation: the gateway relays the engine's bytes) ----------
+#
+# OpenAI's shapes as vLLM fills them, permissive as a client should read them: every object
+# allows more fields (vLLM adds ``stop_reason``, ``prompt_logprobs``, ``kv_transfer_params``...),
+# and only what every OpenAI-compatible engine sends is required.
+
+
+class Usage(_OpenAIObject):
+    prompt_tokens: int
+    completion_tokens: int | None = None  # vLLM's type allows null
+    total_tokens: int
+
+
+class AssistantMessage(_OpenAIObject):
+    role: str
+    content: str | None = None
+
+
+class ChatChoice(_OpenAIObject):
+    index: int
+    message: AssistantMessage
+    finish_reason: str | None = None
+    logprobs: dict[str, Any] | None = None
+
+
+class ChatCompletion(_OpenAIObject):
+    """``POST /v1/chat/completions`` without ``stream``: the whole answer."""
+
+    id: str
+    object: str  # "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage | None = None
+
+
+class ChatDelta(_OpenAIObject):
+    role: str | None = None
+    content: str | None = None
+
+
+class ChatChunkChoice(_OpenAIObject):
+    index: int
+    delta: ChatDelta
+    finish_reason: str | None = None
+    logprobs: dict[str, Any] | None = None
+
+
+class ChatCompletionChunk(_OpenAIObject):
+    """One event of a streamed chat completion; the last one before ``[DONE]`` may have no
+    choices and the ``usage`` (``stream_options.include_usage``)."""
+
+    id: str
+    object: str  # "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+
+
+class CompletionChoice(_OpenAIObject):
+    index: int
+    text: str
+    finish_reason: str | None = None
+    logprobs: dict[str, Any] | None = None
+
+
+class Completion(_OpenAIObject):
+    """``POST /v1/completions``: the whole answer, or (streamed) one event of it, whose last
+    one before ``[DONE]`` may have no choices and the ``usage``."""
+
+    id: str
+    object: str  # "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None

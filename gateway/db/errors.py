@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import enum
 
-from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError, SQLAlchemyError
+from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, OperationalError, SQLAlchemyError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm.exc import ObjectDeletedError, StaleDataError
 
@@ -61,7 +61,8 @@ class DatabaseFailure(enum.Enum):
     row gone meanwhile); the transaction was rolled back, so re-reading and retrying is safe."""
     INVALID = "invalid"
     """A value the database's own constraints refuse (CHECK, NOT NULL) that no validation
-    caught first."""
+    caught first, or one its types cannot hold (text with a NUL character or not in the
+    database's encoding, a string longer than its column)."""
     BUSY = "busy"
     """A lock or the connection pool stayed taken past its timeout; retry shortly."""
     UNAVAILABLE = "unavailable"
@@ -79,6 +80,12 @@ _UNIQUE = frozenset({"23505", "SQLITE_CONSTRAINT_UNIQUE", "SQLITE_CONSTRAINT_PRI
 _INVALID = frozenset(  # NOT NULL and CHECK violations: PostgreSQL's SQLSTATE, SQLite's names
     {"23502", "23514", "SQLITE_CONSTRAINT_NOTNULL", "SQLITE_CONSTRAINT_CHECK"}
 )
+_PG_INVALID_DATA = frozenset(  # string too long, character not in repertoire, untranslatable
+    {"22001", "22021", "22P05"}
+)
+_PSYCOPG_NUL = "cannot contain NUL"
+"""psycopg's own DataError (raised before the server sees the value, so without a SQLSTATE):
+'PostgreSQL text fields cannot contain NUL (0x00) bytes'."""
 _PG_CONFLICT = frozenset({"40001", "40P01"})  # serialization failure, deadlock detected
 _PG_BUSY = frozenset({"55P03", "57014", "53300"})  # lock not available, timeout, no connections
 _PG_UNAVAILABLE = frozenset({"57P01", "57P02", "57P03"})  # shutting down, cannot connect now
@@ -122,6 +129,8 @@ def classify(exc: SQLAlchemyError) -> DatabaseFailure:
         return DatabaseFailure.BUSY
     orig = _driver_error(exc)
     state, sqlite_code = _sqlstate(orig), _sqlite_code(orig)
+    if _unstorable_text(exc, state):
+        return DatabaseFailure.INVALID
     if state in _PG_CONFLICT:
         return DatabaseFailure.CONFLICT
     if state in _PG_BUSY or sqlite_code in _SQLITE_BUSY:
@@ -131,6 +140,18 @@ def classify(exc: SQLAlchemyError) -> DatabaseFailure:
     if _unreachable(exc, state, sqlite_code):
         return DatabaseFailure.UNAVAILABLE
     return DatabaseFailure.INTERNAL
+
+
+def _unstorable_text(exc: SQLAlchemyError, state: str | None) -> bool:
+    """Whether ``exc`` refuses a value PostgreSQL's text cannot hold: a NUL character (refused
+    by psycopg before sending), a character outside the database's encoding, or a string longer
+    than its column. Read from the driver's message only for psycopg's NUL (it has no SQLSTATE);
+    the message never leaves this function."""
+    if not isinstance(exc, DataError):
+        return False
+    if state is not None:
+        return state in _PG_INVALID_DATA
+    return _PSYCOPG_NUL in str(exc.orig)
 
 
 def _unreachable(exc: SQLAlchemyError, state: str | None, sqlite_code: int | None) -> bool:

@@ -205,6 +205,8 @@ def test_backend_lifecycle(session_factory: sessionmaker[Session]) -> None:
         ("kind", "triton", "kind must be one of vllm, vllm-ascend, emulated"),
         ("base_url", "ftp://host", "base_url must be an http(s) URL"),
         ("base_url", "http://", "base_url must be an http(s) URL"),
+        ("base_url", "http://[::1:8000", "base_url is not a valid URL"),  # was a 500
+        ("base_url", "http://host:99999", "base_url is not a valid URL"),
         ("model", "", "model must be a non-empty name"),
     ],
 )

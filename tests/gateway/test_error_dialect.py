@@ -16,16 +16,12 @@ from typing import Annotated, Any
 
 import pytest
 from fastapi.testclient import TestClient
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from seeded_app import app_settings, seed_database
 
 from gateway.app import create_app
-from gateway.db import crud
-from gateway.db.models import Base
-from gateway.db.seed import seed_defaults
-from gateway.db.session import make_engine, make_session_factory
 from gateway.errors import ApiError, ErrorOut, describe_validation_error, invalid_body
 from gateway.jsonbody import MAX_JSON_DEPTH
-from gateway.settings import Settings
 
 SECRET = "dialect-test-secret"
 ADMIN_KEY = "dialect-admin-key"
@@ -128,19 +124,8 @@ class Planes:
 def planes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Planes]:
     root: Path = tmp_path_factory.mktemp("dialect")
     url = f"sqlite:///{root / 'tiergate.db'}"
-    engine = make_engine(url)
-    Base.metadata.create_all(engine)
-    with make_session_factory(engine).begin() as session:
-        seed_defaults(session)
-        crud.create_tenant(session, actor="test", name="acme", tier="standard")
-        key = crud.create_key(session, actor="test", tenant="acme", secret=SECRET).plaintext
-    settings = Settings(
-        database_url=url,
-        secret=SecretStr(SECRET),
-        admin_key=SecretStr(ADMIN_KEY),
-        data_dir=root,
-        redis_url=None,
-    )
+    engine, key = seed_database(url, SECRET)
+    settings = app_settings(url, root, SECRET, ADMIN_KEY)
     with TestClient(create_app(settings, backends=[])) as client:
         yield Planes(client, key)
     engine.dispose()

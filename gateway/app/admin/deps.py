@@ -7,6 +7,11 @@ from validation errors); and the router then answers the same in whatever app mo
 database error no crud function turned into a domain error (a lost race, a lock that stayed
 busy) is answered 409 or 503 by what it means, never 500 with its text
 (:func:`gateway.errors.database_error`).
+
+The raw request is checked there too, before FastAPI parses the body: its nesting, its strings
+(a lone surrogate is 400 ``invalid_json``, as on ``/v1``) and a NUL character in any path
+parameter, query parameter or body string (400 ``invalid_value``, :func:`nul_error`), which
+PostgreSQL's text refuses and SQLite would store: both databases answer alike.
 """
 
 from __future__ import annotations
@@ -29,11 +34,15 @@ from gateway.db.errors import DomainError
 from gateway.errors import (
     ApiError,
     check_json_depth,
+    check_json_text,
     database_error,
     domain_error,
+    dotted,
     http_error,
     invalid_request,
+    nul_character,
 )
+from gateway.jsonbody import nul_at
 
 __all__ = ["ACTOR", "ActorDep", "AdminRoute", "SessionDep", "StateDep", "admin_bearer"]
 
@@ -84,7 +93,7 @@ class AdminRoute(APIRoute):
             if denied is not None:
                 return denied.response()
             try:
-                check_json_depth(await request.body())  # before FastAPI's parser recurses
+                await check_raw_request(request)
                 return await handler(request)
             except ApiError as exc:
                 return exc.response()
@@ -98,6 +107,34 @@ class AdminRoute(APIRoute):
                 return http_error(exc).response()
 
         return guarded
+
+
+async def check_raw_request(request: Request) -> None:
+    """Raise the 400 for what no admin route may take, before FastAPI parses the body: nesting
+    its parser would recurse through, a string no encoder takes, a NUL anywhere."""
+    raw = await request.body()
+    check_json_depth(raw)  # first: the other checks may parse the body
+    check_json_text(raw)
+    denied = nul_error(request, raw)
+    if denied is not None:
+        raise denied
+
+
+def nul_error(request: Request, raw: bytes) -> ApiError | None:
+    """400 ``invalid_value`` naming the first path parameter, query parameter or body string
+    (decoded: ``%00``, ``\\u0000``) with a NUL character; None if there is none.
+
+    One check for every route, so no admin operation can hand a NUL to the database, whatever
+    it does with the value (a lookup, a filter, a stored name, the audit log's JSON).
+    """
+    for name, value in request.path_params.items():
+        if "\x00" in str(value):
+            return nul_character(name)
+    for name, value in request.query_params.multi_items():
+        if "\x00" in name or "\x00" in value:
+            return nul_character(name.replace("\x00", "\\u0000"))
+    where = nul_at(raw)
+    return nul_character(dotted(where)) if where is not None else None
 
 
 async def request_actor(request: Request) -> str:

@@ -4,20 +4,42 @@ query parameters.
 Shapes, and the numeric bounds of :mod:`gateway.bounds` (shared with the CLI's options and the
 database's CHECK constraints); the rules (references, transitions, a minimum SLO within the
 default) are the data layer's (:mod:`gateway.db.crud`), shared with the CLI.
+
+Every rule of the data layer that a value can be checked against on its own is restated on
+the input models (a name's characters, a text's length, a URL's scheme, a kind or status), so
+that the OpenAPI document shows it: a body valid by the schema is then refused only for what
+no schema can say (a reference to a missing entity, a minimum SLO above the tier's default, an
+unknown profile). The data layer keeps its own checks (the CLI goes through them), and both
+answer 400 ``invalid_value`` naming the field.
+
+Integers are JSON's: ``5.0`` is 5, as on `/v1` (:data:`gateway.app.schemas.WHOLE_NUMBER`);
+``5.5``, ``"5"`` and ``true`` are the wrong type.
 """
 
 from __future__ import annotations
 
 from datetime import datetime
 from typing import Annotated, Any, Generic, Literal, TypeVar
+from urllib.parse import urlsplit
 
 from fastapi import Query
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+from pydantic import (
+    AfterValidator,
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictInt,
+    StrictStr,
+)
+from pydantic_core import PydanticCustomError
 
+from gateway.app.schemas import WHOLE_NUMBER, OneOf, worded
 from gateway.bounds import MAX_LIMIT, MAX_SLO_MS, MAX_WEIGHT, MIN_LIMIT, MIN_SLO_MS, MIN_WEIGHT
 from gateway.db import crud
+from gateway.db.crud._common import NAME_PATTERN
 from gateway.db.identity import EffectivePolicy, effective_policy
-from gateway.db.models import ApiKey, Tenant, utcnow
+from gateway.db.models import BACKEND_KINDS, TENANT_STATUSES, ApiKey, Tenant, utcnow
 from gateway.db.security import display_prefix
 
 INT32_MAX = 2**31 - 1  # integer columns (ids, limits) are 32-bit on PostgreSQL
@@ -28,7 +50,8 @@ ItemT = TypeVar("ItemT")
 
 
 class _Input(BaseModel):
-    """Request bodies: unknown fields and type coercion ("5" for 5) are errors, not guesses."""
+    """Request bodies: unknown fields and type coercion ("5" for 5) are errors, not guesses
+    (``5.0`` for 5 is no coercion: JSON has one number type)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -36,11 +59,65 @@ class _Input(BaseModel):
 # The bounds of every number that reaches the gain (gateway.bounds, which the database's CHECK
 # constraints read too): a value outside them is refused here, 400 ``invalid_value`` naming the
 # field. The data layer keeps its own rules on top (a minimum SLO above the default).
-Limit = Annotated[int, Field(ge=MIN_LIMIT, le=MAX_LIMIT)]
+Limit = Annotated[StrictInt, Field(ge=MIN_LIMIT, le=MAX_LIMIT), WHOLE_NUMBER]
 Weight = Annotated[float, Field(ge=MIN_WEIGHT, le=MAX_WEIGHT, allow_inf_nan=False)]
 SloMs = Annotated[float, Field(ge=MIN_SLO_MS, le=MAX_SLO_MS, allow_inf_nan=False)]
-RowId = Annotated[int, Field(ge=1, le=INT32_MAX)]
+RowId = Annotated[StrictInt, Field(ge=1, le=INT32_MAX), WHOLE_NUMBER]
 Ref = str | RowId  # a name, or an id
+
+# The data layer's rules on text (gateway.db.crud), worded as it words them.
+Name = Annotated[
+    StrictStr,
+    Field(min_length=1, max_length=64, pattern=NAME_PATTERN.pattern),
+    worded("use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit"),
+]
+"""A tier's, tenant's, backend's or profile's name."""
+Description = Annotated[StrictStr, Field(max_length=1000)]
+KeyName = Annotated[StrictStr, Field(max_length=128)]
+
+_HTTP_URL = (
+    r"^[Hh][Tt][Tt][Pp][Ss]?://(?:[^/?#@\[\]]*@)?(?:[^/?#@\[\]:]+|\[[0-9A-Fa-f:.]+\])"
+    r"(?::[0-9]*)?(?:[/?#]|$)"
+)
+"""An http(s) URL with a host (a name, an IPv4 address or a bracketed IPv6 one) and at most a
+numeric port, as far as a pattern can say it; :func:`_http_url` has the last word."""
+
+
+def _http_url(value: str) -> str:
+    """The data layer's URL rule (an http(s) scheme and a host, as ``urlsplit`` reads them),
+    where ``urlsplit``'s own ``ValueError`` (a malformed IPv6 host: ``http://[x``; a port out
+    of range) is a refusal too, not an exception escaping the route."""
+    try:
+        parts = urlsplit(value)
+        valid = parts.scheme in ("http", "https") and bool(parts.hostname)
+        _ = parts.port  # parsed lazily: raises for a port out of range
+    except ValueError:
+        valid = False
+    if not valid:
+        raise PydanticCustomError("string_pattern_mismatch", "not an http(s) URL with a host")
+    return value
+
+
+BaseUrl = Annotated[
+    StrictStr,
+    Field(max_length=512, pattern=_HTTP_URL),
+    AfterValidator(_http_url),
+    worded("must be an http(s) URL with a host, of at most 512 characters"),
+]
+ModelName = Annotated[
+    StrictStr,
+    Field(min_length=1, max_length=256, pattern=r"\S"),
+    worded("must be a non-empty name of at most 256 characters"),
+]
+ProfileName = Annotated[
+    StrictStr,
+    Field(
+        description="a shipped latency profile or an imported one (`GET /admin/v1/profiles` "
+        "lists them)"
+    ),
+]
+Kind = Annotated[StrictStr, OneOf(*BACKEND_KINDS)]
+Status = Annotated[StrictStr, OneOf(*TENANT_STATUSES)]
 
 
 class _Output(BaseModel):
@@ -66,8 +143,8 @@ class DeletedOut(BaseModel):
 class TierUpdate(_Input):
     """Only the fields sent change; ``null`` clears an optional one (e.g. a limit)."""
 
-    name: str | None = None
-    description: str | None = None
+    name: Name | None = None
+    description: Description | None = None
     weight: Weight | None = None
     ttft_ms: SloMs | None = None
     tpot_ms: SloMs | None = None
@@ -82,7 +159,7 @@ class TierUpdate(_Input):
 
 
 class TierCreate(TierUpdate):
-    name: str
+    name: Name
     weight: Weight
     ttft_ms: SloMs
     tpot_ms: SloMs
@@ -112,7 +189,7 @@ class TierOut(_Output):
 class TenantUpdate(_Input):
     """Rename, move to another tier, or set/clear (``null``) overrides; status has actions."""
 
-    name: str | None = None
+    name: Name | None = None
     tier: Ref | None = None
     ttft_ms: SloMs | None = None
     tpot_ms: SloMs | None = None
@@ -123,9 +200,9 @@ class TenantUpdate(_Input):
 
 
 class TenantCreate(TenantUpdate):
-    name: str
+    name: Name
     tier: Ref
-    status: str = "active"
+    status: Status = "active"
 
 
 class TenantOut(BaseModel):
@@ -170,7 +247,7 @@ Expiry = Annotated[AwareDatetime | None, Field(strict=False)]
 
 
 class KeyUpdate(_Input):
-    name: str | None = None
+    name: KeyName | None = None
     expires_at: Expiry = None
 
 
@@ -230,20 +307,20 @@ def _key_fields(key: ApiKey, now: datetime | None) -> dict[str, Any]:
 
 
 class BackendUpdate(_Input):
-    name: str | None = None
-    base_url: str | None = None
-    model: str | None = None
-    profile: str | None = None
-    kind: str | None = None
+    name: Name | None = None
+    base_url: BaseUrl | None = None
+    model: ModelName | None = None
+    profile: ProfileName | None = None
+    kind: Kind | None = None
     enabled: bool | None = None
 
 
 class BackendCreate(BackendUpdate):
-    name: str
-    base_url: str
-    model: str
-    profile: str  # a shipped latency profile (see ``priority.profiles.available_profiles``)
-    kind: str = "vllm"
+    name: Name
+    base_url: BaseUrl
+    model: ModelName
+    profile: ProfileName  # see ``priority.profiles.available_profiles`` and the stored ones
+    kind: Kind = "vllm"
     enabled: bool = True
 
 
@@ -265,7 +342,7 @@ class ProfileImport(_Input):
     when that is absent, under the document's own ``name``."""
 
     document: dict[str, Any]
-    name: str | None = None
+    name: Name | None = None
 
 
 class ProfileSummaryOut(BaseModel):

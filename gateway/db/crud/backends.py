@@ -38,8 +38,14 @@ UPDATABLE = ("name", "base_url", "model", "profile", "kind", "enabled")
 def check_url(value: Any) -> str:
     if not isinstance(value, str) or len(value) > 512:
         raise InvalidInput(f"base_url must be an http(s) URL, got {value!r}", param="base_url")
-    parts = urlsplit(value)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    try:
+        parts = urlsplit(value)
+        host, _ = parts.hostname, parts.port  # both parse lazily and raise on a bad host/port
+    except ValueError as exc:  # an unbalanced "[", a port out of range
+        raise InvalidInput(
+            f"base_url is not a valid URL ({exc}): {value!r}", param="base_url"
+        ) from None
+    if parts.scheme not in ("http", "https") or not host:
         raise InvalidInput(
             f"base_url must be an http(s) URL with a host, got {value!r}", param="base_url"
         )

@@ -1,0 +1,43 @@
+"""A database seeded for app-level tests: the schema, the default tiers, one tenant and its key.
+
+Several test modules build the whole gateway app on such a database (the error dialect, the
+OpenAPI contract, text safety); they differ only in the settings they override.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import SecretStr
+from sqlalchemy import Engine
+
+from gateway.db import crud
+from gateway.db.models import Base
+from gateway.db.seed import seed_defaults
+from gateway.db.session import make_engine, make_session_factory
+from gateway.settings import Settings
+
+
+def seed_database(url: str, secret: str, tenant: str = "acme") -> tuple[Engine, str]:
+    """Create the schema at ``url``, seed the default tiers and ``tenant`` (tier ``standard``);
+    return the engine and the tenant's new API key."""
+    engine = make_engine(url)
+    Base.metadata.create_all(engine)
+    with make_session_factory(engine).begin() as session:
+        seed_defaults(session)
+        crud.create_tenant(session, actor="test", name=tenant, tier="standard")
+        key = crud.create_key(session, actor="test", tenant=tenant, secret=secret).plaintext
+    return engine, key
+
+
+def app_settings(url: str, root: Path, secret: str, admin_key: str, **overrides: Any) -> Settings:
+    """The gateway's settings for ``url``: the admin API on, no Redis, data under ``root``."""
+    return Settings(
+        database_url=url,
+        secret=SecretStr(secret),
+        admin_key=SecretStr(admin_key),
+        data_dir=root,
+        redis_url=None,
+        **overrides,
+    )
