@@ -6,11 +6,15 @@ OpenAPI contract, text safety); they differ only in the settings they override.
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from pydantic import SecretStr
-from sqlalchemy import Engine
+from sqlalchemy import Engine, create_engine, text
+from sqlalchemy.engine import make_url
 
 from gateway.db import crud
 from gateway.db.models import Base
@@ -41,3 +45,21 @@ def app_settings(url: str, root: Path, secret: str, admin_key: str, **overrides:
         redis_url=None,
         **overrides,
     )
+
+
+@contextmanager
+def empty_postgres_schema(server_url: str, prefix: str = "t") -> Iterator[str]:
+    """A URL of ``server_url`` whose search_path is a new, empty schema, dropped afterwards (for
+    module-scoped apps: the conftest's per-test ``postgres_url`` would not outlive one test)."""
+    schema = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(server_url, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+        url = make_url(server_url).update_query_dict({"options": f"-csearch_path={schema}"})
+        yield url.render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text("SET lock_timeout = '5s'"))
+            conn.execute(text(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'))
+        admin.dispose()

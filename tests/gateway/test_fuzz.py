@@ -21,17 +21,15 @@ from __future__ import annotations
 
 import importlib.util
 import sys
-import uuid
 import zlib
-from collections.abc import Iterable, Iterator
-from contextlib import ExitStack, contextmanager
+from collections.abc import Iterable
+from contextlib import ExitStack
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
-from sqlalchemy import create_engine, text
-from sqlalchemy.engine import make_url
+from seeded_app import empty_postgres_schema
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "fuzz_gateway.py"
 CASES = 250
@@ -60,24 +58,6 @@ SCHEMA_CHECKS = (
 )
 
 
-@contextmanager
-def _empty_postgres_schema(database_url: str) -> Iterator[str]:
-    """A URL whose search_path is a new, empty schema of ``database_url``, dropped afterwards
-    (the conftest's per-test ``postgres_url`` would not outlive the first test of the module)."""
-    schema = f"fuzz_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(database_url, isolation_level="AUTOCOMMIT")
-    try:
-        with admin.connect() as conn:
-            conn.execute(text(f'CREATE SCHEMA "{schema}"'))
-        url = make_url(database_url).update_query_dict({"options": f"-csearch_path={schema}"})
-        yield url.render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text("SET lock_timeout = '5s'"))
-            conn.execute(text(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'))
-        admin.dispose()
-
-
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
 def report(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
     """One seeded run per database (the data layers differ: PostgreSQL refuses NUL in text)
@@ -87,7 +67,7 @@ def report(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
         url = None
         if request.param == "postgresql":  # skipped where unreachable, failed under CI=true
             server = str(request.getfixturevalue("postgres_database_url"))
-            url = stack.enter_context(_empty_postgres_schema(server))
+            url = stack.enter_context(empty_postgres_schema(server, "fuzz"))
         target = stack.enter_context(fuzz.running_gateway(root, database_url=url))
         result = fuzz.Fuzzer(target).run(CASES, SEED)
     print(result.describe(examples=False))  # shown with -s, or -rA on failure

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import logging
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -30,9 +29,8 @@ from typing import Any
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
-from seeded_app import app_settings, seed_database
-from sqlalchemy import Engine, create_engine, select, text
-from sqlalchemy.engine import make_url
+from seeded_app import app_settings, empty_postgres_schema, seed_database
+from sqlalchemy import Engine, select
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -178,18 +176,8 @@ def _empty_database(request: pytest.FixtureRequest, root: Path) -> Iterator[str]
         yield f"sqlite:///{root / 'tiergate.db'}"
         return
     server = str(request.getfixturevalue("postgres_database_url"))
-    schema = f"text_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(server, isolation_level="AUTOCOMMIT")
-    try:
-        with admin.connect() as conn:
-            conn.execute(text(f'CREATE SCHEMA "{schema}"'))
-        url = make_url(server).update_query_dict({"options": f"-csearch_path={schema}"})
-        yield url.render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text("SET lock_timeout = '5s'"))
-            conn.execute(text(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'))
-        admin.dispose()
+    with empty_postgres_schema(server, "text") as url:
+        yield url
 
 
 def _create_targets(gw: Gateway) -> None:
