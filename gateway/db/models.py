@@ -25,6 +25,7 @@ from sqlalchemy import (
     String,
     Text,
     TypeDecorator,
+    text,
 )
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
@@ -152,6 +153,10 @@ class Tier(Timestamped, Base):
     tpm_limit: Mapped[int | None] = mapped_column(Integer)
     max_concurrency: Mapped[int | None] = mapped_column(Integer)
     best_effort_allowed: Mapped[bool] = mapped_column(Boolean, default=False)
+    shed_slack: Mapped[float] = mapped_column(Float, default=0.0, server_default=text("0"))
+    """How late (a fraction of the TTFT objective) a request's predicted first token may be and
+    the request still be admitted under overload; past it: refused early, or demoted to best
+    effort where ``best_effort_allowed`` (migration 0005)."""
 
     tenants: Mapped[list[Tenant]] = relationship(back_populates="tier")
 
@@ -249,6 +254,7 @@ class UsageRecord(Base):
         CheckConstraint(_check_in("status", USAGE_STATUSES), name="status"),
         Index("ix_usage_records_tenant_created", "tenant_id", "created_at"),
         Index("ix_usage_records_tier_created", "tier", "created_at"),
+        Index("uq_usage_records_request_id", "request_id", unique=True),
     )
 
     id: Mapped[int] = mapped_column(BigIntPK, primary_key=True)

@@ -193,21 +193,26 @@ def test_the_database_refuses_numbers_out_of_bounds(db_url: str) -> None:
 
 
 def _seed_tier_tenant_key_usage(url: str) -> None:
+    """A tier, a tenant, a key and a usage record, in SQL: the tests seed at old revisions,
+    whose tables lack the ORM's later columns."""
+    statements = (
+        "INSERT INTO tiers (name, weight, ttft_ms, tpot_ms, best_effort_allowed, created_at, "
+        "updated_at) VALUES ('gold', 3.0, 100.0, 10.0, false, CURRENT_TIMESTAMP, "
+        "CURRENT_TIMESTAMP)",
+        "INSERT INTO tenants (name, tier_id, status, created_at, updated_at) SELECT 'acme', id, "
+        "'active', CURRENT_TIMESTAMP, CURRENT_TIMESTAMP FROM tiers WHERE name = 'gold'",
+        "INSERT INTO api_keys (tenant_id, prefix, key_hash, created_at) SELECT id, 'abcd1234', "
+        "'0123456789abcdef', CURRENT_TIMESTAMP FROM tenants WHERE name = 'acme'",
+        "INSERT INTO usage_records (request_id, tenant_id, api_key_id, prompt_tokens, "
+        "completion_tokens, gain, ideal_gain, slo_met, status, created_at) "
+        "SELECT 'r-1', k.tenant_id, k.id, 1, 1, 0, 0, false, 'ok', CURRENT_TIMESTAMP "
+        "FROM api_keys k",
+    )
     engine = make_engine(url)
     try:
-        with make_session_factory(engine).begin() as s:
-            crud.create_tier(s, actor="test", name="gold", weight=3.0, ttft_ms=100.0, tpot_ms=10.0)
-            crud.create_tenant(s, actor="test", name="acme", tier="gold")
-            crud.create_key(s, actor="test", tenant="acme", secret="migration-secret")
         with engine.begin() as conn:
-            conn.execute(
-                text(
-                    "INSERT INTO usage_records (request_id, tenant_id, api_key_id, prompt_tokens, "
-                    "completion_tokens, gain, ideal_gain, slo_met, status, created_at) "
-                    "SELECT 'r-1', k.tenant_id, k.id, 1, 1, 0, 0, false, 'ok', CURRENT_TIMESTAMP "
-                    "FROM api_keys k"
-                )
-            )
+            for statement in statements:
+                conn.execute(text(statement))
     finally:
         engine.dispose()
 
