@@ -82,6 +82,17 @@ def serve_command(
             show_default=False,
         ),
     ] = None,
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            max=64,
+            help="Gateway worker processes behind the one port. Default: TIERGATE_WORKERS, "
+            "else one per CPU, at most 8. Without TIERGATE_REDIS_URL each worker enforces "
+            "1/N of every tenant limit.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Run the gateway (embedded default: SQLite + four emulated engines, seeded tiers)."""
     if policy not in POLICY_NAMES:
@@ -93,14 +104,17 @@ def serve_command(
             split_addr(metrics_addr)
         except ValueError as exc:
             raise typer.BadParameter(str(exc), param_hint="--metrics-addr") from exc
-    serve(
+    status = serve(
         host=host,
         port=port,
         log_level=log_level,
         model=MODEL_NAME,
         backends=partial(emulated_fleet, policy) if emulated else None,
         metrics_addr=metrics_addr,
+        workers=workers,
     )
+    if status:
+        raise typer.Exit(status)
 
 
 app = typer.Typer(

@@ -2,6 +2,7 @@
 
     python bench/gateway_overhead.py [--rps R] [--duration S] [--warmup S] [--json] [--pin]
         [--block S] [--max-tokens N] [--profile NAME] [--policy NAME] [--time-scale X]
+        [--workers N]
     python bench/gateway_overhead.py --find-max [--rates 25,50,...] [--max-added-p99-ms 5]
 
 One emulated engine and one gateway in front of it (SQLite seeded with an unlimited tier) run in
@@ -28,6 +29,10 @@ objects (one per rate tried) with ``--find-max``; the required keys come first, 
 ``rps, requests, direct_ttft_p50_ms, direct_ttft_p99_ms, gateway_ttft_p50_ms,
 gateway_ttft_p99_ms, added_ttft_p50_ms, added_ttft_p99_ms, errors``, then extras. ``requests``
 and ``errors`` count both paths.
+
+``--workers N`` (N > 1) runs the gateway as ``tiergate serve --workers N`` does: a supervisor
+and N worker processes on one socket (:mod:`gateway.workers`), metrics merged; the gateway's CPU
+is then that of the supervisor and all its workers.
 
 Setting ``TIERGATE_BENCH_PROFILE=<file>`` runs the gateway process under cProfile and dumps its
 stats to ``<file>`` when it stops (read them with ``python -m pstats``).
@@ -102,6 +107,8 @@ class Setup:
     the gateway (each pair of blocks in an order drawn by a coin)."""
     seed: int = 0
     pin: bool = False
+    workers: int = 1
+    """Gateway worker processes (``tiergate serve --workers``)."""
 
 
 # ---- servers (child processes) ------------------------------------------------------------
@@ -121,9 +128,21 @@ class Servers:
         """CPU time used so far by each process (servers from ``/proc``; NaN where unreadable)."""
         return {
             "engine": _process_cpu_seconds(self.processes[0].pid),
-            "gateway": _process_cpu_seconds(self.processes[1].pid),
+            "gateway": sum(_process_cpu_seconds(p) for p in _process_tree(self.processes[1].pid)),
             "client": time.process_time(),
         }
+
+
+def _process_tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (the gateway's workers), from ``/proc``."""
+    tree, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        tree.append(current)
+        with contextlib.suppress(OSError, ValueError):
+            for task in Path(f"/proc/{current}/task").iterdir():
+                todo.extend(int(c) for c in (task / "children").read_text().split())
+    return tree
 
 
 def _process_cpu_seconds(pid: int) -> float:
@@ -238,7 +257,16 @@ def running_servers(setup: Setup) -> Iterator[Servers]:
             engine_url = f"http://127.0.0.1:{engine_port}"
             metrics_port = _free_port()
             gateway, gateway_port = _spawn(
-                ["--role", "gateway", "--engine-url", engine_url, "--profile", setup.profile],
+                [
+                    "--role",
+                    "gateway",
+                    "--engine-url",
+                    engine_url,
+                    "--profile",
+                    setup.profile,
+                    "--workers",
+                    str(setup.workers),
+                ],
                 {**env, "TIERGATE_METRICS_ADDR": f"127.0.0.1:{metrics_port}"},
                 log,
             )
@@ -246,7 +274,8 @@ def running_servers(setup: Setup) -> Iterator[Servers]:
             if setup.pin and len(cpus) >= 2:  # the gateway alone on the last CPU
                 _pin(os.getpid(), set(cpus[:-1]))
                 _pin(engine.pid, set(cpus[:-1]))
-                _pin(gateway.pid, {cpus[-1]})
+                for pid in _process_tree(gateway.pid):  # with its workers
+                    _pin(pid, {cpus[-1]})
             servers = Servers(
                 engine_url,
                 f"http://127.0.0.1:{gateway_port}",
@@ -310,6 +339,9 @@ def _serve_role(args: argparse.Namespace) -> int:
         app = EngineSpec(
             args.profile, args.policy, MODEL, seed=args.seed, time_scale=args.time_scale
         ).create_app()
+    elif args.workers > 1:
+        _run(_serve_gateway_workers(args))
+        return 0
     else:
         from gateway.app import BackendSpec, create_app
 
@@ -359,6 +391,41 @@ def _serve_role(args: argparse.Namespace) -> int:
     else:
         _run(serve())
     return 0
+
+
+async def _serve_gateway_workers(args: argparse.Namespace) -> None:
+    """Child process: the gateway as ``tiergate serve --workers N`` runs it, until stdin closes."""
+    import socket
+
+    from gateway.app import BackendSpec
+    from gateway.settings import get_settings
+    from gateway.workers import BACKLOG, Supervisor, WorkerSpec, multiprocess_metrics
+
+    backend = BackendSpec("bench-engine", args.engine_url, MODEL, args.profile, kind="emulated")
+    settings = get_settings()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(BACKLOG)
+    port = sock.getsockname()[1]
+    async with multiprocess_metrics(settings.metrics_addr) as path:
+        spec = WorkerSpec(
+            settings.model_copy(update={"metrics_addr": None, "workers": args.workers}),
+            [backend],
+            "warning",
+        )
+        supervisor = Supervisor(spec, sock, args.workers, metrics_path=path)
+        supervisor.on_ready = lambda _: print(f"PORT {port}", flush=True)
+        loop = asyncio.get_running_loop()
+        stdin = sys.stdin.buffer.fileno()
+
+        def on_stdin() -> None:
+            if not os.read(stdin, 4096):
+                loop.remove_reader(stdin)
+                supervisor.stop()
+
+        loop.add_reader(stdin, on_stdin)
+        await supervisor.run()
 
 
 def _run(coro: Any) -> Any:
@@ -810,6 +877,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
+        "--workers", type=int, default=1, help="gateway worker processes (tiergate serve --workers)"
+    )
+    parser.add_argument(
         "--pin", action="store_true", help="the gateway alone on the last CPU, the rest elsewhere"
     )
     parser.add_argument("--find-max", action="store_true", help="step up --rates until one fails")
@@ -836,6 +906,7 @@ def main(argv: list[str] | None = None) -> int:
         warmup_s=args.warmup,
         seed=args.seed,
         pin=args.pin,
+        workers=args.workers,
     )
     if args.find_max:
         rates = [float(r) for r in args.rates.split(",")] if args.rates else list(DEFAULT_RATES)

@@ -28,7 +28,15 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from gateway.bounds import MAX_LIMIT, MAX_SLO_MS, MAX_WEIGHT, MIN_LIMIT, MIN_SLO_MS, MIN_WEIGHT
+from gateway.bounds import (
+    MAX_LIMIT,
+    MAX_SHED_SLACK,
+    MAX_SLO_MS,
+    MAX_WEIGHT,
+    MIN_LIMIT,
+    MIN_SLO_MS,
+    MIN_WEIGHT,
+)
 from gateway.db import crud, migrate
 from gateway.db.errors import DatabaseFailure, DomainError, classify, describe
 from gateway.db.models import BACKEND_KINDS, utcnow
@@ -231,6 +239,15 @@ def tiers_create(
     best_effort: Annotated[
         bool, typer.Option(help="serve best-effort instead of shedding when the SLO is infeasible")
     ] = False,
+    shed_slack: Annotated[
+        float,
+        _bounded(
+            0.0,
+            MAX_SHED_SLACK,
+            "how late (a fraction of the TTFT SLO) a predicted first token may be and the "
+            "request still be admitted under overload",
+        ),
+    ] = 0.0,
     description: Annotated[str | None, typer.Option(help="free text")] = None,
 ) -> None:
     """Create a tier."""
@@ -249,6 +266,7 @@ def tiers_create(
             tpm_limit=tpm,
             max_concurrency=max_concurrency,
             best_effort_allowed=best_effort,
+            shed_slack=shed_slack,
             description=description,
         )
     console.print(f"created tier [bold]{tier.name}[/] (id {tier.id})")
@@ -269,6 +287,7 @@ def tiers_list() -> None:
                 t.tpm_limit,
                 t.max_concurrency,
                 t.best_effort_allowed,
+                t.shed_slack,
             )
             for t in crud.list_tiers(session)
         ]
@@ -282,6 +301,7 @@ def tiers_list() -> None:
         "TPM",
         "concurrency",
         "best effort",
+        "shed slack",
     )
     _print_table("tiers", columns, rows)
 
@@ -429,6 +449,81 @@ def keys_list(
             )
     columns = ("prefix", "tenant", "name", "state", "created (UTC)", "expires")
     _print_table("keys", columns, rows)
+
+
+_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def _duration_s(text: str) -> float:
+    """``90s``, ``30m``, ``24h``, ``7d`` or a bare number of seconds."""
+    value, unit = text.strip().lower(), "s"
+    if value and value[-1] in _DURATION_UNITS:
+        value, unit = value[:-1], value[-1]
+    try:
+        seconds = float(value) * _DURATION_UNITS[unit]
+    except ValueError:
+        raise typer.BadParameter(f"{text!r}: use e.g. 90s, 30m, 24h, 7d or 0") from None
+    if not 0 <= seconds < float("inf"):
+        raise typer.BadParameter(f"{text!r}: a duration is 0 or more")
+    return seconds
+
+
+@keys_app.command("rotate")
+def keys_rotate(
+    prefix: Annotated[str, typer.Argument(help="the key to replace, e.g. tg-abcd1234")],
+    grace: Annotated[
+        str, typer.Option(help="how long the old key keeps working: 90s, 30m, 24h, 7d, 0")
+    ] = "24h",
+    expires_in_days: Annotated[
+        int | None, typer.Option(min=1, help="the new key expires after this many days")
+    ] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="print only the new key")] = False,
+) -> None:
+    """Issue a key's successor (printed ONCE) and expire the old key after a grace period."""
+    grace_s, now = _duration_s(grace), utcnow()
+    expires_at = now + timedelta(days=expires_in_days) if expires_in_days else None
+    with _transaction() as session:
+        created = crud.rotate_key(
+            session,
+            prefix,
+            actor=actor(),
+            secret=server_secret(get_settings()),
+            grace_s=grace_s,
+            expires_at=expires_at,
+            now=now,
+        )
+        tenant, old = created.api_key.tenant.name, crud.get_key(session, prefix)
+        until = old.expires_at.strftime("%Y-%m-%d %H:%M:%S UTC") if old.expires_at else "—"
+    if quiet:
+        typer.echo(created.plaintext)
+        return
+    console.print(f"{display_prefix(old.prefix)} keeps working until {until}")
+    _print_new_key(tenant, created.plaintext)
+
+
+@keys_app.command("secret-status")
+def keys_secret_status(
+    check: Annotated[
+        bool, typer.Option("--check", help="exit 1 while a key may still need a previous secret")
+    ] = False,
+) -> None:
+    """Usable keys by the server secret their hash is under (secret rotation: drop
+    TIERGATE_SECRET_PREVIOUS once no key is left under it)."""
+    with _transaction() as session:
+        status = crud.secret_status(session, server_secret(get_settings()))
+    rows: list[tuple[str, int]] = [("current", status.current)]
+    rows += [(f"previous #{i + 1}", n) for i, n in enumerate(status.previous)]
+    rows += [("unrecorded (before 0006)", status.unrecorded), ("none: refused", status.other)]
+    _print_table("usable keys by the secret they are hashed under", ("secret", "keys"), rows)
+    if status.waiting:
+        console.print(
+            f"{status.waiting} key(s) may still need a previous secret: each is re-hashed "
+            "under the current one the first time it is used."
+        )
+    else:
+        console.print("no usable key needs a previous secret: TIERGATE_SECRET_PREVIOUS can go")
+    if check and status.waiting:
+        raise typer.Exit(1)
 
 
 # -- backends ---------------------------------------------------------------------------------

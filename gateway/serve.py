@@ -8,6 +8,12 @@ emulated engine (``gateway/engine_sim/``), so it runs unchanged in front of real
 Metrics are served on an operator listener of their own (:mod:`gateway.app.operator`):
 ``tiergate serve`` always turns it on, at ``TIERGATE_METRICS_ADDR`` or 127.0.0.1:9464 — or a
 free port when a gateway beside this one holds 9464 — and prints where it is.
+
+``--workers N`` (``TIERGATE_WORKERS``; default one per CPU, at most 8): with N > 1 this process
+binds the API port, starts what the gateway routes to, and supervises N worker processes that
+serve the port (:mod:`gateway.workers`), serving their merged metrics itself; with N = 1 it
+serves the app itself, as before. Either way SIGTERM drains the gateway before it exits
+(:mod:`gateway.graceful`).
 """
 
 from __future__ import annotations
@@ -15,21 +21,33 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import getpass
+import logging
+import logging.config
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 
 import uvicorn
 from rich.console import Console
+from uvicorn.config import LOG_LEVELS, LOGGING_CONFIG
 
 from gateway.app.app import create_app
 from gateway.app.backends import BackendSpec
+from gateway.app.http_limits import http_options
 from gateway.db import migrate
 from gateway.db.crud.keys import create_key
 from gateway.db.security import server_secret
 from gateway.db.seed import seed_defaults
 from gateway.db.session import make_engine, make_session_factory
 from gateway.embedded import bind
+from gateway.graceful import DrainingServer
 from gateway.settings import Settings, get_settings, join_addr, split_addr
+from gateway.workers import (
+    BACKLOG,
+    Supervisor,
+    WorkerSpec,
+    default_workers,
+    multiprocess_metrics,
+)
 
 BackendsSource = Callable[[], AbstractAsyncContextManager[list[BackendSpec] | None]]
 """Starts what the gateway routes to on the serving loop and yields its specs (None: the
@@ -102,6 +120,14 @@ def announce(settings: Settings, *, base: str, demo_key: str | None, model: str)
     )
     if settings.admin_key is None or not settings.admin_key.get_secret_value():
         console.print("Admin API (/admin/v1) is off: set TIERGATE_ADMIN_KEY to enable it.")
+    workers = settings.workers or 1
+    if workers > 1:
+        limits = (
+            "exact, shared through Redis"
+            if settings.redis_url
+            else f"each worker enforces 1/{workers} of every tenant limit (no TIERGATE_REDIS_URL)"
+        )
+        console.print(f"{workers} worker processes; tenant limits: {limits}.")
 
 
 async def run(
@@ -112,19 +138,64 @@ async def run(
     log_level: str,
     backends: BackendsSource | None = None,
 ) -> None:
-    """Serve the gateway until uvicorn stops, inside ``backends``' context when given."""
+    """Serve the gateway in this process until SIGTERM or SIGINT has drained it, inside
+    ``backends``' context when given."""
     source = backends() if backends is not None else contextlib.nullcontext(None)
     async with source as specs:
-        server = uvicorn.Server(
+        app = create_app(settings, backends=specs)
+        server = DrainingServer(
             uvicorn.Config(
-                create_app(settings, backends=specs),
+                app,
                 host=host,
                 port=port,
                 log_level=log_level,
                 access_log=False,
-            )
+                backlog=BACKLOG,
+                **http_options(settings),  # header limits, proxy trust (part F)
+            ),
+            app.state.drain,
+            drain_s=settings.shutdown_drain_s,
+            shutdown_delay_s=settings.shutdown_delay_s,
         )
         await server.serve()
+
+
+async def run_workers(
+    settings: Settings,
+    *,
+    host: str,
+    port: int,
+    log_level: str,
+    workers: int,
+    backends: BackendsSource | None = None,
+) -> int:
+    """Serve the gateway with ``workers`` processes on one port until SIGTERM or SIGINT has
+    drained them; returns the exit status (:class:`~gateway.workers.Supervisor`)."""
+    sock = bind(host, port)  # first: a port that is taken fails before anything starts
+    sock.listen(BACKLOG)
+    source = backends() if backends is not None else contextlib.nullcontext(None)
+    try:
+        async with source as specs, multiprocess_metrics(settings.metrics_addr) as path:
+            _configure_logging(log_level)  # after the backends: emulated engines set their own
+            spec = WorkerSpec(
+                settings.model_copy(update={"metrics_addr": None, "workers": workers}),
+                list(specs) if specs is not None else None,
+                log_level,
+            )
+            return await Supervisor(spec, sock, workers, metrics_path=path).run()
+    finally:
+        sock.close()
+
+
+def _configure_logging(log_level: str) -> None:
+    """uvicorn's log format and level for the supervisor's own lines (workers set their own)."""
+    logging.config.dictConfig(LOGGING_CONFIG)
+    level = LOG_LEVELS.get(log_level, logging.INFO)
+    for name in ("uvicorn", "uvicorn.error"):
+        logging.getLogger(name).setLevel(level)
+    access = logging.getLogger("uvicorn.access")  # off, as for the API (``access_log=False``)
+    access.handlers = []
+    access.propagate = False
 
 
 def serve(
@@ -135,17 +206,34 @@ def serve(
     model: str,
     backends: BackendsSource | None = None,
     metrics_addr: str | None = None,
-) -> None:
-    """Prepare the database, announce, and serve until interrupted (``model``: for the example).
+    workers: int | None = None,
+) -> int:
+    """Prepare the database, announce, and serve until stopped (``model``: for the example);
+    returns the exit status.
 
     ``metrics_addr`` (``--metrics-addr``) overrides ``TIERGATE_METRICS_ADDR``; see
-    :func:`metrics_address` for the default.
+    :func:`metrics_address` for the default. ``workers`` (``--workers``) overrides
+    ``TIERGATE_WORKERS``; see :func:`~gateway.workers.default_workers` for the default.
     """
     settings = get_settings()
     chosen = metrics_address(metrics_addr if metrics_addr is not None else settings.metrics_addr)
-    settings = settings.model_copy(update={"metrics_addr": chosen})
+    count = workers or settings.workers or default_workers()
+    settings = settings.model_copy(update={"metrics_addr": chosen, "workers": count})
     demo_key = prepare_database(settings)
     base = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
     announce(settings, base=base, demo_key=demo_key, model=model)
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(run(settings, host=host, port=port, log_level=log_level, backends=backends))
+    with contextlib.suppress(KeyboardInterrupt):  # a signal while starting: nothing to drain
+        if count == 1:
+            asyncio.run(run(settings, host=host, port=port, log_level=log_level, backends=backends))
+        else:
+            return asyncio.run(
+                run_workers(
+                    settings,
+                    host=host,
+                    port=port,
+                    log_level=log_level,
+                    workers=count,
+                    backends=backends,
+                )
+            )
+    return 0

@@ -6,6 +6,7 @@ parsed once and a typo in a variable's value fails at start-up, not on the first
 
 from __future__ import annotations
 
+import ipaddress
 from functools import lru_cache
 from pathlib import Path
 
@@ -68,6 +69,52 @@ class Settings(BaseSettings):
     breaker_cooldown_s: float = Field(
         default=5.0, gt=0, description="how long an open breaker keeps a backend out"
     )
+
+    # ---- part C (engine faults): first-token and stall timeouts, liveness, breaker ---------
+    first_token_timeout_factor: float = Field(
+        default=2.0,
+        gt=0,
+        description="an attempt without its first token after this many times the request's "
+        "TTFT objective (from its first dispatch) is abandoned and retried elsewhere",
+    )
+    first_token_timeout_min_s: float = Field(
+        default=0.5, gt=0, description="lower bound of the first-token timeout, and of any retry"
+    )
+    first_token_timeout_max_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="upper bound of the first-token timeout; what a best-effort request gets",
+    )
+    stall_timeout_factor: float = Field(
+        default=20.0,
+        gt=0,
+        description="a stream with no event for this many times its TPOT objective (after its "
+        "first token) is ended with an error event",
+    )
+    stall_timeout_min_s: float = Field(
+        default=2.0, gt=0, description="lower bound of the stall timeout (engines preempt)"
+    )
+    stall_timeout_max_s: float = Field(
+        default=30.0, gt=0, description="upper bound of the stall timeout"
+    )
+    probe_interval_s: float = Field(
+        default=0.25, gt=0, description="period of each backend's liveness probe (GET /health)"
+    )
+    probe_timeout_s: float = Field(
+        default=0.5, gt=0, description="a liveness probe slower than this opens the breaker"
+    )
+    backend_stall_min_s: float = Field(
+        default=0.5,
+        gt=0,
+        description="watchdog: a backend whose streams all wait this long with no event (or "
+        "1.5x the longest step it may be running, if longer) is unresponsive: breaker opens",
+    )
+    breaker_trial_timeout_s: float = Field(
+        default=2.0,
+        gt=0,
+        description="timeout of the 1-token trial request that closes a breaker opened for "
+        "unresponsiveness",
+    )
     smoothing: bool = Field(
         default=False, description="pace streamed tokens to their deadlines (PROSERVE buffer)"
     )
@@ -92,6 +139,105 @@ class Settings(BaseSettings):
     usage_flush_interval_s: float = Field(default=0.5, gt=0)
     redis_prefix: str = Field(default="tiergate", description="key prefix of the Redis limiter")
 
+    # ---- part B (Redis outages): degraded per-process limits, leases ---------------------
+    # docs/operations/redis-outage.md
+    limits_share: int | None = Field(
+        default=None,
+        ge=1,
+        description="gateway processes sharing the Redis limits (workers x replicas): while "
+        "Redis is unreachable each enforces limit // this, in process; unset = `workers`",
+    )
+    redis_timeout_s: float = Field(
+        default=0.25,
+        gt=0,
+        le=5.0,
+        description="Redis connect/read timeout; a call past it switches limits to degraded "
+        "mode (one failed call, then no request waits on Redis until a probe answers)",
+    )
+    redis_lease_s: float = Field(
+        default=30.0,
+        ge=3.0,
+        description="Redis lease of a concurrency slot, renewed every third of it while the "
+        "request runs: the longest a crashed process keeps a tenant's slots",
+    )
+
+    # ---- part A (database outages): stale auth, usage buffer and spool ---------------------
+    # docs/operations/database-outage.md
+    auth_stale_s: float = Field(
+        default=300.0,
+        ge=0,
+        le=86_400,
+        description="while the database cannot answer, a key it accepted less than this many "
+        "seconds ago keeps authenticating from the cache (revocations made meanwhile are not "
+        "seen); 0 = none: every key past its cache TTL gets 503",
+    )
+    usage_buffer_records: int = Field(
+        default=100_000,
+        ge=1,
+        description="usage records kept in memory (per process) while the database cannot "
+        "take them, before they spill to the on-disk spool",
+    )
+    usage_spool_max_bytes: int = Field(
+        default=1 << 30,
+        ge=0,
+        description="bytes of usage records spooled under <data_dir>/usage-spool/ past the "
+        "memory buffer (shared by the processes on one data_dir); past it records are dropped "
+        "and counted; 0 = no spool",
+    )
+
+    # ---- part E (scale out): worker processes and graceful shutdown -----------------------
+    workers: int | None = Field(
+        default=None,
+        ge=1,
+        le=64,
+        description="gateway worker processes of `tiergate serve` behind one port; unset = one "
+        "per CPU this process may use, at most 8. Inside a worker: how many there are",
+    )
+    shutdown_drain_s: float = Field(
+        default=30.0,
+        ge=0,
+        description="on SIGTERM: how long requests in flight may take to finish before they "
+        "are ended with a `shutting_down` error (streams: an error event)",
+    )
+    shutdown_delay_s: float = Field(
+        default=0.0,
+        ge=0,
+        description="on SIGTERM: how long to keep accepting connections after readiness goes "
+        "false (for a load balancer to notice), before the drain starts",
+    )
+
+    # ---- part F (security): secret rotation, client address behind proxies, header limits --
+    secret_previous: SecretStr | None = Field(
+        default=None,
+        description="retired TIERGATE_SECRET value(s), comma-separated: keys hashed under them "
+        "still authenticate and are re-hashed under the current secret on use; remove once "
+        "`tiergate keys secret-status` shows no key left under them",
+    )
+    trusted_proxies: str | None = Field(
+        default=None,
+        description="comma-separated IPs/CIDRs of reverse proxies whose X-Forwarded-For names "
+        "the client (audit actor address); unset = the TCP peer, forwarded headers ignored",
+    )
+    max_header_bytes: int = Field(
+        default=16 * 1024,
+        ge=1024,
+        le=MIB,
+        description="request line plus headers larger than this get 431 (before the app runs)",
+    )
+    max_headers: int = Field(
+        default=100, ge=8, le=10_000, description="requests with more header fields get 431"
+    )
+
+    # ---- part D (overload): SLO-aware shedding, the backlog kept in the gateway ------------
+    dispatch_horizon_s: float = Field(
+        default=0.1,
+        gt=0,
+        le=3600,
+        description="most estimated prefill work (seconds, from the backend's latency profile) "
+        "a backend may have pending before further requests wait in the gateway's gain-ordered "
+        "queue instead of the engine's (docs/operations/overload.md)",
+    )
+
     @field_validator("metrics_addr")
     @classmethod
     def _check_metrics_addr(cls, value: str | None) -> str | None:
@@ -99,6 +245,18 @@ class Settings(BaseSettings):
             return None
         host, port = split_addr(value)
         return join_addr(host, port)
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _check_trusted_proxies(cls, value: str | None) -> str | None:
+        # part F: uvicorn would take a typo for a host name and trust nobody, silently
+        if value is None or not value.strip():
+            return None
+        entries = [e.strip() for e in value.split(",") if e.strip()]
+        for entry in entries:
+            if entry != "*":
+                ipaddress.ip_network(entry, strict=False)  # ValueError names the entry
+        return ",".join(entries)
 
     @property
     def data_path(self) -> Path:

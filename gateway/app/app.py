@@ -28,13 +28,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 from pydantic.json_schema import JsonSchemaMode, models_json_schema
-from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.app.auth import AuthCache
 from gateway.app.backends import BackendPool, BackendSpec
+from gateway.app.drain import Drain, DrainMiddleware
+from gateway.app.durability import DurabilityExporter, database_readiness
 from gateway.app.metrics import GatewayMetrics
 from gateway.app.operator import metrics_listener
 from gateway.app.proxy import serve
@@ -45,6 +46,7 @@ from gateway.app.schemas import (
     Completion,
     CompletionBody,
 )
+from gateway.app.shedding import dispatch_gate
 from gateway.app.slo import DEADLINE_HEADER, TPOT_HEADER, TTFT_HEADER
 from gateway.app.state import GatewayState, StateDep
 from gateway.app.upstream import Upstream
@@ -62,11 +64,15 @@ from gateway.errors import (
 from gateway.heap import freeze_startup_objects
 from gateway.limits import AdmissionQueue, AdmissionRejected, make_rate_limiter
 from gateway.settings import Settings, get_settings
+from gateway.worker_limits import per_worker_limits
 
 log = logging.getLogger(__name__)
 
 LAST_USED_FLUSH_S = 5.0
 """How often keys' ``last_used_at`` is written (in one UPDATE, off the request path)."""
+BACKEND_REFRESH_S = 5.0
+"""How often the backends table is compared with what is served (a change made through another
+worker, replica or the CLI takes effect within this)."""
 
 
 def create_app(
@@ -81,7 +87,7 @@ def create_app(
         state, background = await _start(config, backends)
         app.state.gateway = state
         try:
-            async with metrics_listener(state, config.metrics_addr) as listener:
+            async with metrics_listener(state, config.metrics_addr, app.state.drain) as listener:
                 app.state.metrics_listener = listener
                 freeze_startup_objects()
                 yield
@@ -94,6 +100,8 @@ def create_app(
         lifespan=lifespan,
     )
     app.add_middleware(BodySizeLimit, max_bytes=config.max_body_bytes)
+    app.state.drain = Drain()  # graceful shutdown (gateway.graceful): readiness, in flight
+    app.add_middleware(DrainMiddleware, drain=app.state.drain)
     _install_error_handlers(app)
     _add_routes(app)
     admin = _admin_router()
@@ -129,7 +137,9 @@ async def _start(
     pool = BackendPool(config, upstream, metrics, session_factory=factory, specs=backends)
     await pool.reload()
     queue = AdmissionQueue(
-        max_in_flight=config.max_in_flight or max(1, pool.capacity), max_queued=config.max_queued
+        max_in_flight=config.max_in_flight or max(1, pool.capacity),
+        max_queued=config.max_queued,
+        ready=dispatch_gate(pool, config.dispatch_horizon_s),  # part D: backlog kept here
     )
     if config.max_in_flight is None:
         pool.on_capacity = lambda capacity: queue.set_max_in_flight(max(1, capacity))
@@ -137,19 +147,39 @@ async def _start(
         settings=config,
         session_factory=factory,
         secret=secret,
-        auth=AuthCache(factory, secret, ttl_s=config.auth_cache_ttl_s),
+        auth=AuthCache(factory, secret, ttl_s=config.auth_cache_ttl_s, stale_s=config.auth_stale_s),
         pool=pool,
         usage_writer=UsageWriter(
             factory,
             batch_size=config.usage_batch_size,
             flush_interval_s=config.usage_flush_interval_s,
+            buffer_records=config.usage_buffer_records,
+            spool_dir=(config.data_path / "usage-spool") if config.usage_spool_max_bytes else None,
+            spool_max_bytes=config.usage_spool_max_bytes,
         ),
-        limiter=make_rate_limiter(config.redis_url, prefix=config.redis_prefix),
+        limiter=per_worker_limits(
+            make_rate_limiter(  # part B: degraded per-process shares while Redis is away
+                config.redis_url,
+                prefix=config.redis_prefix,
+                share=config.limits_share or config.workers or 1,
+                on_change=metrics.limiter_switched,
+                timeout_s=config.redis_timeout_s,
+                lease_s=config.redis_lease_s,
+            ),
+            workers=config.workers or 1,
+            shared=bool(config.redis_url),
+        ),
         queue=queue,
         metrics=metrics,
     )
     pool.start()
-    background = [asyncio.get_running_loop().create_task(_flush_last_used(state))]
+    loop = asyncio.get_running_loop()
+    background = [loop.create_task(_flush_last_used(state))]
+    exporter = DurabilityExporter(metrics, state.usage_writer, state.auth)  # part A
+    background.append(loop.create_task(exporter.run()))
+    background.append(loop.create_task(state.auth.keep_warm()))  # keys in use, for outages
+    if backends is None:  # part E: other workers' (and the CLI's) backend changes
+        background.append(loop.create_task(_refresh_backends(state)))
     return state, background
 
 
@@ -167,6 +197,16 @@ async def _stop(state: GatewayState, background: list[asyncio.Task[None]]) -> No
     bind = state.session_factory.kw.get("bind")
     if bind is not None:
         bind.dispose()
+
+
+async def _refresh_backends(state: GatewayState) -> None:
+    while True:
+        await asyncio.sleep(BACKEND_REFRESH_S)
+        try:
+            if await state.pool.refresh():
+                log.info("backends changed in the database: pool reloaded")
+        except Exception as exc:  # the database may be briefly unavailable: keep what we have
+            log.warning("could not re-read the backends: %s", type(exc).__name__)
 
 
 async def _flush_last_used(state: GatewayState) -> None:
@@ -363,15 +403,22 @@ def _add_routes(app: FastAPI) -> None:
         return {"status": "ok"}
 
     @app.get("/health/readiness", tags=["health"], summary="Database and a backend reachable")
-    async def readiness(state: StateDep) -> JSONResponse:
-        db_ok = await asyncio.to_thread(_database_ok, state)
+    async def readiness(request: Request, state: StateDep) -> JSONResponse:
+        if request.app.state.drain.draining:  # shutting down: send new work elsewhere
+            return JSONResponse({"status": "draining"}, status_code=503)
+        # part A: an unreachable database is "degraded", not unready, while keys in use can
+        # still be served from the cache (gateway.app.durability)
+        db_serves, db_fields = await database_readiness(state)
         healthy = [b.name for b in state.pool.backends if b.view.healthy]
-        ready = db_ok and bool(healthy)
+        ready = db_serves and bool(healthy)
         body = {
             "status": "ok" if ready else "unavailable",
-            "database": "ok" if db_ok else "unreachable",
+            **db_fields,
             "healthy_backends": healthy,
             "backends": len(state.pool.backends),
+            # part B: "redis" | "degraded-local" (Redis away: per-process shares; still
+            # serving, so still ready) | "local" (no Redis configured)
+            "limits": state.limiter.mode,
         }
         return JSONResponse(body, status_code=200 if ready else 503)
 
@@ -385,15 +432,6 @@ def _add_routes(app: FastAPI) -> None:
             "(TIERGATE_METRICS_ADDR, tiergate serve --metrics-addr).",
             code="not_found",
         )
-
-
-def _database_ok(state: GatewayState) -> bool:
-    try:
-        with state.session_factory() as session:
-            session.execute(text("SELECT 1"))
-    except Exception:
-        return False
-    return True
 
 
 # ---- errors -----------------------------------------------------------------------------

@@ -5,16 +5,32 @@ Backends serving the same model form a :class:`ModelGroup` with its own router o
 profile — so an Ascend 910B and an A100 are compared in the same units (seconds of their own
 estimated work). The gateway-side state GoRouting needs (in-flight prefills with timestamps,
 decoding counts) is updated through the router's ``on_*`` callbacks as streams progress and
-reconciled every ``scrape_interval_s`` against each backend's scraped ``vllm:*`` gauges. The
-scrape doubles as the active health probe; probes and request failures drive a circuit breaker
-that takes a backend out of routing for ``breaker_cooldown_s`` after ``breaker_failures``
-consecutive failures (then it is tried again: one more failure re-opens it at once).
+reconciled every ``scrape_interval_s`` against each backend's scraped ``vllm:*`` gauges.
+
+Health is judged apart from that scrape, by a loop a few times a second
+(:meth:`BackendPool._health_loop`):
+
+* a **liveness probe** per backend every ``probe_interval_s``: ``GET /health`` within
+  ``probe_timeout_s`` (any answer below 500 counts: an engine without the route is alive), so
+  a frozen or dead engine is out of routing within about ``probe_interval_s +
+  probe_timeout_s`` (0.75 s by default);
+* the **watchdog** (:mod:`gateway.app.watchdog`): streams stalled past their stall timeout are
+  ended, and an engine on which every stream waits with no event is taken out (a hung engine
+  core still answers ``/health``);
+* request outcomes: failures and timeouts count against the backend, successes reset the count.
+
+All of it drives one :class:`~gateway.app.breaker.Breaker` per backend. When a breaker opens,
+the attempts still waiting on that backend for their first token (or non-streamed answer) are
+abandoned at once and retried elsewhere, rather than sitting out their own timeout. A breaker
+opened for unreachability closes when ``/health`` answers again; one opened for
+unresponsiveness closes on a successful 1-token trial request, sent while it is open.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -22,8 +38,15 @@ from dataclasses import dataclass, field
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from gateway.app.breaker import Breaker, OpenReason
 from gateway.app.metrics import GatewayMetrics
-from gateway.app.upstream import Upstream, UpstreamError
+from gateway.app.upstream import Upstream, UpstreamError, UpstreamTimeout
+from gateway.app.watchdog import (
+    EXTERNAL_PROMPT_TOKENS,
+    STEP_MARGIN,
+    StreamWatch,
+    stalled_backends,
+)
 from gateway.db.crud import list_backends, load_stored_profiles
 from gateway.settings import Settings
 from priority.gain import GainWeights
@@ -35,6 +58,9 @@ log = logging.getLogger(__name__)
 RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
 KV_USAGE = "vllm:kv_cache_usage_perc"
+LOOP_LAG_TOLERANCE_S = 0.1
+"""A health-loop tick later than this skips the watchdog: the event loop was blocked, so events
+may sit unread in socket buffers and streams would look stalled when the gateway was."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,14 +86,21 @@ class Backend:
     spec: BackendSpec
     profile: Profile
     view: InstanceView
-    failures: int = 0
-    open_until: float = 0.0
-    """Monotonic time until which the breaker keeps the backend out (0: closed)."""
+    breaker: Breaker = field(default_factory=lambda: Breaker(threshold=3, cooldown_s=5.0))
+    """The pool gives each backend one from its settings (the default is theirs)."""
     own_decoding: int = 0
     """Requests of this gateway past their first token here (the router's n_d before scrape)."""
     running: int | None = None
     waiting: int | None = None
     kv_usage: float | None = None
+    external: int = 0
+    """Requests running or waiting here at the last scrape that this gateway did not send."""
+    last_event: float = 0.0
+    """Monotonic time the last upstream read from this backend brought data."""
+    attempts: set[asyncio.Timeout] = field(default_factory=set)
+    """Deadlines of attempts waiting here for a first token or a non-streamed answer."""
+    next_probe: float = 0.0
+    probe_task: asyncio.Task[None] | None = None
 
     @property
     def name(self) -> str:
@@ -84,6 +117,10 @@ class Backend:
     @property
     def metrics_url(self) -> str:
         return f"{self.spec.root_url}/metrics"
+
+    @property
+    def health_url(self) -> str:
+        return f"{self.spec.root_url}/health"
 
 
 @dataclass(eq=False)
@@ -118,7 +155,11 @@ class BackendPool:
         self.groups: dict[str, ModelGroup] = {}
         self.on_capacity: Callable[[int], None] | None = None
         """Called with the new :attr:`capacity` after each (re)configuration."""
-        self._task: asyncio.Task[None] | None = None
+        self.streams: set[StreamWatch] = set()
+        """Streams being relayed past their first token (the watchdog's view)."""
+        self.lagged_at = -1e9
+        """When the health loop last found the event loop late (its own tick overdue)."""
+        self._tasks: list[asyncio.Task[None]] = []
 
     # ---- configuration ------------------------------------------------------------------
 
@@ -132,6 +173,22 @@ class BackendPool:
         if specs is None:
             specs = await asyncio.to_thread(self._read_specs)
         self.configure(specs)
+
+    async def refresh(self) -> bool:
+        """Reload only if the backends table differs from what is served; True if it did.
+
+        An admin change reloads the pool of the one gateway process that made it; the other
+        workers and replicas (and every process, after a change made with the CLI) pick it up
+        here, periodically (part E: ``gateway.app.app._refresh_backends``).
+        """
+        if self._fixed is not None:
+            return False
+        specs = await asyncio.to_thread(self._read_specs)
+        current = sorted((b.spec for b in self.backends), key=lambda s: s.name)
+        if sorted(specs, key=lambda s: s.name) == current:
+            return False
+        self.configure(specs)
+        return True
 
     def _read_specs(self) -> list[BackendSpec]:
         """The enabled backends; a stored (imported) profile is read here, as a ``Profile``."""
@@ -158,12 +215,37 @@ class BackendPool:
                     else load_profile(spec.profile)
                 )
                 view = InstanceView(index, spec.name, profile, profile.estimator())
-                backends.append(Backend(spec, profile, view))
+                backends.append(Backend(spec, profile, view, self._new_breaker()))
             router = self._make_router([b.view for b in backends])
             groups[model] = ModelGroup(model, backends, router)
         self.groups = groups
         if self.on_capacity is not None:
             self.on_capacity(self.capacity)
+
+    def _new_breaker(self) -> Breaker:
+        return Breaker(self.settings.breaker_failures, self.settings.breaker_cooldown_s)
+
+    def stall_threshold(self, backend: Backend) -> float:
+        """How long every stream on ``backend`` may wait with no event before the watchdog calls
+        it hung: STEP_MARGIN times the longest step it may be running, at least
+        ``backend_stall_min_s``. That step, by the backend's profile: a prefill of every prompt
+        token awaiting its first token there, up to the engine's token budget, over the cached
+        part of the longest such prompt (its last chunk) — a prompt of EXTERNAL_PROMPT_TOKENS
+        added if it runs work this gateway did not send — beside its decodes. An over-estimate
+        (one chunk's cost grows with its square), which only delays the verdict."""
+        engine = backend.profile.engine
+        prompts = [r.prompt_tokens for r in backend.view.prefill_queue.values()]
+        if backend.external:
+            prompts.append(EXTERNAL_PROMPT_TOKENS)
+        budget = engine.max_num_batched_tokens
+        chunk = min(sum(prompts), budget)
+        cached = max(0, max(prompts, default=0) - budget)
+        decodes = min(backend.view.num_decoding, engine.max_num_seqs)
+        step = backend.view.estimator.batch_time(
+            prefill=[(chunk, cached)] if chunk else [],
+            decode_kv=[EXTERNAL_PROMPT_TOKENS // 4] * decodes,
+        )
+        return max(self.settings.backend_stall_min_s, STEP_MARGIN * step)
 
     def _make_router(self, views: list[InstanceView]) -> Router:
         if self.settings.router == "goroute":
@@ -184,65 +266,187 @@ class BackendPool:
 
     # ---- circuit breaker ----------------------------------------------------------------
 
-    def record_failure(self, backend: Backend) -> None:
-        backend.failures += 1
+    def record_failure(self, backend: Backend, *, counts: bool = True) -> None:
+        """A request attempt failed here. ``counts=False``: it was abandoned because the
+        breaker had opened already, so it says nothing new about the backend."""
         self.metrics.upstream_failures.labels(backend.name).inc()
-        if backend.failures >= self.settings.breaker_failures:
-            backend.open_until = time.monotonic() + self.settings.breaker_cooldown_s
-            if backend.view.healthy:
-                log.warning(
-                    "backend %s: circuit open after %d failures", backend.name, backend.failures
-                )
-            backend.view.healthy = False
+        if counts and backend.breaker.failure(time.monotonic()):
+            self._opened(backend, f"{backend.breaker.failures} failures in a row")
+
+    def record_timeout(self, backend: Backend, phase: str) -> None:
+        """An attempt ran out of time (``first_token``, ``response`` or ``stall``): a failure,
+        and a reason to probe the backend's liveness now rather than at the next period."""
+        self.metrics.upstream_timeouts.labels(backend.name, phase).inc()
+        self.record_failure(backend)
+        backend.next_probe = 0.0
 
     def record_success(self, backend: Backend) -> None:
-        backend.failures = 0
-        backend.open_until = 0.0
-        backend.view.healthy = True
+        """A request got its first token (or whole answer) here."""
+        if backend.breaker.success():
+            self._closed(backend, "a request succeeded")
 
-    def _refresh_breaker(self, backend: Backend, now: float) -> None:
-        """Half-open an expired breaker: one more failure re-opens it (failures stay high)."""
-        if not backend.view.healthy and backend.open_until <= now:
-            backend.view.healthy = True
+    def trip(self, backend: Backend, reason: OpenReason, detail: str) -> None:
+        """Open the breaker for ``reason`` (probe failure, watchdog)."""
+        if backend.breaker.trip(time.monotonic(), reason):
+            self._opened(backend, detail)
+        else:
+            self._sync(backend)
+
+    def _opened(self, backend: Backend, detail: str) -> None:
+        reason = backend.breaker.reason
+        assert reason is not None
+        log.warning("backend %s: circuit open (%s: %s)", backend.name, reason.value, detail)
+        self.metrics.breaker_opens.labels(backend.name, reason.value).inc()
+        self._sync(backend)
+        self._abandon_attempts(backend)
+
+    def _closed(self, backend: Backend, detail: str) -> None:
+        log.warning("backend %s: circuit closed (%s)", backend.name, detail)
+        self._sync(backend)
+
+    def _sync(self, backend: Backend) -> None:
+        """The router sees the breaker's verdict (half-open after the cooldown)."""
+        healthy = backend.breaker.routable(time.monotonic())
+        if healthy != backend.view.healthy:
+            backend.view.healthy = healthy
+            self.metrics.backend_healthy.labels(backend.name).set(1.0 if healthy else 0.0)
+
+    @staticmethod
+    def _abandon_attempts(backend: Backend) -> None:
+        """Expire the deadlines of attempts waiting here: they fail over now."""
+        if not backend.attempts:
+            return
+        now = asyncio.get_running_loop().time()
+        for deadline in list(backend.attempts):
+            if not deadline.expired():
+                deadline.reschedule(now)
 
     # ---- probes -------------------------------------------------------------------------
 
     def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._probe_loop(), name="probes")
+        if not self._tasks:
+            loop = asyncio.get_running_loop()
+            self._tasks = [
+                loop.create_task(self._scrape_loop(), name="scrapes"),
+                loop.create_task(self._health_loop(), name="health"),
+            ]
 
     async def stop(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
+        tasks, self._tasks = self._tasks, []
+        tasks += [b.probe_task for b in self.backends if b.probe_task is not None]
+        for task in tasks:
             task.cancel()
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
-    async def _probe_loop(self) -> None:
+    async def _scrape_loop(self) -> None:
         while True:
             await self.probe_all()
             await asyncio.sleep(self.settings.scrape_interval_s)
 
     async def probe_all(self) -> None:
+        """Scrape every backend's load (``/metrics``)."""
         backends = self.backends
         await asyncio.gather(*(self.probe(b) for b in backends), return_exceptions=True)
 
     async def probe(self, backend: Backend) -> bool:
-        """Scrape one backend's ``/metrics``; success closes its breaker, failure counts."""
+        """Scrape one backend's ``/metrics`` to correct the router's view of its load. Health is
+        the liveness probe's business: a failed scrape only leaves the last numbers in place."""
         timeout = max(0.5, self.settings.scrape_interval_s)
         try:
             text = await self.upstream.get_text(backend.metrics_url, timeout)
             gauges = parse_vllm_gauges(text)
         except (UpstreamError, ValueError) as exc:
-            log.info("backend %s: probe failed (%s)", backend.name, exc)
-            self.record_failure(backend)
-            self._refresh_breaker(backend, time.monotonic())
-            self._export(backend)
+            log.info("backend %s: metrics scrape failed (%s)", backend.name, exc)
             return False
-        self.record_success(backend)
         self.reconcile(backend, gauges)
         self._export(backend)
         return True
+
+    async def _health_loop(self) -> None:
+        """Liveness probes, half-opening breakers and the watchdog, a few times a second."""
+        loop = asyncio.get_running_loop()
+        tick = min(0.1, self.settings.probe_interval_s / 2)
+        last = time.monotonic()
+        while True:
+            now = time.monotonic()
+            on_time = now - last <= tick + LOOP_LAG_TOLERANCE_S
+            if not on_time:
+                self.lagged_at = now
+            last = now
+            try:
+                for backend in self.backends:
+                    self._sync(backend)
+                    if backend.probe_task is None and now >= backend.next_probe:
+                        backend.next_probe = now + self.settings.probe_interval_s
+                        backend.probe_task = loop.create_task(self._check(backend))
+                if on_time:
+                    self._watch(now, loop.time())
+            except Exception:  # a bug here must not end health checking for good
+                log.exception("health loop tick failed")
+            await asyncio.sleep(tick)
+
+    def _watch(self, now: float, loop_now: float) -> None:
+        floor = self.settings.backend_stall_min_s
+        for backend, waited in stalled_backends(self.streams, now, loop_now, floor).items():
+            silent = now - backend.last_event
+            threshold = self.stall_threshold(backend)
+            if min(waited, silent) > threshold and backend.breaker.routable(now):
+                self.trip(
+                    backend,
+                    OpenReason.UNRESPONSIVE,
+                    f"every stream waited {min(waited, silent):.2f} s with no event",
+                )
+
+    async def _check(self, backend: Backend) -> None:
+        """One liveness probe, and a trial request if the breaker is open for unresponsiveness."""
+        try:
+            try:
+                status = await self.upstream.status(
+                    backend.health_url, self.settings.probe_timeout_s
+                )
+            except UpstreamTimeout as exc:
+                if time.monotonic() - self.lagged_at < 2 * self.settings.probe_timeout_s:
+                    backend.next_probe = 0.0  # our own loop was late, maybe not the engine
+                    return
+                self.trip(backend, OpenReason.UNREACHABLE, f"liveness probe: {exc}")
+                return
+            except UpstreamError as exc:
+                self.trip(backend, OpenReason.UNREACHABLE, f"liveness probe: {exc}")
+                return
+            if status >= 500:  # vLLM's answer once its engine core died
+                self.trip(backend, OpenReason.UNREACHABLE, f"liveness probe: HTTP {status}")
+                return
+            if backend.breaker.alive():
+                self._closed(backend, "liveness probe answered")
+            elif backend.breaker.reason is OpenReason.UNRESPONSIVE:
+                await self._trial(backend)
+        finally:
+            backend.probe_task = None
+
+    async def _trial(self, backend: Backend) -> None:
+        """A 1-token completion: the only proof that an engine which answers ``/health`` but
+        not requests serves again."""
+        payload = json.dumps(
+            {"model": backend.spec.model, "prompt": "ping", "max_tokens": 1, "stream": False}
+        ).encode()
+        response = None
+        try:
+            async with asyncio.timeout(self.settings.breaker_trial_timeout_s):
+                response = await self.upstream.post_json(backend.completions_url, payload)
+                body = await response.read()
+            if response.status != 200 or not isinstance(json.loads(body), dict):
+                raise ValueError(f"HTTP {response.status}")
+        except (UpstreamError, TimeoutError, ValueError) as exc:
+            log.info("backend %s: trial request failed (%s)", backend.name, exc or "timeout")
+            self.trip(backend, OpenReason.UNRESPONSIVE, "trial request failed")
+            return
+        finally:
+            if response is not None:
+                response.close()
+        if backend.breaker.success():
+            self._closed(backend, "trial request succeeded")
 
     def reconcile(self, backend: Backend, gauges: dict[str, float]) -> None:
         """Correct the router's decoding count with the engine's own numbers.
@@ -257,6 +461,7 @@ class BackendPool:
         backend.kv_usage = gauges.get(KV_USAGE)
         ours = backend.own_decoding + len(backend.view.prefill_queue)
         external = max(0, backend.running + backend.waiting - ours)
+        backend.external = external
         backend.view.num_decoding = backend.own_decoding + external
 
     def _export(self, backend: Backend) -> None:

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from typing import Literal
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.metrics_core import Metric
 
+from gateway.app.multiproc import multiprocess_dir, observe_many
 from gateway.histogram import ITL_BUCKETS, BatchHistogram
 
 OTHER_TENANT = "other"
@@ -46,6 +48,27 @@ class TenantLabels:
                 self._known.add(tenant)
                 return tenant
         return OTHER_TENANT
+
+
+GaugeMode = Literal["livesum", "livemax", "livemin", "livemostrecent", "liveall"]
+"""How a gauge combines over the workers of ``tiergate serve --workers N`` (prometheus_client's
+``multiprocess_mode``, live workers only): ``livesum`` for a count each worker holds part of
+(its queue, its requests in flight), ``livemax`` / ``livemin`` for one quantity every worker
+estimates (the worst view wins), ``livemostrecent`` for a value read from elsewhere (the last
+scrape of an engine), ``liveall`` to keep one series per worker (a ``pid`` label)."""
+
+
+def gauge(
+    name: str,
+    documentation: str,
+    labels: Sequence[str] = (),
+    *,
+    registry: CollectorRegistry | None,
+    mode: GaugeMode,
+) -> Gauge:
+    """A gauge that says how it combines across workers: every gateway gauge is made here (a
+    plain ``Gauge`` would be exported once per worker process, with a ``pid`` label)."""
+    return Gauge(name, documentation, labels, registry=registry, multiprocess_mode=mode)
 
 
 def _no_tenant(_: str) -> str:
@@ -108,6 +131,15 @@ class GatewayMetrics:
         )
         self._itl: dict[str, BatchHistogram] = {}
         self._itl_lock = threading.Lock()
+        self._itl_shared: Histogram | None = None
+        if multiprocess_dir() is not None:  # numpy counts in memory would not merge: see render
+            self._itl_shared = Histogram(
+                "tiergate_inter_token_latency_seconds",
+                "Gaps between streamed chunks at the gateway's egress, by tier.",
+                ("tier",),
+                buckets=ITL_BUCKETS,
+                registry=reg,
+            )
         self.gain = Counter(
             "tiergate_gain",
             "Token-level deadline-aware gain (TDG) earned, by tier.",
@@ -126,52 +158,138 @@ class GatewayMetrics:
             ("tier", "attained"),
             registry=reg,
         )
-        self.queue_depth = Gauge(
-            "tiergate_queue_depth", "Requests waiting in the admission queue.", registry=reg
-        )
-        self.in_flight = Gauge(
-            "tiergate_in_flight", "Requests holding a dispatch slot.", registry=reg
-        )
-        self.backend_healthy = Gauge(
-            "tiergate_backend_healthy",
-            "1 if the backend takes requests (breaker closed).",
-            ("backend",),
+        # part D (overload): refusals on SLO grounds are tiergate_rejections_total{reason=
+        # "slo_unattainable"|"slo_infeasible"}; demotions are served, so counted apart
+        self.demotions = Counter(
+            "tiergate_demotions",
+            "Requests demoted to best effort because their TTFT objective became unattainable "
+            "(served at the lowest priority), by tier and reason.",
+            ("tier", "reason"),
             registry=reg,
         )
-        self.backend_prefills = Gauge(
+        self.queue_service_rate = gauge(
+            "tiergate_queue_service_rate",
+            "Dispatch slots released per second while requests waited (the admission queue's "
+            "measured service rate; 0 until measured). Workers: the sum.",
+            registry=reg,
+            mode="livesum",
+        )
+        self.queue_depth = gauge(
+            "tiergate_queue_depth",
+            "Requests waiting in the admission queue.",
+            registry=reg,
+            mode="livesum",
+        )
+        self.in_flight = gauge(
+            "tiergate_in_flight", "Requests holding a dispatch slot.", registry=reg, mode="livesum"
+        )
+        self.backend_healthy = gauge(
+            "tiergate_backend_healthy",
+            "1 if the backend takes requests (breaker closed; with several workers: in all).",
+            ("backend",),
+            registry=reg,
+            mode="livemin",
+        )
+        self.backend_prefills = gauge(
             "tiergate_backend_prefill_queue",
             "Dispatched requests awaiting their first token.",
             ("backend",),
             registry=reg,
+            mode="livesum",
         )
-        self.backend_decoding = Gauge(
+        self.backend_decoding = gauge(
             "tiergate_backend_decoding",
-            "Requests decoding on the backend (reconciled).",
+            "Requests decoding on the backend (reconciled; with several workers: the largest "
+            "worker's view).",
             ("backend",),
             registry=reg,
+            mode="livemax",
         )
-        self.backend_running = Gauge(
+        self.backend_running = gauge(
             "tiergate_backend_running",
             "vllm:num_requests_running at the last scrape.",
             ("backend",),
             registry=reg,
+            mode="livemostrecent",
         )
-        self.backend_waiting = Gauge(
+        self.backend_waiting = gauge(
             "tiergate_backend_waiting",
             "vllm:num_requests_waiting at the last scrape.",
             ("backend",),
             registry=reg,
+            mode="livemostrecent",
         )
-        self.backend_kv = Gauge(
+        self.backend_kv = gauge(
             "tiergate_backend_kv_cache_usage",
             "vllm:kv_cache_usage_perc at the last scrape.",
             ("backend",),
             registry=reg,
+            mode="livemostrecent",
         )
         self.upstream_failures = Counter(
             "tiergate_upstream_failures",
             "Failed upstream attempts (connect, 5xx, broken stream).",
             ("backend",),
+            registry=reg,
+        )
+        # part C (engine faults): what the timeouts and the breaker did
+        self.upstream_timeouts = Counter(
+            "tiergate_upstream_timeouts",
+            "Upstream attempts abandoned for time: phase first_token, response (non-streamed) "
+            "or stall (after the first token).",
+            ("backend", "phase"),
+            registry=reg,
+        )
+        self.breaker_opens = Counter(
+            "tiergate_breaker_opens",
+            "Times a backend's breaker opened, by reason (unreachable, unresponsive).",
+            ("backend", "reason"),
+            registry=reg,
+        )
+        self.failovers = Counter(
+            "tiergate_failovers",
+            "Attempts retried on another backend after failing before their first token.",
+            ("tier",),
+            registry=reg,
+        )
+        # part A (database outages): the usage writer's records and the auth cache's stale
+        # serving, copied from their counters every second (gateway.app.durability)
+        self.usage_records = Counter(
+            "tiergate_usage_records",
+            "Usage records by outcome: written, duplicate (found stored already: not written "
+            "twice), spilled (to the disk spool), replayed (from it), dropped (lost).",
+            ("outcome",),
+            registry=reg,
+        )
+        self.usage_buffered = gauge(
+            "tiergate_usage_buffered_records",
+            "Usage records in memory not yet in the database. Workers: the sum.",
+            registry=reg,
+            mode="livesum",
+        )
+        self.usage_spooled = gauge(
+            "tiergate_usage_spooled_records",
+            "Usage records spooled to disk and not yet replayed. Workers: the sum.",
+            registry=reg,
+            mode="livesum",
+        )
+        self.usage_spool_bytes = gauge(
+            "tiergate_usage_spool_bytes",
+            "Bytes in the usage spool directory (shared by the workers: the largest view).",
+            registry=reg,
+            mode="livemax",
+        )
+        self.database_unavailable = gauge(
+            "tiergate_database_unavailable",
+            "1 while the database fails the gateway (usage writes kept for retry, or API keys "
+            "served from the cache). Workers: the max.",
+            registry=reg,
+            mode="livemax",
+        )
+        self.auth_stale = Counter(
+            "tiergate_auth_stale",
+            "Requests authenticated from a key's last-good identity while the database could "
+            "not answer.",
             registry=reg,
         )
         self.routing_time = Histogram(
@@ -187,8 +305,30 @@ class GatewayMetrics:
             buckets=OVERHEAD_BUCKETS,
             registry=reg,
         )
+        # part B (Redis outages): docs/operations/redis-outage.md
+        self.limiter_degraded = gauge(
+            "tiergate_limiter_degraded",
+            "1 while Redis limits are unreachable and each process enforces its share of every "
+            "limit in process (degraded-local). Workers: 1 if any is.",
+            registry=reg,
+            mode="livemax",
+        )
+        self.limiter_fallbacks = Counter(
+            "tiergate_limiter_fallbacks",
+            "Times the limits fell back from Redis to per-process shares (Redis lost).",
+            registry=reg,
+        )
+
+    def limiter_switched(self, degraded: bool) -> None:
+        """The rate limiter's ``on_change``: Redis lost (True) or back (False)."""
+        self.limiter_degraded.set(1 if degraded else 0)
+        if degraded:
+            self.limiter_fallbacks.inc()
 
     def observe_itl(self, tier: str, gaps: Sequence[float]) -> None:
+        if self._itl_shared is not None:
+            observe_many(self._itl_shared.labels(tier), gaps)
+            return
         hist = self._itl.get(tier)
         if hist is None:
             with self._itl_lock:

@@ -4,16 +4,24 @@ Admission, in order: authenticate (401), parse and check the body (400: nesting 
 parsing, OpenAI's types), resolve the SLO (400), find the model (404), check the backends'
 context length (400 ``context_length_exceeded``, :mod:`gateway.app.context`), reserve tenant
 limits — prompt tokens plus expected output (``max_tokens``, else ``default_max_tokens``) —
-before anything is dispatched (429), shed requests GoRouting says no backend can serve in time
-unless the tier allows best effort (503 ``slo_infeasible``), then wait for a dispatch slot in the
-gain-ordered admission queue (429 ``queue_full`` / 503 ``queue_ttl``).
+before anything is dispatched (429), predict the first token — queue wait plus GoRouting's
+estimate — and shed a request it makes later than its tier allows (``shed_slack``), or demote
+it to best effort where the tier allows that (503 ``slo_infeasible`` / ``slo_unattainable``,
+:mod:`gateway.app.shedding`), then wait for a dispatch slot in the gain-ordered admission queue
+(429 ``queue_full``; 503 ``slo_unattainable`` once the wait itself makes the objective
+unattainable, ``queue_ttl`` for best effort).
 
 Dispatch: the router picks a backend; a failure before the first token (connect error, 5xx,
-a stream that ends first or with a server error) counts against that backend's breaker and
-retries on another one, up to ``max_attempts`` backends. A streaming response is only started
-once the first token is in hand, so the client never sees a failed attempt. After the first
-token, an upstream failure ends the stream with an OpenAI-style error event. A client that
+a stream that ends first or with a server error, garbage, no first token within the request's
+own budget — ``TTFT x first_token_timeout_factor``, :mod:`gateway.app.deadlines` — or the
+backend's breaker opening meanwhile) counts against that backend's breaker and retries on
+another one, up to ``max_attempts`` backends, within what is left of that budget (503
+``upstream_unavailable`` with ``retry-after`` when none is left). A streaming response is only
+started once the first token is in hand, so the client never sees a failed attempt. After the
+first token, an upstream failure — a break, garbage, or no event for the stall timeout
+(:mod:`gateway.app.watchdog`) — ends the stream with an OpenAI-style error event. A client that
 disconnects — streaming or not — closes the upstream request, which makes the engine abort it.
+``docs/operations/engine-faults.md`` has the whole story.
 
 An engine's refusal (a 4xx, or a stream whose first event is a 4xx error) is the client's
 answer, not a failed attempt, and an error event mid-stream is relayed; both in the gateway's
@@ -36,6 +44,7 @@ import contextlib
 import itertools
 import json
 import logging
+import math
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -49,12 +58,17 @@ from starlette.types import Receive, Scope, Send
 
 from engine_common.protocol import without_protocol_keys
 from gateway.app.accounting import Account, Outcome, account, record_gain
+from gateway.app.auth import authenticate_request
 from gateway.app.backends import Backend, ModelGroup
 from gateway.app.context import check_context, context_window
+from gateway.app.deadlines import AttemptBudget, attempt_budget, stall_timeout
 from gateway.app.schemas import ChatBody, CompletionBody
+from gateway.app.shedding import Action, judge, shed_message
 from gateway.app.slo import RequestSLO, engine_priority, engine_xargs, resolve_slo
 from gateway.app.state import GatewayState
 from gateway.app.upstream import UpstreamError, UpstreamResponse
+from gateway.app.watchdog import StreamWatch
+from gateway.bounds import MIN_WEIGHT
 from gateway.db.identity import KeyIdentity
 from gateway.db.usage import UsageEvent
 from gateway.errors import INVALID_REQUEST, ApiError, invalid_body, parse_json_body
@@ -72,7 +86,15 @@ _SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
 
 class UpstreamFailed(Exception):
-    """An attempt failed before its first token: try another backend."""
+    """An attempt failed (before its first token: try another backend).
+
+    ``recorded``: the backend's breaker has been told already (a timeout); ``abandoned``: the
+    attempt was given up because the breaker had opened, which says nothing new about it."""
+
+    def __init__(self, message: str, *, recorded: bool = False, abandoned: bool = False) -> None:
+        super().__init__(message)
+        self.recorded = recorded
+        self.abandoned = abandoned
 
 
 class EngineRefused(Exception):
@@ -217,34 +239,50 @@ class Job:
         self.reservation = await state.limiter.reserve(
             str(self.identity.tenant_id), limits, self.prompt_tokens + self.expected_output
         )
-        decision = self._route(time.monotonic())
-        if (
-            decision.expected_gain is not None
-            and decision.expected_gain <= 0.0
-            and not policy.best_effort_allowed
-            and fits  # else maybe too long: the engine's tokenizer decides, not a retryable 503
-        ):
+        now = time.monotonic()
+        decision = self._route(now)
+        # SLO-aware shedding (gateway.app.shedding): predicted TTFT, queue wait included
+        priority = gain_density(state.pool.weights, policy.weight, self.prompt_tokens)
+        wait = state.queue.predicted_wait_s(priority, self.model)
+        verdict = judge(
+            elapsed_s=now - self.arrival,
+            due_s=self.core.slo.token_due_s(1),
+            shed_slack=policy.shed_slack,
+            best_effort=policy.best_effort_allowed,
+            wait_s=wait,
+            engine_s=self._engine_ttft(decision),
+            zero_load_s=self._engine_ttft(decision, idle=True),
+            drain_s=state.queue.drain_time_s() if wait == math.inf else None,
+            horizon_s=state.settings.dispatch_horizon_s,
+            checked=fits,  # else maybe too long: the engine's tokenizer decides, not a 503
+        )
+        if verdict.action is Action.SHED:
+            assert verdict.reason is not None
             raise AdmissionRejected(
-                RejectReason.SLO_INFEASIBLE,
-                None,
-                f"no backend for {self.model!r} can meet this request's TTFT objective of "
-                f"{self.slo.ttft_ms:g} ms now, and tier {self.tier!r} does not allow "
-                "best-effort service",
+                verdict.reason,
+                verdict.retry_after_s,
+                shed_message(verdict, self.tier, self.slo.ttft_ms, policy.shed_slack),
             )
+        if verdict.action is Action.DEMOTE:
+            priority = -float(self.prompt_tokens)  # below every request not demoted
         item = QueueItem(
             self.request_id,
             self.tier,
-            priority=gain_density(state.pool.weights, policy.weight, self.prompt_tokens),
+            priority=priority,
             ttl_s=self._queue_ttl(),
             aging_s=self.slo.ttft_ms / 1e3,
+            slo_wait_s=verdict.slo_wait_s,
+            demotable=policy.best_effort_allowed,
+            model=self.model,
         )
         before = time.monotonic()
-        await state.queue.wait_for_turn(item)
+        grant = await state.queue.wait_for_turn(item)
         self.slot = True
         self.granted_at = time.monotonic()
         self.overhead_s = before - self.arrival
-        waited = self.granted_at - before
-        self.decision = decision if waited < 1e-3 else None  # stale after a real wait
+        if grant.demoted:
+            self._demote(verdict.reason or RejectReason.SLO_UNATTAINABLE)
+        self.decision = decision if grant.waited_s < 1e-3 and not grant.demoted else None
 
     def _parse(self, raw: bytes) -> ChatBody | CompletionBody:
         payload = parse_json_body(raw)  # nesting bounded before parsing: never a RecursionError
@@ -285,6 +323,32 @@ class Job:
             ttl = min(ttl, max(1e-3, self.arrival + self.slo.deadline_ms / 1e3 - time.monotonic()))
         return ttl
 
+    def _engine_ttft(self, decision: RouteDecision, *, idle: bool = False) -> float:
+        """Predicted dispatch-to-first-token time on the decision's backend: the router's
+        estimate under its load, or (``idle``, or a router that makes none) the zero-load
+        prefill time from the backend's profile."""
+        if not idle and decision.predicted_ttft_s is not None:
+            return decision.predicted_ttft_s
+        assert self.group is not None
+        backend = self.group.backends[decision.instance]
+        estimator = backend.view.estimator
+        raw, chunks = raw_prefill_work(
+            estimator.coefficients,
+            backend.profile.engine.max_num_batched_tokens,
+            self.prompt_tokens,
+        )
+        return estimator.beta * raw + estimator.t_c * chunks
+
+    def _demote(self, reason: RejectReason) -> None:
+        """Serve without its SLO at the lowest priority (``docs/operations/overload.md``): the
+        engine gets the smallest weight (vLLM priority +10), the router counts its first token
+        as worth nothing, and its usage record says why. Its gain is still accounted at the
+        tier's weight and SLO: demotion changes how it is served, not what it was worth."""
+        assert self.core is not None
+        self.demoted = reason.value
+        self.core.weight = MIN_WEIGHT
+        self.state.metrics.demotions.labels(self.tier, reason.value).inc()
+
     def _route(self, now: float, exclude: frozenset[str] = frozenset()) -> RouteDecision:
         """Ask the group's router; ``exclude`` (backends that failed this request) sit out."""
         assert self.group is not None and self.core is not None
@@ -307,16 +371,16 @@ class Job:
 
     def _payload(self) -> bytes:
         assert self.slo is not None
-        policy = self.identity.policy
+        weight = MIN_WEIGHT if self.demoted else self.identity.policy.weight  # part D
         body = dict(self.body)
-        body["priority"] = engine_priority(policy.weight)
+        body["priority"] = engine_priority(weight)
         # a client's own tiergate_* keys never reach the engine: only the gateway sets them (a
         # tier without a deadline must not let the client pick one)
         xargs = without_protocol_keys(body.get("vllm_xargs"))
         xargs.update(
             engine_xargs(
                 self.slo,
-                weight=policy.weight,
+                weight=weight,
                 arrival_unix_s=self.arrival_unix,
                 tier=self.tier,
                 tenant=self.identity.tenant_name,
@@ -339,14 +403,17 @@ class Job:
         payload = self._payload()
         tried: set[str] = set()
         last_error = "no backend was tried"
+        budget: AttemptBudget | None = None
         for _ in range(self.state.settings.max_attempts):
             now = time.monotonic()
             decision = self.decision or self._route(now, frozenset(tried))
             self.decision = None
+            if budget is None:  # from the first dispatch; retries get what is left of it
+                budget = self._budget(decision, now)
             backend = self.group.backends[decision.instance]
             self._dispatched(backend, decision, now)
             try:
-                return await self._attempt(backend, payload)
+                return await self._timed_attempt(backend, payload, budget.timeout(now))
             except UpstreamFailed as exc:
                 last_error = f"backend {backend.name}: {exc}"
                 log.info(
@@ -355,14 +422,63 @@ class Job:
                     backend.name,
                     exc,
                 )
-                self.state.pool.record_failure(backend)
+                if not exc.recorded:
+                    self.state.pool.record_failure(backend, counts=not exc.abandoned)
                 self._undispatch()
                 tried.add(backend.name)
                 if len(tried) >= len(self.group.backends):
                     break
+                self.state.metrics.failovers.labels(self.tier).inc()
         raise ApiError(
-            503, f"every backend attempt failed; last: {last_error}", code="upstream_unavailable"
+            503,
+            f"every backend attempt failed; last: {last_error}",
+            code="upstream_unavailable",
+            headers={"retry-after": "1"},
         )
+
+    def _budget(self, decision: RouteDecision, now: float) -> AttemptBudget:
+        assert self.slo is not None
+        return attempt_budget(
+            self.state.settings,
+            self.slo,
+            stream=self.stream,
+            expected_output=self.expected_output,
+            best_effort=self._best_effort(decision),
+            arrival=self.arrival,
+            first_dispatch=now,
+        )
+
+    def _best_effort(self, decision: RouteDecision) -> bool:
+        """Served without a TTFT objective: demoted at admission, or its tier allows best
+        effort and the router sees no backend meeting its TTFT."""
+        if self.demoted:
+            return True
+        gain = decision.expected_gain
+        return self.identity.policy.best_effort_allowed and gain is not None and gain <= 0.0
+
+    async def _timed_attempt(
+        self, backend: Backend, payload: bytes, timeout_s: float
+    ) -> UpstreamResponse | Response:
+        """:meth:`_attempt` within ``timeout_s`` (to the first token, or the whole answer when
+        not streaming); abandoned at once if the backend's breaker opens meanwhile."""
+        pool = self.state.pool
+        try:
+            async with asyncio.timeout(timeout_s) as deadline:
+                backend.attempts.add(deadline)
+                try:
+                    return await self._attempt(backend, payload)
+                finally:
+                    backend.attempts.discard(deadline)
+        except TimeoutError:
+            if not backend.breaker.routable(time.monotonic()):
+                raise UpstreamFailed(
+                    f"abandoned: the backend's breaker opened ({backend.breaker.reason})",
+                    abandoned=True,
+                ) from None
+            phase = "first_token" if self.stream else "response"
+            pool.record_timeout(backend, phase)
+            what = "no first token" if self.stream else "no answer"
+            raise UpstreamFailed(f"{what} within {timeout_s:.3g} s", recorded=True) from None
 
     def _dispatched(self, backend: Backend, decision: RouteDecision, now: float) -> None:
         assert self.group is not None and self.core is not None
@@ -405,9 +521,13 @@ class Job:
                     content = await upstream.read()
                 finally:
                     timer.cancel()
+                answer = _json_object(content)
+                if answer is None:  # garbage with a 200: another backend may do better
+                    raise UpstreamFailed("the engine answered 200 with a body that is not JSON")
                 if not self.first_token:
                     self._mark_first_token(backend)
-                self._read_usage(content)
+                self._take_usage(answer)
+                self.state.pool.record_success(backend)
                 return Response(content, 200, media_type="application/json")
             self.batches = upstream.event_batches()
             try:
@@ -428,6 +548,7 @@ class Job:
         in the same read; ``first_output`` is that event's index."""
         held: list[bytes] = []
         async for batch in self.batches:
+            backend.last_event = time.monotonic()
             for position, event in enumerate(batch):
                 held.append(event)
                 if _has_output(event):
@@ -460,8 +581,13 @@ class Job:
         self.group.router.on_first_token(self.core, self.decision_live, time.monotonic())
 
     def _read_usage(self, content: bytes) -> None:
+        answer = _json_object(content)
+        if answer is not None:
+            self._take_usage(answer)
+
+    def _take_usage(self, answer: dict[str, Any]) -> None:
         with contextlib.suppress(ValueError, TypeError, AttributeError, KeyError):
-            usage = json.loads(content).get("usage") or {}
+            usage = answer.get("usage") or {}
             self.completion_tokens = int(usage["completion_tokens"])
             self.upstream_prompt_tokens = int(usage["prompt_tokens"])
 
@@ -480,10 +606,34 @@ class Job:
         first = self.first_output
         await self._relay_batch(pending[:first], write, pace=False, margin=margin, timed=False)
         await self._relay_batch(pending[first:], write, pace=pace, margin=margin)
-        async for batch in self.batches:
-            await self._relay_batch(batch, write, pace=pace, margin=margin)
+        backend, pool = self.backend, self.state.pool
+        assert backend is not None and self.slo is not None
+        # the watchdog (gateway.app.watchdog) expires the deadline if the engine goes quiet
+        watch = StreamWatch(backend, stall_timeout(settings, self.slo))
+        batches = self.batches
+        try:
+            async with asyncio.timeout(None) as watch.deadline:
+                pool.streams.add(watch)
+                while True:
+                    watch.read_since = time.monotonic()
+                    try:
+                        batch = await anext(batches)
+                    except StopAsyncIteration:
+                        break
+                    watch.read_since = 0.0  # writing to the client is not waiting on the engine
+                    backend.last_event = time.monotonic()
+                    await self._relay_batch(batch, write, pace=pace, margin=margin)
+        except TimeoutError:
+            if not watch.stalled:
+                raise
+            pool.record_timeout(backend, "stall")
+            raise UpstreamFailed(f"no event for {watch.stall_s:.3g} s", recorded=True) from None
+        finally:
+            pool.streams.discard(watch)
         if not self.done:
             raise UpstreamFailed("the upstream stream ended early")
+        if not self.upstream_error:  # a whole stream: only that proves the engine works
+            pool.record_success(backend)
 
     async def _relay_batch(
         self,
@@ -502,7 +652,12 @@ class Job:
                 self.done = True
                 out.append(event)
                 continue
-            kept = self._filter(event)
+            try:
+                kept = self._filter(event)
+            except UpstreamFailed:  # garbage: what came before it still reaches the client
+                if out:
+                    await write(b"".join(out))
+                raise
             if kept is None:
                 continue
             if not timed:
@@ -520,7 +675,12 @@ class Job:
 
     def _filter(self, event: bytes) -> bytes | None:
         """Drop the usage chunk the client did not ask for (after reading it); reword an
-        engine's error event in the gateway's dialect; pass the rest."""
+        engine's error event in the gateway's dialect; pass the rest, if well formed (raises
+        :class:`UpstreamFailed` for garbage; drops SSE comments)."""
+        if not _well_formed(event):
+            if event.startswith(b":"):
+                return None
+            raise UpstreamFailed(MALFORMED)
         if b'"usage"' in event and b'"choices":[]' in event.replace(b" ", b""):
             self._read_usage(event[event.find(b"{") :])
             return event if self.include_usage else None
@@ -617,7 +777,7 @@ class Job:
                 backend=self.backend.name if self.backend is not None else None,
                 ttft_ms=ttft_ms,
                 tpot_ms=tpot_ms,
-                reject_reason=reason,
+                reject_reason=reason or (f"demoted:{self.demoted}" if self.demoted else None),
                 **result.usage_fields(),
             )
         )
@@ -630,6 +790,8 @@ class Job:
     accepted: bool = False
     """An engine answered 200 on the attempt serving this request: only then is it accounted."""
     upstream_error: bool = False
+    demoted: str | None = None
+    """Why the request was demoted to best effort (part D: overload), or None."""
 
 
 def _token_times(times: list[float], tokens: int) -> list[float]:
@@ -651,24 +813,57 @@ def _token_times(times: list[float], tokens: int) -> list[float]:
 
 
 def _has_output(event: bytes) -> bool:
-    """Whether an SSE event carries generated text (vLLM first sends a role-only chunk)."""
-    if not event.startswith(b"data: {"):
+    """Whether an SSE event carries generated text (vLLM first sends a role-only chunk).
+
+    Parsed in full (only events up to the first token are): anything but a ``data:`` line
+    holding a JSON object, ``[DONE]`` or an SSE comment is garbage (:class:`UpstreamFailed`), as
+    is an engine's server error; an engine's 4xx error is :class:`EngineRefused`."""
+    if event.startswith((b"data: [DONE]", b":")):
         return False
-    try:
-        data = json.loads(event[6:])
-    except ValueError:
-        return False
+    data = _json_object(event[6:]) if event.startswith(b"data: ") else None
+    if data is None:
+        raise UpstreamFailed(MALFORMED)
     if "error" in data:
         error = _engine_error_of(data, None)
         if 400 <= error.status < 500:
             raise EngineRefused(error)
-        raise UpstreamFailed(f"engine error before the first token: {data['error']}")
-    for choice in data.get("choices") or ():
-        if choice.get("text") or (choice.get("delta") or {}).get("content"):
+        raise UpstreamFailed(f"engine error before the first token: {error.message}")
+    choices = data.get("choices") or ()
+    if not isinstance(choices, list):
+        raise UpstreamFailed(MALFORMED)
+    for choice in choices:
+        if not isinstance(choice, dict):
+            raise UpstreamFailed(MALFORMED)
+        delta = choice.get("delta") or {}
+        if not isinstance(delta, dict):
+            raise UpstreamFailed(MALFORMED)
+        if choice.get("text") or delta.get("content"):
             return True
-        if choice.get("finish_reason") is not None or (choice.get("delta") or {}).get("tool_calls"):
+        if choice.get("finish_reason") is not None or delta.get("tool_calls"):
             return True
     return False
+
+
+MALFORMED = "the engine sent a malformed event (not an SSE data line with a JSON object)"
+
+
+def _well_formed(event: bytes) -> bool:
+    """A cheap structural check of a relayed event (every token passes here, so no parse):
+    one ``data:`` line whose payload starts and ends like a JSON object."""
+    return (
+        event.startswith(b"data: {")
+        and event.endswith(b"}\n\n")
+        and event.find(b"\n") == len(event) - 2
+    )
+
+
+def _json_object(content: bytes) -> dict[str, Any] | None:
+    """``content`` parsed, if it is a JSON object (an engine's answer); else None."""
+    try:
+        value = json.loads(content)
+    except (ValueError, RecursionError):  # not JSON, not UTF-8, nested too deep
+        return None
+    return value if isinstance(value, dict) else None
 
 
 class RelayStream(Response):
@@ -720,7 +915,8 @@ class RelayStream(Response):
         try:
             await job.relay(write)
         except (UpstreamFailed, UpstreamError) as exc:
-            if job.backend is not None:
+            recorded = isinstance(exc, UpstreamFailed) and exc.recorded  # a stall timeout
+            if job.backend is not None and not recorded:
                 job.state.pool.record_failure(job.backend)
             error = ApiError(
                 502,
@@ -744,7 +940,7 @@ async def _disconnected(receive: Receive) -> None:
 async def serve(state: GatewayState, http: Request, kind: Kind) -> Response:
     """Handle one ``/v1/chat/completions`` or ``/v1/completions`` request end to end."""
     arrival = time.monotonic()
-    identity = await state.auth.authenticate(http.headers.get("authorization"))
+    identity = await authenticate_request(state, http.headers.get("authorization"))  # counted
     job = Job(state, identity, kind, arrival)
     try:
         await job.admit(http)

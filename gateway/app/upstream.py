@@ -19,12 +19,19 @@ from collections.abc import AsyncIterator
 import aiohttp
 
 _EVENT_END = b"\n\n"
-MAX_EVENT_BYTES = 16 * 1024 * 1024
-"""A single SSE event larger than this is a broken upstream, not a token."""
+MAX_EVENT_BYTES = 4 * 1024 * 1024
+"""A single SSE event larger than this is a broken upstream, not a token (a chunk of a few
+hundred tokens with 20 log-probabilities each is ~0.5 MB)."""
+MAX_BODY_BYTES = 64 * 1024 * 1024
+"""A non-streamed answer larger than this is a broken upstream: it is not read into memory."""
 
 
 class UpstreamError(Exception):
     """The engine could not be reached, or broke off or timed out mid-response."""
+
+
+class UpstreamTimeout(UpstreamError):
+    """No answer in time (as opposed to a refused or broken connection)."""
 
 
 class UpstreamResponse:
@@ -36,14 +43,24 @@ class UpstreamResponse:
         self.content_type: str | None = response.headers.get("content-type")
         self.complete = False
 
-    async def read(self) -> bytes:
-        """The whole body (for non-streamed responses and errors)."""
+    async def read(self, max_bytes: int = MAX_BODY_BYTES) -> bytes:
+        """The whole body (for non-streamed responses and errors), up to ``max_bytes``."""
+        declared = self._response.content_length
+        if declared is not None and declared > max_bytes:
+            raise UpstreamError(f"a body of {declared} bytes, over {max_bytes}")
+        parts: list[bytes] = []
+        size = 0
+        content = self._response.content
         try:
-            body = await self._response.read()
+            while data := await content.readany():
+                size += len(data)
+                if size > max_bytes:
+                    raise UpstreamError(f"a body longer than {max_bytes} bytes")
+                parts.append(data)
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise UpstreamError(_describe(exc)) from exc
         self.complete = True
-        return body
+        return b"".join(parts)
 
     async def event_batches(self) -> AsyncIterator[list[bytes]]:
         """The SSE events as they arrive, each with its trailing blank line: one list per
@@ -129,6 +146,19 @@ class Upstream:
                 response.raise_for_status()
                 return await response.text()
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            raise UpstreamError(_describe(exc)) from exc
+
+    async def status(self, url: str, timeout_s: float) -> int:
+        """GET ``url`` within ``timeout_s``; its HTTP status (liveness probes: any answer shows
+        the server is not frozen, its status says whether it is well)."""
+        timeout = aiohttp.ClientTimeout(total=timeout_s)
+        try:
+            async with self.session.get(url, timeout=timeout) as response:
+                await response.read()
+                return response.status
+        except TimeoutError as exc:  # aiohttp's timeouts are TimeoutErrors too
+            raise UpstreamTimeout(_describe(exc)) from exc
+        except (aiohttp.ClientError, OSError) as exc:
             raise UpstreamError(_describe(exc)) from exc
 
     async def aclose(self) -> None:

@@ -16,7 +16,14 @@ from __future__ import annotations
 
 import enum
 
-from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, OperationalError, SQLAlchemyError
+from sqlalchemy.exc import (
+    DataError,
+    DBAPIError,
+    IntegrityError,
+    InterfaceError,
+    OperationalError,
+    SQLAlchemyError,
+)
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm.exc import ObjectDeletedError, StaleDataError
 
@@ -66,7 +73,8 @@ class DatabaseFailure(enum.Enum):
     BUSY = "busy"
     """A lock or the connection pool stayed taken past its timeout; retry shortly."""
     UNAVAILABLE = "unavailable"
-    """The database cannot be reached or opened."""
+    """The database cannot be reached or opened, or cannot work (its disk full, out of memory,
+    an I/O error): a state that passes, not the caller's doing."""
     SCHEMA = "schema"
     """A table or column is missing: the schema is not the one this code expects."""
     INTERNAL = "internal"
@@ -75,6 +83,9 @@ class DatabaseFailure(enum.Enum):
 
 _SQLITE_BUSY = frozenset({5, 6})  # SQLITE_BUSY ("database is locked"), SQLITE_LOCKED
 _SQLITE_CANTOPEN = 14
+_SQLITE_UNAVAILABLE = frozenset(  # NOMEM, READONLY, IOERR, FULL, CANTOPEN, PROTOCOL
+    {7, 8, 10, 13, _SQLITE_CANTOPEN, 15}
+)
 _SQLITE_SCHEMA_TEXT = ("no such table", "no such column")
 _UNIQUE = frozenset({"23505", "SQLITE_CONSTRAINT_UNIQUE", "SQLITE_CONSTRAINT_PRIMARYKEY"})
 _INVALID = frozenset(  # NOT NULL and CHECK violations: PostgreSQL's SQLSTATE, SQLite's names
@@ -89,6 +100,9 @@ _PSYCOPG_NUL = "cannot contain NUL"
 _PG_CONFLICT = frozenset({"40001", "40P01"})  # serialization failure, deadlock detected
 _PG_BUSY = frozenset({"55P03", "57014", "53300"})  # lock not available, timeout, no connections
 _PG_UNAVAILABLE = frozenset({"57P01", "57P02", "57P03"})  # shutting down, cannot connect now
+_PG_UNAVAILABLE_CLASSES = ("08", "53", "58")
+"""Connection exceptions; insufficient resources (a full disk, out of memory; too many
+connections is ``busy``); system errors (I/O)."""
 _PG_SCHEMA = frozenset({"42P01", "42703"})  # undefined table, undefined column
 
 
@@ -157,12 +171,13 @@ def _unstorable_text(exc: SQLAlchemyError, state: str | None) -> bool:
 def _unreachable(exc: SQLAlchemyError, state: str | None, sqlite_code: int | None) -> bool:
     if isinstance(exc, DBAPIError) and exc.connection_invalidated:
         return True
-    if sqlite_code == _SQLITE_CANTOPEN:
+    if sqlite_code in _SQLITE_UNAVAILABLE:
         return True
     if state is not None:
-        return state.startswith("08") or state in _PG_UNAVAILABLE  # 08: connection exceptions
-    # a server driver's OperationalError with no SQLSTATE failed before the server answered
-    return isinstance(exc, OperationalError) and sqlite_code is None
+        return state.startswith(_PG_UNAVAILABLE_CLASSES) or state in _PG_UNAVAILABLE
+    # a server driver's OperationalError with no SQLSTATE failed before the server answered;
+    # an InterfaceError is the driver's connection object failing (e.g. already closed)
+    return isinstance(exc, OperationalError | InterfaceError) and sqlite_code is None
 
 
 def describe(exc: SQLAlchemyError) -> str:

@@ -31,6 +31,10 @@ class EffectivePolicy:
     rpm_limit: int | None
     tpm_limit: int | None
     max_concurrency: int | None
+    shed_slack: float = 0.0
+    """How late (a fraction of ``ttft_ms``) a predicted first token may be and the request still
+    be admitted under overload; past it: refused early, or demoted where best effort is allowed
+    (the tier's, no tenant override: it is a promise of the service class)."""
 
 
 def _at_least(value: float | None, floor: float | None) -> float | None:
@@ -61,6 +65,7 @@ def effective_policy(tenant: Tenant, tier: Tier) -> EffectivePolicy:
         rpm_limit=pick_int(tenant.rpm_limit, tier.rpm_limit),
         tpm_limit=pick_int(tenant.tpm_limit, tier.tpm_limit),
         max_concurrency=pick_int(tenant.max_concurrency, tier.max_concurrency),
+        shed_slack=tier.shed_slack,
     )
 
 

@@ -197,6 +197,9 @@ class ApiKey(Base):
     name: Mapped[str | None] = mapped_column(String(128))
     prefix: Mapped[str] = mapped_column(String(16), unique=True)
     key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    secret_id: Mapped[str | None] = mapped_column(String(16))
+    """Which server secret ``key_hash`` is under (``gateway.db.security.secret_id``); NULL:
+    issued before migration 0006 and not used since."""
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     expires_at: Mapped[datetime | None] = mapped_column()
     revoked_at: Mapped[datetime | None] = mapped_column()

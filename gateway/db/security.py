@@ -4,6 +4,11 @@ A key is ``tg-<prefix8>-<secret>``. Only ``HMAC-SHA256(server secret, key)`` (he
 prefix are stored: a leaked database gives neither usable keys nor a way to test guesses
 offline without the server secret. The prefix identifies a key to humans (lists, revocation)
 and is not secret. Nothing in this module logs a key or the secret.
+
+The secret can be rotated (``docs/operations/security.md``): :class:`ServerSecret` is the
+current secret, which hashes every new key, plus the previous ones that lookups still try, and
+each key records which secret hashed it (:func:`secret_id`), so the operator can tell when no
+usable key needs a previous secret any more.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import hmac
 import os
 import secrets
 import string
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +30,52 @@ PREFIX_LENGTH = 8
 PREFIX_ALPHABET = string.ascii_lowercase + string.digits  # no '-': the key splits on it
 SECRET_BYTES = 32  # 256 bits of randomness in the key's secret part
 SECRET_FILE_NAME = "secret"
+SECRET_ID_LENGTH = 16  # hex digits: 64 bits, enough to tell a handful of secrets apart
+_SECRET_ID_LABEL = b"tiergate secret id v1"
+
+
+class ServerSecret(str):
+    """The current server secret — this string, what every new key is hashed under — and
+    ``previous``: retired secrets whose keys still authenticate until they are re-hashed.
+
+    A ``str`` so that everything that hashes with "the secret" (the auth cache, key creation)
+    takes it unchanged; only :func:`secrets_of` (authentication) reads ``previous``. Its
+    ``repr`` shows neither value.
+    """
+
+    previous: tuple[str, ...]
+
+    def __new__(cls, current: str, previous: Iterable[str] = ()) -> ServerSecret:
+        if not current:
+            raise ValueError("the server secret must not be empty")
+        self = super().__new__(cls, current)
+        kept = (p for p in dict.fromkeys(previous) if p and p != current)
+        self.previous = tuple(kept)
+        return self
+
+    def __repr__(self) -> str:
+        return f"ServerSecret(<hidden>, previous=<{len(self.previous)} hidden>)"
+
+    def __reduce__(self) -> tuple[type[ServerSecret], tuple[str, tuple[str, ...]]]:
+        # keep ``previous`` across pickling (worker processes); str's default would drop it
+        return (ServerSecret, (str(self), self.previous))
+
+
+def secrets_of(secret: str | bytes) -> tuple[str | bytes, ...]:
+    """The secrets a presented key is tried under, current first."""
+    return (secret, *getattr(secret, "previous", ()))
+
+
+def secret_id(secret: str | bytes) -> str:
+    """A short, stable name of a secret, stored with each key it hashed.
+
+    ``HMAC(secret, label)``: it names the secret without revealing it. (Whoever holds one
+    plaintext key and the database could test guesses of the secret anyway, with the key's
+    hash; neither this nor that helps against a secret of 32 random bytes, the generated one.)
+    """
+    secret_bytes = secret.encode() if isinstance(secret, str) else secret
+    digest = hmac.new(secret_bytes, _SECRET_ID_LABEL, hashlib.sha256).hexdigest()
+    return digest[:SECRET_ID_LENGTH]
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,8 +154,19 @@ def load_or_create_secret(data_dir: Path) -> str:
     return secret
 
 
-def server_secret(settings: Settings) -> str:
-    """``TIERGATE_SECRET`` if set, else the persisted secret in the data directory."""
+def previous_secrets(settings: Settings) -> tuple[str, ...]:
+    """``TIERGATE_SECRET_PREVIOUS``: comma-separated, blanks ignored."""
+    if settings.secret_previous is None:
+        return ()
+    parts = settings.secret_previous.get_secret_value().split(",")
+    return tuple(p.strip() for p in parts if p.strip())
+
+
+def server_secret(settings: Settings) -> ServerSecret:
+    """``TIERGATE_SECRET`` if set, else the persisted secret in the data directory; with the
+    previous secrets of ``TIERGATE_SECRET_PREVIOUS``."""
     if settings.secret is not None and settings.secret.get_secret_value():
-        return settings.secret.get_secret_value()
-    return load_or_create_secret(settings.data_path)
+        current = settings.secret.get_secret_value()
+    else:
+        current = load_or_create_secret(settings.data_path)
+    return ServerSecret(current, previous_secrets(settings))

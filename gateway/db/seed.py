@@ -6,17 +6,28 @@ them); only missing ones are created — also when several processes seed one da
 
 The defaults:
 
-========  ======  ========  ========  ===========  ==========================================
-tier      weight  TTFT ms   TPOT ms   deadline ms  notes
-========  ======  ========  ========  ===========  ==========================================
-premium   4       1000      50        —            interactive; may ask down to 250 / 25 ms
-standard  2       2000      100       —            interactive; may ask down to 500 / 50 ms
-batch     1       5000      200       600000       best effort instead of shedding; 10 min
-========  ======  ========  ========  ===========  ==========================================
+========  ======  ========  ========  ===========  ==========  ================================
+tier      weight  TTFT ms   TPOT ms   deadline ms  shed slack  notes
+========  ======  ========  ========  ===========  ==========  ================================
+premium   4       1000      50        —            0           may ask down to 250 / 25 ms
+standard  2       2000      100       —            0           may ask down to 500 / 50 ms
+batch     1       5000      200       600000       0           demoted, never shed; 10 min
+========  ======  ========  ========  ===========  ==========  ================================
 
 TPOT 50 ms is 20 tokens/s (faster than reading); 100 ms is about reading speed; the weights 4:2:1
 follow the scheduling core's tier convention (larger = more important). Rate limits are left
 unlimited: they depend on the fleet's capacity, which only the operator knows.
+
+Shed slack (``docs/operations/overload.md``): under overload a request whose predicted first
+token is later than its TTFT objective by more than this fraction is refused at once (503
+``slo_unattainable``) or, where the tier allows best effort, demoted. 0 for every default tier:
+a quick refusal lets the client go elsewhere instead of waiting for a late answer, and the
+capacity a late request would take goes to one that is on time (at 10x capacity, standard at
+0.25 instead of 0 served fewer requests within their SLO and took capacity from premium: the
+numbers are in that document). A tier whose tenants value a late answer nearly as much as a
+timely one is where a slack pays. Batch allows best
+effort: it is never refused on SLO grounds; a batch request predicted late is served at the
+lowest priority, from capacity nothing promised needs.
 """
 
 from __future__ import annotations
@@ -46,6 +57,7 @@ DEFAULT_TIERS: tuple[dict[str, Any], ...] = (
         "tpot_ms": 50.0,
         "min_ttft_ms": 250.0,
         "min_tpot_ms": 25.0,
+        "shed_slack": 0.0,
     },
     {
         "name": "standard",
@@ -55,6 +67,7 @@ DEFAULT_TIERS: tuple[dict[str, Any], ...] = (
         "tpot_ms": 100.0,
         "min_ttft_ms": 500.0,
         "min_tpot_ms": 50.0,
+        "shed_slack": 0.0,
     },
     {
         "name": "batch",
@@ -64,6 +77,7 @@ DEFAULT_TIERS: tuple[dict[str, Any], ...] = (
         "tpot_ms": 200.0,
         "deadline_ms": 600_000.0,
         "best_effort_allowed": True,
+        "shed_slack": 0.0,
     },
 )
 

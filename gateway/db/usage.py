@@ -1,4 +1,4 @@
-"""Batched, off-request-path writing of usage records.
+"""Batched, off-request-path writing of usage records that no database outage loses.
 
 The request path only appends to an in-memory queue (:meth:`UsageWriter.submit` never blocks
 and never touches the database). One background thread drains the queue and bulk-inserts in
@@ -9,28 +9,44 @@ One bad record must not cost the others theirs. A record is made storable when i
 (:class:`UsageEvent`: its text has no NUL or lone surrogate and fits its column), and a batch the
 database refuses for a value in it (a data or integrity error) is written in halves, down to
 single rows, so every good record is written and only the refused ones are dropped, counted and
-logged without their content. A batch refused for the database's state (busy, unreachable, a
-missing table) is retried whole, then dropped.
+logged without their content.
+
+A batch refused for the database's state (unreachable, restarting, busy, a missing table) is
+never dropped: the writer keeps it and retries with capped exponential backoff, while new
+records keep arriving in memory, up to ``buffer_records``; past that they spill to an on-disk
+spool (:mod:`gateway.db.spool`, bounded by ``spool_max_bytes``; only past both bounds is a record
+dropped, counted and logged). When the database answers again the memory buffer is written,
+then the spool replayed and deleted; the spool is also replayed at start-up. ``close()`` writes
+what the database takes and spools the rest. Every INSERT is ``ON CONFLICT (request_id) DO
+NOTHING``, so a batch retried after a commit whose acknowledgement was lost, or a spool
+replayed twice, never stores a request twice. An error no classification recognises is
+retried ``max_retries`` times, then treated as a refused value (halved), so that one poisonous
+record cannot hold every later one back forever.
 """
 
 from __future__ import annotations
 
+import collections
 import logging
 import math
 import queue
 import re
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from datetime import datetime
-from typing import Any, Final
+from pathlib import Path
+from typing import Any, Final, Literal
 
-from sqlalchemy import String, insert
+from sqlalchemy import Insert, String, insert
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DataError, IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from gateway.db.errors import DatabaseFailure, classify, describe
 from gateway.db.models import USAGE_STATUSES, UsageRecord, utcnow
+from gateway.db.spool import UsageSpool
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +54,6 @@ MAX_TOKENS = 2**31 - 1
 """The token columns are 32-bit INTEGERs on PostgreSQL: a larger count would fail its batch."""
 
 _TABLE = UsageRecord.metadata.tables[UsageRecord.__tablename__]
-# A Core INSERT (executemany / insertmanyvalues): no ORM bookkeeping per row.
-_INSERT = insert(_TABLE)
 
 TEXT_LIMITS: Final = {
     column.name: column.type.length
@@ -115,8 +129,36 @@ GIL (~30 µs a row); an event loop that wakes up meanwhile waits for it until th
 switch interval (5 ms) forces a hand-over. Yielding every ~0.75 ms of work bounds that wait;
 all chunks of a batch still go in one transaction."""
 
+DEFAULT_BUFFER_RECORDS = 100_000
+"""Records kept in memory while the database cannot take them (~0.4 KB each) before spilling."""
+DEFAULT_SPOOL_MAX_BYTES = 1 << 30
+"""On-disk spool bound (~3 million records of ~350 bytes)."""
+MAX_BACKOFF_S = 2.0
+"""Longest wait between two attempts while the database fails: also the longest a returning
+database waits for the writer to notice it."""
+SPOOL_RESCAN_S = 30.0
+"""How often an idle writer looks for segments another (crashed) process left behind."""
+
 # dataclasses.asdict deep-copies recursively: ~20x slower than reading the flat fields.
 _EVENT_FIELDS = tuple(f.name for f in fields(UsageEvent))
+
+Row = dict[str, Any]
+Failure = Literal["value", "state", "unknown"]
+
+
+def _row(event: UsageEvent) -> Row:
+    return {name: getattr(event, name) for name in _EVENT_FIELDS}
+
+
+def insert_statement(dialect: str) -> Insert:
+    """The usage INSERT for ``dialect``: ``ON CONFLICT (request_id) DO NOTHING`` where the
+    dialect has it (PostgreSQL, SQLite), so storing a record twice stores it once. A Core
+    INSERT (executemany): no ORM bookkeeping per row."""
+    if dialect == "postgresql":
+        return postgresql.insert(_TABLE).on_conflict_do_nothing(index_elements=["request_id"])
+    if dialect == "sqlite":
+        return sqlite.insert(_TABLE).on_conflict_do_nothing(index_elements=["request_id"])
+    return insert(_TABLE)  # a second copy is then an IntegrityError: isolated and dropped
 
 
 class _Flush:
@@ -128,17 +170,23 @@ class _Flush:
         self.done = threading.Event()
 
 
+class _DatabaseDown(Exception):
+    """Internal: a write failed for the database's state; what it had is kept for a retry."""
+
+
 _STOP = object()
 
 
 class UsageWriter:
-    """Queue usage events and bulk-insert them from a background thread.
+    """Queue usage events and bulk-insert them from a background thread; lose none to outages.
 
-    ``close()`` writes everything submitted before it. A batch the database refuses for a value
-    in it is written in halves down to single rows: only the rows refused on their own are
-    dropped. One refused for the database's state is retried ``max_retries`` times with
-    backoff, then dropped. Dropped rows are counted in ``dropped`` and logged (never their
-    content).
+    ``close()`` writes everything submitted before it, or spools what the database will not
+    take. A batch the database refuses for a value in it is written in halves down to single
+    rows: only the rows refused on their own are dropped. One refused for the database's state
+    is kept and retried, every ``retry_backoff_s`` doubling up to ``max_backoff_s``; meanwhile
+    records buffer in memory (``buffer_records``), then in the spool under ``spool_dir``
+    (``spool_max_bytes``; None: no spool). Dropped rows are counted in ``dropped`` and logged
+    (never their content). ``clock`` is injectable for tests (monotonic seconds).
     """
 
     def __init__(
@@ -149,39 +197,115 @@ class UsageWriter:
         flush_interval_s: float = 0.5,
         max_retries: int = 3,
         retry_backoff_s: float = 0.2,
+        max_backoff_s: float = MAX_BACKOFF_S,
+        buffer_records: int = DEFAULT_BUFFER_RECORDS,
+        spool_dir: Path | None = None,
+        spool_max_bytes: int = DEFAULT_SPOOL_MAX_BYTES,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if batch_size < 1:
             raise ValueError("batch_size must be >= 1")
         if flush_interval_s <= 0:
             raise ValueError("flush_interval_s must be > 0")
+        if buffer_records < 1:
+            raise ValueError("buffer_records must be >= 1")
         self._factory = session_factory
         self._batch_size = batch_size
         self._interval = flush_interval_s
         self._max_retries = max_retries
-        self._backoff = retry_backoff_s
+        self._min_backoff = retry_backoff_s
+        self._max_backoff = max(max_backoff_s, retry_backoff_s)
+        self._buffer_records = buffer_records
+        self._clock = clock
+        self._spool = UsageSpool(spool_dir, spool_max_bytes) if spool_dir is not None else None
         self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._lock = threading.Lock()  # orders submit() against close(): nothing lands after STOP
         self._closed = False
-        self._written = 0
-        self._dropped = 0
+        # the writer thread's own state
+        self._backlog: collections.deque[UsageEvent] = collections.deque()
+        self._retry: list[Row] = []  # a batch a state failure interrupted, retried first
+        self._retry_recount = False
+        self._oldest = 0.0  # when the oldest buffered event arrived in an empty buffer
+        self._flushes: list[_Flush] = []
+        self._stopping = False
+        self._spool_pending = self._spool is not None and self._spool.has_segments()
+        self._next_scan = clock() + SPOOL_RESCAN_S
+        self._next_attempt = 0.0
+        self._backoff = retry_backoff_s
+        self._failing_since: float | None = None
+        self._unknown_streak = 0
+        self._last_error: Exception | None = None
+        self._last_failure: Failure = "state"
+        self._insert_for: dict[str, Insert] = {}
+        # counters (read by other threads; each written by one thread only)
         self._submitted = 0
+        self._written = 0
+        self._duplicates = 0
+        self._dropped = 0
+        self._spilled = 0
+        self._replayed = 0
+        self._failures = 0
         self._thread = threading.Thread(target=self._run, name="usage-writer", daemon=True)
         self._thread.start()
 
-    @property
-    def written(self) -> int:
-        """Records inserted so far."""
-        return self._written
-
-    @property
-    def dropped(self) -> int:
-        """Records given up on: refused on their own, or in a batch the database refused
-        ``max_retries`` times."""
-        return self._dropped
+    # -- what it has done (for tests, metrics and readiness) ------------------------------
 
     @property
     def submitted(self) -> int:
         return self._submitted
+
+    @property
+    def written(self) -> int:
+        """Records this writer inserted (a record found already stored is a duplicate)."""
+        return self._written
+
+    @property
+    def duplicates(self) -> int:
+        """Records found already stored: a retried batch whose commit had gone through, or a
+        spool segment replayed again. Not written twice: counted here instead."""
+        return self._duplicates
+
+    @property
+    def dropped(self) -> int:
+        """Records given up on: refused on their own, or past both the memory and disk bounds."""
+        return self._dropped
+
+    @property
+    def buffered(self) -> int:
+        """Records in memory not written yet (queued, buffered, or in a batch to retry)."""
+        return self._queue.qsize() + len(self._backlog) + len(self._retry)
+
+    @property
+    def spooled(self) -> int:
+        """Records this writer spooled to disk that are not replayed yet."""
+        return self._spool.pending_records if self._spool is not None else 0
+
+    @property
+    def spool_bytes(self) -> int:
+        """Bytes in the spool directory (every process's segments), now."""
+        return self._spool.current_bytes() if self._spool is not None else 0
+
+    @property
+    def spilled(self) -> int:
+        """Records spilled to the spool so far (total)."""
+        return self._spilled
+
+    @property
+    def replayed(self) -> int:
+        """Records read back from the spool and stored (or found stored) so far (total)."""
+        return self._replayed
+
+    @property
+    def failing(self) -> bool:
+        """Whether the last attempt failed for the database's state (records are kept)."""
+        return self._failing_since is not None
+
+    @property
+    def failures(self) -> int:
+        """Write attempts failed for the database's state so far (total)."""
+        return self._failures
+
+    # -- the request path's side ----------------------------------------------------------
 
     def submit(self, event: UsageEvent) -> None:
         """Queue ``event`` for writing; O(1), never blocks on the database."""
@@ -192,7 +316,10 @@ class UsageWriter:
             self._queue.put(event)
 
     def flush(self, timeout: float | None = None) -> bool:
-        """Block until everything submitted before this call is written (or dropped)."""
+        """Block until everything submitted before this call is in the database (or dropped).
+
+        While the database is down this waits for it to return (or ``timeout``: False).
+        """
         marker = _Flush()
         with self._lock:
             if self._closed:
@@ -201,7 +328,8 @@ class UsageWriter:
         return marker.done.wait(timeout)
 
     def close(self, timeout: float | None = None) -> None:
-        """Stop accepting events, write all queued ones, stop the thread. Idempotent."""
+        """Stop accepting events; write the queued ones, spooling what the database does not
+        take (one attempt: a shutdown does not wait for a database to return). Idempotent."""
         with self._lock:
             if not self._closed:
                 self._closed = True
@@ -214,75 +342,297 @@ class UsageWriter:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # -- the background thread -------------------------------------------------------------
+    # -- the background thread: the loop ---------------------------------------------------
 
     def _run(self) -> None:
-        batch: list[dict[str, Any]] = []
-        deadline = 0.0  # when the oldest queued event has waited flush_interval_s
         while True:
-            wait = max(0.0, deadline - time.monotonic()) if batch else self._interval
             try:
-                item = self._queue.get(timeout=wait)
-            except queue.Empty:
-                item = None
-            if isinstance(item, UsageEvent):
-                if not batch:
-                    deadline = time.monotonic() + self._interval
-                batch.append({name: getattr(item, name) for name in _EVENT_FIELDS})
-                if len(batch) < self._batch_size and time.monotonic() < deadline:
-                    continue
-            elif item is None and not batch:
-                continue
-            self._write(batch)
-            batch = []
-            if isinstance(item, _Flush):
-                item.done.set()
-            elif item is _STOP:
-                return
+                self._take(self._wait_s())
+                if self._stopping:
+                    self._shutdown()
+                    return
+                if self._due():
+                    self._cycle()
+                self._settle()
+            except Exception:  # a bug here must not stop usage from being written
+                log.exception("usage writer loop failed; continuing")
+                self._fail_later()
 
-    def _write(self, batch: list[dict[str, Any]]) -> None:
-        """Insert ``batch`` in one transaction; retry it whole while the database's state is at
-        fault, isolate the refused rows when a value is (:func:`_refuses_a_value`)."""
-        if not batch:
+    def _wait_s(self) -> float:
+        """How long to wait for the next event before there is work to do."""
+        now = self._clock()
+        if self._stopping:
+            return 0.0
+        if self._failing_since is not None:
+            return max(0.0, self._next_attempt - now)
+        if self._retry or self._flushes or self._spool_pending:
+            return 0.0
+        if self._backlog:
+            if len(self._backlog) >= self._batch_size:
+                return 0.0
+            return max(0.0, self._oldest + self._interval - now)
+        return self._interval
+
+    def _take(self, wait_s: float) -> None:
+        """Wait up to ``wait_s`` for a queued item, then take it and all others queued."""
+        try:
+            item = self._queue.get(timeout=wait_s) if wait_s > 0 else self._queue.get_nowait()
+        except queue.Empty:
             return
-        for attempt in range(self._max_retries + 1):
+        self._accept(item)
+        self._drain()
+
+    def _drain(self) -> None:
+        """Take everything queued now, without waiting."""
+        while True:
             try:
-                self._insert(batch)
-            except Exception as exc:  # the DB is down or refuses: never kill the thread
-                if _refuses_a_value(exc):
-                    self._isolate(batch, exc)
-                    return
-                if attempt == self._max_retries:
-                    self._drop(len(batch), f"after {attempt + 1} attempts", exc)
-                    return
-                log.warning("usage batch insert failed (%s); retrying", _describe(exc))
-                time.sleep(self._backoff * (2**attempt))
-            else:
-                self._written += len(batch)
+                item = self._queue.get_nowait()
+            except queue.Empty:
                 return
+            self._accept(item)
 
-    def _insert(self, rows: list[dict[str, Any]]) -> None:
-        with self._factory.begin() as session:
-            for start in range(0, len(rows), YIELD_EVERY_ROWS):
-                session.execute(_INSERT, rows[start : start + YIELD_EVERY_ROWS])
-                time.sleep(0)  # hand the GIL back to the event loop (YIELD_EVERY_ROWS)
+    def _accept(self, item: object) -> None:
+        if isinstance(item, UsageEvent):
+            if not self._backlog:
+                self._oldest = self._clock()
+            self._backlog.append(item)
+            if len(self._backlog) + len(self._retry) > self._buffer_records:
+                self._spill_newest()
+        elif isinstance(item, _Flush):
+            self._flushes.append(item)
+        elif item is _STOP:
+            self._stopping = True
 
-    def _isolate(self, rows: list[dict[str, Any]], exc: Exception) -> None:
+    def _due(self) -> bool:
+        now = self._clock()
+        if self._failing_since is not None and now < self._next_attempt:
+            return False
+        if self._spool is not None and now >= self._next_scan:  # segments a crash left
+            self._next_scan = now + SPOOL_RESCAN_S
+            self._spool_pending = self._spool_pending or self._spool.has_segments()
+        if self._retry or self._spool_pending:
+            return True
+        if self._backlog:
+            return (
+                bool(self._flushes)
+                or len(self._backlog) >= self._batch_size
+                or now >= self._oldest + self._interval
+            )
+        return False
+
+    def _settle(self) -> None:
+        """Release the flush markers once nothing submitted is left outside the database."""
+        if self._flushes and not (self._backlog or self._retry or self._spool_pending):
+            for marker in self._flushes:
+                marker.done.set()
+            self._flushes.clear()
+
+    # -- writing ----------------------------------------------------------------------------
+
+    def _cycle(self) -> None:
+        try:
+            self._write_buffered()
+            if self._spool_pending:
+                self._replay()
+        except _DatabaseDown:
+            self._on_failure()
+        else:
+            self._on_success()
+
+    def _write_buffered(self) -> None:
+        """Write the batch to retry, then the backlog as it stands, a batch at a time; events
+        arriving meanwhile wait for the next cycle (so they still batch). Raises
+        :class:`_DatabaseDown` with the unwritten rows kept in ``_retry``."""
+        if self._retry:
+            rows, self._retry = self._retry, []
+            self._commit(rows, recount=self._retry_recount)
+        remaining = len(self._backlog)
+        while remaining > 0 and self._backlog:
+            take = min(self._batch_size, remaining, len(self._backlog))
+            remaining -= take
+            rows = [_row(self._backlog.popleft()) for _ in range(take)]
+            self._commit(rows, recount=False)
+            self._drain()
+        if self._backlog:
+            self._oldest = self._clock()
+
+    def _commit(self, rows: list[Row], *, recount: bool) -> None:
+        left = self._store(rows, recount=recount)
+        if left:
+            self._retry, self._retry_recount = left, True  # its commit may have gone through
+            raise _DatabaseDown
+
+    def _store(self, rows: list[Row], *, recount: bool) -> list[Row]:
+        """Insert ``rows`` in one transaction, isolating refused values (and, after
+        ``max_retries`` failures, unrecognised errors); returns the rows a state failure left
+        unwritten (empty when all are written or dropped)."""
+        try:
+            inserted = self._insert(rows, recount=recount)
+        except Exception as exc:  # the DB is down or refuses: never kill the thread
+            kind = _failure_kind(exc)
+            isolate = kind == "value" or (
+                kind == "unknown" and self._unknown_streak >= self._max_retries
+            )
+            if isolate:
+                return self._isolate(rows, exc, recount=recount)
+            self._last_error, self._last_failure = exc, kind
+            return rows
+        self._written += inserted
+        self._duplicates += len(rows) - inserted
+        return []
+
+    def _isolate(self, rows: list[Row], exc: Exception, *, recount: bool) -> list[Row]:
         """Write ``rows``, which the database refused for a value in one of them, in halves:
-        each half is a batch of its own (retried, isolated further), so a bad row costs
-        O(log n) transactions and only itself; a single row refused is dropped."""
+        each half is a batch of its own (isolated further), so a bad row costs O(log n)
+        transactions and only itself; a single row refused is dropped."""
         if len(rows) == 1:
             self._drop(1, "refused on its own", exc)
-            return
+            return []
         middle = len(rows) // 2
-        self._write(rows[:middle])
-        self._write(rows[middle:])
+        left = self._store(rows[:middle], recount=recount)
+        if left:
+            return left + rows[middle:]
+        return self._store(rows[middle:], recount=recount)
 
-    def _drop(self, count: int, why: str, exc: Exception) -> None:
+    def _insert(self, rows: list[Row], *, recount: bool) -> int:
+        """Insert in one transaction; returns how many rows were new. Only a batch that may
+        have been stored before (``recount``) pays for counting on PostgreSQL (RETURNING);
+        SQLite's row count is free."""
+        inserted = 0
+        with self._factory.begin() as session:
+            dialect = session.get_bind().dialect.name
+            statement = self._insert_for.get(dialect)
+            if statement is None:
+                statement = self._insert_for.setdefault(dialect, insert_statement(dialect))
+            counted = statement.returning(_TABLE.c.id) if recount and dialect != "sqlite" else None
+            for start in range(0, len(rows), YIELD_EVERY_ROWS):
+                chunk = rows[start : start + YIELD_EVERY_ROWS]
+                if counted is not None:
+                    inserted += len(session.execute(counted, chunk).all())
+                else:
+                    result = session.execute(statement, chunk)
+                    inserted += result.rowcount if dialect == "sqlite" else len(chunk)  # type: ignore[attr-defined]
+                time.sleep(0)  # hand the GIL back to the event loop (YIELD_EVERY_ROWS)
+        return inserted
+
+    # -- the spool --------------------------------------------------------------------------
+
+    def _spill_newest(self) -> None:
+        """Move the newest buffered events (a batch) to the spool: memory stays bounded."""
+        count = min(len(self._backlog), max(1, self._batch_size))
+        events = [self._backlog.pop() for _ in range(count)]
+        events.reverse()
+        self._spill([_row(e) for e in events], "the memory buffer is full")
+
+    def _spill(self, rows: list[Row], why: str) -> None:
+        if not rows:
+            return
+        taken = 0
+        if self._spool is not None:
+            try:
+                taken = self._spool.append(rows)
+            except OSError as exc:
+                log.error("could not write the usage spool: %s", type(exc).__name__)
+        if taken:
+            self._spilled += taken
+            self._spool_pending = True
+        if taken < len(rows):
+            self._drop(len(rows) - taken, f"({why}, and the spool cannot take them)", None)
+
+    def _replay(self) -> None:
+        """Store every segment of the spool no other process holds, then delete it. Raises
+        :class:`_DatabaseDown` (the segment stays) when the database fails meanwhile."""
+        assert self._spool is not None
+        self._spool.rotate()
+        started = self._replayed
+        for segment in self._spool.claim():
+            try:
+                for rows in segment.batches(self._batch_size):
+                    left = self._store(rows, recount=True)
+                    if left:
+                        raise _DatabaseDown
+                    self._replayed += len(rows)
+                    self._drain()
+                if segment.torn:
+                    self._drop(segment.torn, "in the spool, torn by a crash mid-write", None)
+                segment.remove()
+                self._spool.forget(segment)
+            finally:
+                segment.release()
+        self._spool_pending = False
+        if self._replayed > started:
+            log.warning("replayed %d usage record(s) from the spool", self._replayed - started)
+
+    # -- outcomes ---------------------------------------------------------------------------
+
+    def _on_failure(self) -> None:
+        now = self._clock()
+        self._failures += 1
+        self._unknown_streak = self._unknown_streak + 1 if self._last_failure == "unknown" else 0
+        if self._failing_since is None:
+            self._failing_since = now
+            self._backoff = self._min_backoff
+            log.error(
+                "usage records cannot be written (%s): keeping them (%d in memory) and retrying",
+                _describe(self._last_error),
+                self.buffered,
+            )
+        self._next_attempt = now + self._backoff
+        self._backoff = min(self._backoff * 2, self._max_backoff)
+
+    def _fail_later(self) -> None:
+        self._failing_since = self._failing_since or self._clock()
+        self._next_attempt = self._clock() + self._max_backoff
+
+    def _on_success(self) -> None:
+        self._unknown_streak = 0
+        if self._failing_since is not None:
+            log.warning(
+                "usage records are written again after %.1f s of failures",
+                self._clock() - self._failing_since,
+            )
+            self._failing_since = None
+
+    def _shutdown(self) -> None:
+        """Write what is buffered (one attempt); spool what the database does not take."""
+        self._drain()
+        try:
+            self._write_buffered()
+        except _DatabaseDown:
+            rows, self._retry = self._retry, []
+            rows += [_row(e) for e in self._backlog]
+            self._backlog.clear()
+            self._spill(rows, "the database is unavailable at shutdown")
+            log.error(
+                "usage writer closed with the database unavailable (%s): %d record(s) spooled "
+                "for replay at the next start",
+                _describe(self._last_error),
+                len(rows),
+            )
+        if self._spool is not None:
+            self._spool.close()
+        self._spool_pending = False
+        for marker in self._flushes:
+            marker.done.set()
+        self._flushes.clear()
+
+    def _drop(self, count: int, why: str, exc: Exception | None) -> None:
         """Count and log ``count`` records given up on: the error's kind, never its text (it
         names the values)."""
         self._dropped += count
-        log.error("dropping %d usage record(s) %s: %s", count, why, _describe(exc))
+        cause = f": {_describe(exc)}" if exc is not None else ""
+        log.error("dropping %d usage record(s) %s%s", count, why, cause)
+
+
+def _failure_kind(exc: Exception) -> Failure:
+    """``value`` if ``exc`` refuses a value of the rows (:func:`_refuses_a_value`), ``state``
+    if it is the database's state (:func:`classify`: unavailable, busy, schema, a lost race),
+    ``unknown`` otherwise."""
+    if _refuses_a_value(exc):
+        return "value"
+    if isinstance(exc, SQLAlchemyError) and classify(exc) is not DatabaseFailure.INTERNAL:
+        return "state"
+    return "unknown"
 
 
 def _refuses_a_value(exc: Exception) -> bool:
@@ -297,5 +647,7 @@ def _refuses_a_value(exc: Exception) -> bool:
     return isinstance(exc, ValueError | TypeError | OverflowError)
 
 
-def _describe(exc: Exception) -> str:
+def _describe(exc: Exception | None) -> str:
+    if exc is None:
+        return "unknown error"
     return describe(exc) if isinstance(exc, SQLAlchemyError) else type(exc).__name__

@@ -13,6 +13,8 @@ Modules, one job each:
 * :mod:`~gateway.engine_sim.metrics` — vLLM's metric names on a per-engine registry;
 * :mod:`~gateway.engine_sim.schemas` / :mod:`~gateway.engine_sim.filler` — bodies and text;
 * :mod:`~gateway.engine_sim.app` — the FastAPI app (:func:`create_engine_app`);
+* :mod:`~gateway.engine_sim.faults` — fault injection for tests and drills (off by default):
+  hang, freeze, stall, garbage, crash;
 * :mod:`~gateway.engine_sim.serve` — several engines in one process on free ports;
 * :mod:`~gateway.engine_sim.cli` — ``tiergate engine-sim``.
 """

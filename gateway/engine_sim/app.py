@@ -4,7 +4,9 @@ Endpoints (vLLM's): ``POST /v1/chat/completions``, ``POST /v1/completions`` (SSE
 ``data: [DONE]``, ``stream_options.include_usage``), ``GET /v1/models``, ``GET /health``,
 ``GET /version``, ``GET /metrics``. Errors are OpenAI-shaped: 400 for a bad body or a request
 the engine cannot hold, 404 for an unknown model. A client that disconnects — streaming or
-not — has its request aborted in the engine, freeing its KV blocks at once.
+not — has its request aborted in the engine, freeing its KV blocks at once. Built with
+``fault_injection``, it also serves ``GET``/``POST /fault-injection``
+(:mod:`gateway.engine_sim.faults`).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from pydantic import ValidationError
 from starlette.types import Receive, Scope, Send
 
 from engine_common.protocol import BestEffortDefaults
+from gateway.engine_sim.faults import Fault, FaultInjector, FaultMode, garbage_bytes
 from gateway.engine_sim.filler import filler_text
 from gateway.engine_sim.loop import EngineRejected, TokenStream, WallClockEngine
 from gateway.engine_sim.mapping import (
@@ -76,10 +79,24 @@ class EngineSim:
     sampler: OutputLengthSampler
     defaults: BestEffortDefaults = DEFAULTS
     """What requests without their own objectives get (the vLLM plugins' defaults)."""
+    faults: FaultInjector | None = None
+    """Fault injection (tests and drills only: :mod:`gateway.engine_sim.faults`); None: off."""
 
     @property
     def core(self) -> EngineCore:
         return self.engine.core
+
+    def inject(self, fault: Fault) -> None:
+        """Switch to ``fault`` (``mode="none"`` clears it)."""
+        if self.faults is None:
+            raise RuntimeError("this engine was built without fault injection")
+        self.faults.set(fault)
+        if fault.mode in (FaultMode.HANG, FaultMode.FREEZE):
+            self.engine.pause()
+        else:
+            self.engine.resume()
+        if fault.mode is FaultMode.CRASH:
+            self.engine.crash()
 
 
 def build_engine_sim(
@@ -93,8 +110,10 @@ def build_engine_sim(
     time_scale: float = 1.0,
     max_model_len: int = DEFAULT_MAX_MODEL_LEN,
     defaults: BestEffortDefaults = DEFAULTS,
+    fault_injection: bool = False,
 ) -> EngineSim:
-    """The engine behind an app: core, policy, wall-clock loop, metrics and length sampler."""
+    """The engine behind an app: core, policy, wall-clock loop, metrics and length sampler
+    (and, with ``fault_injection``, the ``/fault-injection`` control: tests and drills only)."""
     if max_model_len < 2:
         raise ValueError(f"max_model_len must be >= 2, got {max_model_len}")
     noise_seed, length_seed = np.random.SeedSequence(seed).spawn(2)
@@ -116,6 +135,7 @@ def build_engine_sim(
         metrics=metrics,
         sampler=OutputLengthSampler(length_seed),
         defaults=defaults,
+        faults=FaultInjector() if fault_injection else None,
     )
 
 
@@ -147,6 +167,10 @@ def create_engine_app(profile: Profile, policy: str, **options: Any) -> FastAPI:
 
     @app.get("/health")
     async def health() -> Response:
+        if sim.faults is not None:
+            await sim.faults.wait_while(FaultMode.FREEZE)
+            if sim.faults.mode is FaultMode.CRASH:
+                return Response(status_code=503)
         return Response(status_code=200)
 
     @app.get("/version")
@@ -155,11 +179,27 @@ def create_engine_app(profile: Profile, policy: str, **options: Any) -> FastAPI:
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
+        if sim.faults is not None:
+            await sim.faults.wait_while(FaultMode.FREEZE)
         return {"object": "list", "data": [model_card(sim)]}
 
     @app.get("/metrics")
     async def metrics() -> Response:
+        if sim.faults is not None:
+            await sim.faults.wait_while(FaultMode.FREEZE)
         return Response(sim.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    if sim.faults is not None:
+        faults = sim.faults
+
+        @app.get("/fault-injection")
+        async def current_fault() -> Fault:
+            return faults.fault
+
+        @app.post("/fault-injection")
+        async def inject_fault(fault: Fault) -> Fault:
+            sim.inject(fault)
+            return faults.fault
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
@@ -240,6 +280,11 @@ def core_request(
 
 
 async def _generate(sim: EngineSim, http: Request, schema: type[_GenerationRequest]) -> Response:
+    faults = sim.faults
+    if faults is not None and faults.mode is not FaultMode.NONE:
+        await faults.wait_while(FaultMode.FREEZE)
+        if faults.mode is FaultMode.CRASH:
+            return error_response(500, "the engine core is dead", "EngineDeadError")
     raw = await http.body()
     too_deep = nesting_error(raw)  # before parsing: the parser recurses once per level
     if too_deep is not None:
@@ -269,8 +314,25 @@ async def _generate(sim: EngineSim, http: Request, schema: type[_GenerationReque
 
     shape = _Shape(chat=chat, request_id=request_id, model=sim.model_name)
     if body.stream:
-        return _EventStream(engine, stream, _sse(stream, shape, include_usage=body.include_usage))
+        return _EventStream(
+            engine, stream, _sse(stream, shape, include_usage=body.include_usage, faults=faults)
+        )
+    if faults is not None and faults.mode is not FaultMode.NONE:
+        answer = await _faulty_answer(faults)
+        if answer is not None:
+            engine.abort(request_id)
+            return answer
     return await _complete(engine, stream, shape, http)
+
+
+async def _faulty_answer(faults: FaultInjector) -> Response | None:
+    """A non-streamed request under a fault: never answered while stalled, garbage when
+    garbling; None: answer it normally."""
+    while faults.mode in (FaultMode.STALL, FaultMode.FREEZE):
+        await faults.wait_while(faults.mode)
+    if faults.mode is FaultMode.GARBAGE:
+        return Response(b"<html>not JSON</html>", 200, media_type="application/json")
+    return None
 
 
 class _EventStream(StreamingResponse):
@@ -363,11 +425,23 @@ def _usage(stream: TokenStream) -> dict[str, int]:
     }
 
 
-async def _sse(stream: TokenStream, shape: _Shape, *, include_usage: bool) -> AsyncIterator[bytes]:
+async def _sse(
+    stream: TokenStream, shape: _Shape, *, include_usage: bool, faults: FaultInjector | None
+) -> AsyncIterator[bytes]:
+    sent = 0
     while True:
         start, stop = await stream.next_tokens()
         if start == stop:
             break
+        if faults is not None and faults.mode is not FaultMode.NONE:
+            if faults.stalls_at(sent) or faults.mode is FaultMode.FREEZE:
+                while faults.stalls_at(sent) or faults.mode is FaultMode.FREEZE:
+                    await faults.wait_while(faults.mode)
+                stop = stream.read = stream.delivered  # with what came while held
+            if faults.garbles_at(sent):
+                yield garbage_bytes(faults.fault.garbage)
+                return
+        sent += 1
         last = stream.done and not stream.aborted
         yield shape.chunk(
             filler_text(start, stop), start == 0, stream.finish_reason if last else None

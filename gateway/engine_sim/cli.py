@@ -33,6 +33,13 @@ def engine_sim_command(
         int, typer.Option(help="Context length in tokens (capped by the KV capacity).")
     ] = DEFAULT_MAX_MODEL_LEN,
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
+    fault_injection: Annotated[
+        bool,
+        typer.Option(
+            help="Serve POST /fault-injection to make this engine hang, freeze, stall, send "
+            "garbage or crash on demand (tests and drills only)."
+        ),
+    ] = False,
 ) -> None:
     """Serve an emulated vLLM engine: OpenAI API, vLLM metrics, timing from a latency profile."""
     try:
@@ -55,5 +62,6 @@ def engine_sim_command(
         noise_sigma=noise,
         time_scale=time_scale,
         max_model_len=max_model_len,
+        fault_injection=fault_injection,
     )
     uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False)

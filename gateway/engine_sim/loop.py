@@ -102,6 +102,9 @@ class WallClockEngine:
         self.time_scale = time_scale
         self.streams: dict[str, TokenStream] = {}
         self._wake = asyncio.Event()
+        self._resumed = asyncio.Event()
+        """Set while the loop may step; cleared by :meth:`pause` (fault injection: a hang)."""
+        self._resumed.set()
         self._task: asyncio.Task[None] | None = None
         self._ff_done = 0
         """Steps of the in-flight fast-forward run already delivered."""
@@ -132,6 +135,9 @@ class WallClockEngine:
         """Start the loop task on the running event loop (idempotent)."""
         if self._task is None or self._task.done():
             self._wake = asyncio.Event()
+            paused, self._resumed = self.paused, asyncio.Event()
+            if not paused:
+                self._resumed.set()
             self._task = asyncio.get_running_loop().create_task(self._run(), name=self.core.name)
 
     async def stop(self) -> None:
@@ -146,6 +152,24 @@ class WallClockEngine:
     @property
     def running(self) -> bool:
         return self._task is not None and not self._task.done()
+
+    # ---- fault injection (gateway.engine_sim.faults) -----------------------------------
+
+    @property
+    def paused(self) -> bool:
+        return not self._resumed.is_set()
+
+    def pause(self) -> None:
+        """Stop stepping, as a hung engine core does: streams stop, requests queue."""
+        self._resumed.clear()
+
+    def resume(self) -> None:
+        """Step again from where the pause stopped (the lost time is lost: MAX_LAG_S)."""
+        self._resumed.set()
+
+    def crash(self) -> None:
+        """Lose every request at once, as an engine core that dies does."""
+        self._fail_all()
 
     # ---- requests -------------------------------------------------------------------------
 
@@ -198,6 +222,9 @@ class WallClockEngine:
         next_start: float | None = None
         """Planned end of the previous step: where the timeline continues."""
         while True:
+            if not self._resumed.is_set():
+                await self._resumed.wait()
+                continue  # the world may have changed (a crash, aborts) while paused
             step = core.in_flight
             if step is None:
                 if not core.has_work:
@@ -222,12 +249,16 @@ class WallClockEngine:
                 # an intermediate step of a fast-forward run: all its requests decode one token
                 t = float(step.end_times[self._ff_done])
                 await self._sleep_until(t)
+                if self.paused:
+                    continue  # delivered once resumed, if the step is still in flight
                 if core.in_flight is step and step.num_steps - 1 > self._ff_done:
                     self._ff_done += 1
                     self._deliver_decode_step(step, t)
                 continue
             end = step.end_s
             await self._sleep_until(end)
+            if self.paused:
+                continue
             if core.in_flight is not step or step.end_s != end:
                 continue  # cut short by an interrupt while sleeping: re-read the run
             outcome = core.finish_step(step)

@@ -43,6 +43,8 @@ class EngineSpec:
     max_model_len: int = DEFAULT_MAX_MODEL_LEN
     port: int = 0
     """0: a free port chosen by the OS."""
+    fault_injection: bool = False
+    """Serve ``/fault-injection`` (tests and drills: :mod:`gateway.engine_sim.faults`)."""
 
     def resolve_profile(self) -> Profile:
         return self.profile if isinstance(self.profile, Profile) else load_profile(self.profile)
@@ -57,6 +59,7 @@ class EngineSpec:
             policy_params=dict(self.policy_params or {}),
             time_scale=self.time_scale,
             max_model_len=self.max_model_len,
+            fault_injection=self.fault_injection,
         )
 
 

@@ -1,7 +1,8 @@
 """Admission control: per-tenant RPM/TPM/concurrency limits and the gain-ordered admission queue.
 
-``make_rate_limiter(settings.redis_url)`` picks Redis (shared by all gateway processes) or the
-in-process limiter; :class:`AdmissionQueue` orders what the limits let through. Every refusal is
+``make_rate_limiter(settings.redis_url)`` picks Redis (shared by all gateway processes, with a
+per-process degraded mode while Redis is away: :mod:`gateway.limits.failover`) or the in-process
+limiter; :class:`AdmissionQueue` orders what the limits let through. Every refusal is
 an :class:`AdmissionRejected` carrying its :class:`RejectReason`, status code and headers.
 """
 
@@ -17,9 +18,10 @@ from gateway.limits.base import (
     Reservation,
     Usage,
 )
+from gateway.limits.failover import FailoverRateLimiter, make_rate_limiter
 from gateway.limits.memory import InMemoryRateLimiter
 from gateway.limits.queue import AdmissionQueue, QueueRejected
-from gateway.limits.redis import RedisRateLimiter, make_rate_limiter
+from gateway.limits.redis import RedisRateLimiter
 
 __all__ = [
     "REJECT_REASON_HEADER",
@@ -27,6 +29,7 @@ __all__ = [
     "AdmissionQueue",
     "AdmissionRejected",
     "Backlog",
+    "FailoverRateLimiter",
     "InMemoryRateLimiter",
     "LimitExceeded",
     "Limits",

@@ -30,8 +30,10 @@ WINDOW_S = 60.0
 DEFAULT_SLOT_TTL_S = 900.0
 """Lease of a concurrency slot: a reservation whose holder crashed frees its slot after this.
 
-It must exceed the gateway's longest request (its upstream timeout), or a live request would lose
-its slot and the tenant could briefly exceed its concurrency limit.
+Without renewal it must exceed the gateway's longest request (its upstream timeout), or a live
+request would lose its slot and the tenant could briefly exceed its concurrency limit. The Redis
+limiter as the gateway builds it (:func:`~gateway.limits.failover.make_rate_limiter`) renews its
+leases while requests run and uses a 30 s lease instead, so a crash leaks slots for seconds.
 """
 
 DEFAULT_CONCURRENCY_RETRY_AFTER_S = 1.0
@@ -51,11 +53,19 @@ class RejectReason(StrEnum):
     QUEUE_FULL = "queue_full"
     QUEUE_TTL = "queue_ttl"
     SLO_INFEASIBLE = "slo_infeasible"
+    SLO_UNATTAINABLE = "slo_unattainable"
+    """Overload (part D): the predicted first token, queue wait included, is later than the TTFT
+    objective allows (``shed_slack``); refused at admission or when the wait in the queue made
+    it so (``docs/operations/overload.md``)."""
 
     @property
     def status_code(self) -> int:
         """429 when the client should slow down, 503 when the gateway cannot serve it in time."""
-        if self in (RejectReason.QUEUE_TTL, RejectReason.SLO_INFEASIBLE):
+        if self in (
+            RejectReason.QUEUE_TTL,
+            RejectReason.SLO_INFEASIBLE,
+            RejectReason.SLO_UNATTAINABLE,
+        ):
             return 503
         return 429
 
@@ -123,6 +133,8 @@ class Reservation:
     tokens: int
     reserved_at_s: float
     expires_at_s: float
+    held: bool = True
+    """False when nothing was taken (an unlimited tenant): reconciling it does nothing."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,6 +194,12 @@ class RateLimiter(ABC):
         self.window_s = window_s
         self.slot_ttl_s = slot_ttl_s
         self.concurrency_retry_after_s = concurrency_retry_after_s
+
+    @property
+    def mode(self) -> str:
+        """Where limits are kept now, as readiness reports it: ``local``, ``redis`` or
+        ``degraded-local`` (Redis configured but unreachable: per-process shares)."""
+        return "local"
 
     @abstractmethod
     async def reserve(self, tenant: str, limits: Limits, tokens: int) -> Reservation:

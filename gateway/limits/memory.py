@@ -4,6 +4,10 @@ Every operation is a short synchronous critical section that never awaits, so un
 is atomic by construction; the ``threading.Lock`` around it also makes the limiter safe to share
 with threads (sync handlers, a metrics exporter). Use :mod:`gateway.limits.redis` when several
 gateway processes must share one budget.
+
+:class:`~gateway.limits.failover.FailoverRateLimiter` also keeps one of these beside Redis, as a
+mirror of what this process admitted (:meth:`InMemoryRateLimiter.record`): it enforces this
+process's share while Redis is away and re-seeds Redis from it (:meth:`snapshot`) when it returns.
 """
 
 from __future__ import annotations
@@ -25,6 +29,20 @@ from gateway.limits.base import (
     rejection,
     too_large_for_tpm,
 )
+
+
+@dataclass(frozen=True, slots=True)
+class LocalEntry:
+    """One reservation this process holds or admitted within the window, as Redis needs it back.
+
+    ``age_s`` is ``None`` for a slot whose request has left the window (it ran longer than
+    ``window_s``): only its lease is still held.
+    """
+
+    reservation_id: str
+    age_s: float | None
+    tokens: int
+    held: bool
 
 
 @dataclass(slots=True)
@@ -62,7 +80,10 @@ class InMemoryRateLimiter(RateLimiter):
         self._lock = threading.Lock()
         self._tenants: dict[str, _TenantState] = {}
 
-    async def reserve(self, tenant: str, limits: Limits, tokens: int) -> Reservation:
+    async def reserve(
+        self, tenant: str, limits: Limits, tokens: int, *, reservation_id: str | None = None
+    ) -> Reservation:
+        """:meth:`RateLimiter.reserve`; ``reservation_id``: the id to use (else a new one)."""
         check_tokens(tokens)
         if limits.tpm is not None and tokens > limits.tpm:
             raise too_large_for_tpm(tokens, limits.tpm)
@@ -80,13 +101,67 @@ class InMemoryRateLimiter(RateLimiter):
                 raise rejection(RejectReason.RATE_LIMIT_TPM, retry, limits)
             if limits.max_concurrency is not None and len(state.slots) >= limits.max_concurrency:
                 raise rejection(RejectReason.CONCURRENCY, self.concurrency_retry_after_s, limits)
-            rid = uuid.uuid4().hex
+            rid = reservation_id or uuid.uuid4().hex
             state.log.append((now, rid))
             state.tokens[rid] = tokens
             state.token_total += tokens
             expires = now + self.slot_ttl_s
             state.slots[rid] = expires
         return Reservation(rid, tenant, tokens, now, expires)
+
+    def record(self, tenant: str, reservation_id: str, tokens: int) -> None:
+        """Log an admission decided elsewhere (by Redis), unchecked, with a slot held.
+
+        The mirror a :class:`~gateway.limits.failover.FailoverRateLimiter` keeps, so that this
+        process's own recent admissions count against its share when Redis goes away.
+        """
+        with self._lock:
+            now = self._clock()
+            state = self._tenants.setdefault(tenant, _TenantState())
+            state.trim(now, self.window_s)
+            state.log.append((now, reservation_id))
+            state.tokens[reservation_id] = tokens
+            state.token_total += tokens
+            state.slots[reservation_id] = now + self.slot_ttl_s
+
+    def recent(self, tenant: str, margin_s: float = 1.0) -> bool:
+        """Whether this process admitted for ``tenant`` within the window (less a margin).
+
+        Redis showing an empty window while this is true means Redis lost its data.
+        """
+        with self._lock:
+            state = self._tenants.get(tenant)
+            if state is None or not state.log:
+                return False
+            return state.log[-1][0] > self._clock() - (self.window_s - margin_s)
+
+    def held_slots(self) -> dict[str, list[str]]:
+        """Reservation ids whose slot is held now, by tenant (the leases to renew)."""
+        with self._lock:
+            return {
+                tenant: list(state.slots) for tenant, state in self._tenants.items() if state.slots
+            }
+
+    def snapshot(self, tenant: str | None = None) -> dict[str, list[LocalEntry]]:
+        """Admissions within the window and slots held, with their ages, by tenant (or one)."""
+        out: dict[str, list[LocalEntry]] = {}
+        with self._lock:
+            now = self._clock()
+            tenants = self._tenants if tenant is None else {tenant: self._tenants.get(tenant)}
+            for name, state in tenants.items():
+                if state is None:
+                    continue
+                state.trim(now, self.window_s)
+                entries = [
+                    LocalEntry(rid, now - at, state.tokens[rid], rid in state.slots)
+                    for at, rid in state.log
+                ]
+                entries += [
+                    LocalEntry(rid, None, 0, True) for rid in state.slots if rid not in state.tokens
+                ]
+                if entries:
+                    out[name] = entries
+        return out
 
     async def reconcile(self, reservation: Reservation, actual_tokens: int) -> None:
         check_tokens(actual_tokens)

@@ -56,6 +56,9 @@ class RouteDecision:
     """Decode instance under PD-disaggregation, else None."""
     expected_gain: float | None = None
     """The router's estimate of the gain this placement adds (GoRouting's Delta), if any."""
+    predicted_ttft_s: float | None = None
+    """The router's estimate of the time from dispatch to the first token on this placement
+    (GoRouting's Exec(p, r)), if it makes one: what admission control adds its own queue wait to."""
 
 
 def _decode_target(decision: RouteDecision) -> int:

@@ -184,6 +184,7 @@ class GoRouter(Router):
             instance=chosen.index,
             decode_instance=pick_decode_instance(self.instances),
             expected_gain=chosen.delta,
+            predicted_ttft_s=chosen.exec_with_s,
         )
 
     def _select(self, estimates: list[InstanceEstimate], request: Request) -> InstanceEstimate:
@@ -218,14 +219,12 @@ class GoRouter(Router):
         )
         req_deadline = request.arrival_s + request.slo.token_due_s(1)
 
+        phi_before = self._phi(instance, summary, now)
         if instance.role is InstanceRole.PREFILL:
-            phi_before = beta * summary.raw_work + t_c * summary.chunks
             phi_after = phi_before + beta * req_raw + t_c * req_chunks
         else:
             req_tpot = request.slo.tpot_s if request.slo.tpot_s is not None else math.inf
             remain = summary.min_remaining_s(now)
-            factor_before = self._batch_factor(remain, summary.min_tpot_s, t_c)
-            phi_before = factor_before * beta * summary.raw_work
             if req_deadline > now:
                 remain = min(remain, req_deadline - now)
             tpot_after = min(summary.min_tpot_s, req_tpot)
@@ -233,8 +232,7 @@ class GoRouter(Router):
                 self._batch_factor(remain, tpot_after, t_c) * beta * (summary.raw_work + req_raw)
             )
 
-        lag = max(0.0, now - instance.queue_updated_s)
-        exec_s = max(0.0, phi_before - lag) + instance.num_decoding * est.decode_time(0)
+        exec_s = self._exec(instance, phi_before, now)
         exec_with_s = exec_s + (phi_after - phi_before)
 
         done_before, done_after = now + exec_s, now + exec_with_s
@@ -243,6 +241,24 @@ class GoRouter(Router):
         if done_after < req_deadline:
             gain_after += self.weights.token_value(request.weight, 1)
         return InstanceEstimate(instance.index, exec_s, exec_with_s, gain_before, gain_after)
+
+    def drain_s(self, instance: InstanceView, now: float) -> float:
+        """Exec(p): the wait a newcomer would see on ``instance`` before its own prefill (its
+        queued prefills' drain time, lag-compensated, plus decode interference)."""
+        return self._exec(instance, self._phi(instance, self._summary(instance), now), now)
+
+    def _phi(self, instance: InstanceView, summary: _QueueSummary, now: float) -> float:
+        """phi(Q_p): the drain time of the instance's queued prefills (module docstring)."""
+        est = instance.estimator
+        if instance.role is InstanceRole.PREFILL:
+            return est.beta * summary.raw_work + est.t_c * summary.chunks
+        factor = self._batch_factor(summary.min_remaining_s(now), summary.min_tpot_s, est.t_c)
+        return factor * est.beta * summary.raw_work
+
+    @staticmethod
+    def _exec(instance: InstanceView, phi: float, now: float) -> float:
+        lag = max(0.0, now - instance.queue_updated_s)
+        return max(0.0, phi - lag) + instance.num_decoding * instance.estimator.decode_time(0)
 
     def _batch_factor(self, remain_s: float, min_tpot_s: float, t_c: float) -> float:
         """Eq. 8's ``t_b / (t_b - t_c)``: wall time per second of prefill work at budget t_b."""

@@ -45,6 +45,7 @@ def _isolated_settings(
     """
     monkeypatch.delenv("TIERGATE_DATABASE_URL", raising=False)
     monkeypatch.delenv("TIERGATE_SECRET", raising=False)
+    monkeypatch.delenv("TIERGATE_SECRET_PREVIOUS", raising=False)
     monkeypatch.setenv("TIERGATE_DATA_DIR", str(tmp_path_factory.mktemp("tiergate-data")))
     get_settings.cache_clear()
     yield

@@ -1,4 +1,6 @@
-"""The gain-ordered admission queue: order, TTL, bounded size, cancellation, and no starvation."""
+"""The gain-ordered admission queue: order, TTL, bounded size, cancellation, no starvation, and
+what SLO-aware admission reads and sets: the measured service rate, the predicted wait, the SLO
+limit on a wait, demotion and the ready-backends gate."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from gateway.limits import (
     RejectReason,
     gain_density,
 )
+from gateway.limits.queue import Grant, Overtakers, ServiceRate
 from priority.gain import GainWeights
 
 INF = math.inf
@@ -414,3 +417,226 @@ def test_queue_item_rejects_bad_values(kwargs: dict[str, Any]) -> None:
     values: dict[str, Any] = {"priority": 1.0, "ttl_s": 1.0, "aging_s": 1.0} | kwargs
     with pytest.raises(ValueError):
         QueueItem("r", "t", **values)
+
+
+# --- SLO-aware waiting: service rate, predicted wait, SLO limit, demotion, ready backends ----
+
+
+def test_service_rate_counts_dispatches_per_saturated_second_only() -> None:
+    rate = ServiceRate(window_s=100.0, min_observation_s=0.5)
+    rate.served(1.0)  # nobody was waiting: says nothing about the service rate
+    assert rate.rate(1.0) is None
+    rate.saturated(10.0, True)
+    assert rate.rate(10.2) is None  # too little observed
+    for t in (10.5, 11.0, 11.5, 12.0):
+        rate.served(t)
+    assert rate.rate(12.0) == pytest.approx(2.0, rel=0.05)
+    rate.saturated(12.0, False)
+    rate.served(50.0)  # idle time and unsaturated dispatches do not dilute it
+    assert rate.rate(60.0) == pytest.approx(2.0, rel=0.05)
+
+
+def test_service_rate_follows_a_slower_service_within_its_window() -> None:
+    rate = ServiceRate(window_s=2.0, min_observation_s=0.0)
+    rate.saturated(0.0, True)
+    t = 0.0
+    for _ in range(40):  # 10 per second
+        t += 0.1
+        rate.served(t)
+    assert rate.rate(t) == pytest.approx(10.0, rel=0.15)
+    for _ in range(10):  # then 1 per second, for five windows
+        t += 1.0
+        rate.served(t)
+    # read between dispatches, as arrivals do (just after one it reads high: an average of
+    # events read at an event)
+    assert rate.rate(t + 0.5) == pytest.approx(1.0, rel=0.1)
+
+
+@pytest.mark.asyncio
+async def test_predicted_wait_counts_who_goes_first_over_the_measured_rate() -> None:
+    clock = FakeClock()
+    queue = AdmissionQueue(
+        max_in_flight=1, max_queued=10, clock=clock, service_rate=ServiceRate(100.0, 0.0)
+    )
+    assert queue.predicted_wait_s(1.0) == 0.0  # a free slot
+    await queue.wait_for_turn(item("running", 1.0))
+    assert queue.predicted_wait_s(1.0) is None  # full, and no rate measured yet
+    rec = Recorder(queue)
+    for name, priority in [("a", 5.0), ("b", 3.0), ("c", 1.0)]:
+        rec.submit(item(name, priority, aging_s=100.0))  # none overdue: no rescue lane
+    await settle()
+    for _ in range(3):  # 2 dispatches a second while requests wait
+        clock.now += 0.5
+        queue.release()
+        await settle()
+        rec.submit(item(f"more-{clock.now}", 0.5, aging_s=100.0))
+        await settle()
+    assert queue.measured_rate() == pytest.approx(2.0, rel=0.05)
+    first = queue.predicted_wait_s(100.0)  # nobody ahead, nobody arriving above it
+    assert first == pytest.approx(1 / 2.0, rel=0.05)
+    middle, last = queue.predicted_wait_s(4.0), queue.predicted_wait_s(0.75)
+    assert first is not None and middle is not None and last is not None
+    assert first < middle < last < math.inf
+    await rec.close()
+
+
+def test_overtakers_are_the_recent_arrivals_above_a_priority() -> None:
+    arrivals = Overtakers(window_s=2.0)
+    for t, priority in [(0.0, 5.0), (1.0, 5.0), (1.5, 1.0), (2.5, 9.0)]:
+        arrivals.arrived(t, priority)
+    assert arrivals.rate_above(2.0, 2.5) == pytest.approx(2 / 2.0)  # 1.0 and 2.5; 0.0 is old
+    assert arrivals.rate_above(0.5, 2.5) == pytest.approx(3 / 2.0)
+    assert arrivals.rate_above(9.0, 2.5) == 0.0
+
+
+@pytest.mark.asyncio
+async def test_predicted_wait_grows_with_higher_priority_arrivals() -> None:
+    """A priority queue's wait: requests of higher priority that keep arriving go first too;
+    when they alone take the whole service rate, a lower one waits forever."""
+    clock = FakeClock()
+    queue = AdmissionQueue(
+        max_in_flight=1, max_queued=100, clock=clock, service_rate=ServiceRate(100.0, 0.0)
+    )
+    rec = Recorder(queue)
+    await queue.wait_for_turn(item("running", 1.0))
+    rec.submit(item("first", 9.0))
+    await settle()
+    for _ in range(6):  # 2 dispatches a second; 2 high-priority arrivals a second
+        clock.now += 0.5
+        queue.release()
+        await settle()
+        rec.submit(item(f"high-{clock.now}", 9.0))
+        await settle()
+    assert queue.predicted_wait_s(1.0) == math.inf
+    assert math.isfinite(queue.predicted_wait_s(10.0) or 0.0)
+    await rec.close()
+
+
+@pytest.mark.asyncio
+async def test_waiter_past_its_slo_wait_leaves_with_503_slo_unattainable() -> None:
+    clock = FakeClock()
+    queue = AdmissionQueue(
+        max_in_flight=1, max_queued=10, clock=clock, service_rate=ServiceRate(100.0, 0.0)
+    )
+    rec = Recorder(queue)
+    await queue.wait_for_turn(item("running", 1.0))
+    rec.submit(QueueItem("promised", "std", 9.0, ttl_s=30.0, aging_s=1.0, slo_wait_s=0.8))
+    rec.submit(item("patient", 1.0, ttl_s=30.0))
+    await settle()
+    clock.now = 1.0  # by the queue's clock, "promised" can no longer meet its SLO
+    queue.release()
+    await settle()
+    assert rec.admitted == ["patient"]
+    refused = rec.refused["promised"]
+    assert refused.reason is RejectReason.SLO_UNATTAINABLE and refused.status_code == 503
+    assert refused.headers()[REJECT_REASON_HEADER] == "slo_unattainable"
+    assert int(refused.headers()["retry-after"]) >= 1
+    await rec.close()
+
+
+@pytest.mark.asyncio
+async def test_slo_wait_timer_ends_a_wait_without_any_dispatch() -> None:
+    queue = AdmissionQueue(max_in_flight=1, max_queued=10)
+    await queue.wait_for_turn(item("running", 1.0))
+    with pytest.raises(QueueRejected) as refused:
+        await queue.wait_for_turn(
+            QueueItem("r", "std", 1.0, ttl_s=30.0, aging_s=1.0, slo_wait_s=0.01)
+        )
+    assert refused.value.reason is RejectReason.SLO_UNATTAINABLE
+    assert queue.queued == 0
+
+
+@pytest.mark.asyncio
+async def test_demotable_waiter_is_demoted_not_refused_and_goes_last() -> None:
+    clock = FakeClock()
+    queue = AdmissionQueue(max_in_flight=1, max_queued=10, clock=clock)
+    grants: dict[str, Grant] = {}
+
+    async def wait(request: QueueItem) -> None:
+        grants[request.request_id] = await queue.wait_for_turn(request)
+
+    await queue.wait_for_turn(item("running", 1.0))
+    tasks = [
+        asyncio.create_task(
+            wait(QueueItem("batch", "b", 9.0, 30.0, 1.0, slo_wait_s=0.5, demotable=True))
+        ),
+        asyncio.create_task(wait(item("low", 1.0, ttl_s=30.0, aging_s=100.0))),
+    ]
+    await settle()
+    clock.now = 1.0  # "batch" is past its SLO wait: demoted below "low", never rescued
+    queue.release()
+    await settle()
+    assert list(grants) == ["low"] and not grants["low"].demoted
+    queue.release()
+    await settle()
+    assert grants["batch"].demoted and grants["batch"].waited_s == pytest.approx(1.0)
+    await asyncio.gather(*tasks)
+
+
+@pytest.mark.asyncio
+async def test_demoted_at_admission_goes_at_once_only_where_ready() -> None:
+    ready = {"m": False}
+    queue = AdmissionQueue(
+        max_in_flight=4,
+        max_queued=10,
+        ready=lambda model, demoted: not demoted or ready[model],
+        ready_poll_s=0.001,
+    )
+    promised = await queue.wait_for_turn(item("promised", 1.0))
+    assert not promised.demoted
+    task = asyncio.create_task(
+        queue.wait_for_turn(QueueItem("be", "b", -1.0, 30.0, 1.0, 0.0, demotable=True, model="m"))
+    )
+    await asyncio.sleep(0.01)
+    assert not task.done() and queue.queued == 1  # slots free, but no spare capacity
+    ready["m"] = True
+    grant = await asyncio.wait_for(task, 5)  # the queue looks again by itself
+    assert grant.demoted and queue.in_flight == 2
+
+
+@pytest.mark.asyncio
+async def test_ready_gate_dispatches_one_request_per_model_per_look() -> None:
+    """``ready`` reads backend state that changes only once a granted request is dispatched,
+    so one look at it may let only one request through."""
+    looks: list[int] = []
+
+    def ready(model: str, demoted: bool) -> bool:
+        looks.append(queue.in_flight)
+        return True
+
+    queue = AdmissionQueue(max_in_flight=0, max_queued=10, ready=ready)
+    rec = Recorder(queue)
+    for name in ("a", "b", "c"):
+        rec.submit(item(name, 1.0))
+    await settle()
+    looks.clear()
+    queue.set_max_in_flight(3)  # one pump now, the next ones as the granted waiters run
+    assert queue.in_flight == 1
+    await settle()
+    assert sorted(rec.admitted) == ["a", "b", "c"] and looks == [0, 1, 2]
+    await rec.close()
+
+
+def test_full_backlog_drops_a_demoted_entry_before_a_promised_one() -> None:
+    backlog = Backlog(2)
+    backlog.push(QueueItem("be", "t", 9.0, 30.0, 1.0, slo_wait_s=0.0, demotable=True), 0.0)
+    backlog.push(QueueItem("promised", "t", 1.0, 30.0, 1.0), 0.0)
+    result = backlog.push(QueueItem("new", "t", 2.0, 30.0, 1.0), 0.0)
+    assert result.evicted is not None and result.evicted.item.request_id == "be"
+    assert [e.item.request_id for e in backlog.entries] == ["promised", "new"]
+
+
+def test_queue_item_rejects_a_negative_or_nan_slo_wait() -> None:
+    for bad in (-1.0, math.nan):
+        with pytest.raises(ValueError):
+            QueueItem("r", "t", 1.0, 1.0, 1.0, slo_wait_s=bad)
+
+
+def test_backlog_memory_stays_bounded_when_entries_never_expire() -> None:
+    """Entries that leave by dispatch keep no record behind, however long their TTL."""
+    backlog = Backlog(10)
+    for n in range(5000):
+        backlog.push(item(f"r{n}", 1.0), float(n))
+        assert backlog.pop(float(n)) is not None
+    assert len(backlog) == 0
+    assert len(backlog._expiry) <= 64 + 1  # white box: the expiry heap was compacted

@@ -373,3 +373,15 @@ def test_seed_quiet_key_and_usage(cli: Invoke) -> None:
     # rejection is counted but is no SLO miss, and its (old-style) ideal gain is left out
     assert re.findall(r"[\d.]+%?", row)[:8] == ["2", "1", "1", "0", "0", "42", "100.0%", "0.750"]
     assert "standard" in _ok(cli("usage", "--by", "tier", "--hours", "1"))
+
+
+def test_tiers_create_takes_a_bounded_shed_slack(cli: Invoke) -> None:
+    gold = ("--weight", "3", "--ttft-ms", "800", "--tpot-ms", "40")
+    _ok(cli("tiers", "create", "gold", *gold, "--shed-slack", "0.25"))
+    _ok(cli("tiers", "create", "plain", *gold))
+    listed = _ok(cli("tiers", "list"))
+    assert "slack" in listed and "0.25" in listed  # a column of its own
+    _fails(
+        cli("tiers", "create", "late", *gold, "--shed-slack", "101"),
+        "Invalid value for '--shed-slack'",
+    )

@@ -4,22 +4,28 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import pickle
 import stat
 import threading
 from pathlib import Path
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import SecretStr
 
 from gateway.db.security import (
     PREFIX_LENGTH,
+    SECRET_ID_LENGTH,
+    ServerSecret,
     generate_key,
     hash_key,
     hashes_equal,
     load_or_create_secret,
     normalize_prefix,
     parse_prefix,
+    secret_id,
+    secrets_of,
     server_secret,
 )
 from gateway.settings import Settings
@@ -109,3 +115,45 @@ def test_configured_secret_wins_over_the_file(tmp_path: Path) -> None:
     generated = Settings(data_dir=tmp_path)
     assert server_secret(generated) == load_or_create_secret(tmp_path) != "from-env"
     assert "from-env" not in repr(configured) and "from-env" not in str(configured)
+
+
+# -- secret rotation: the current secret and the previous ones --------------------------------
+
+
+def test_server_secret_is_the_current_string_and_carries_the_previous_ones() -> None:
+    secret = ServerSecret("new-secret", ["old-1", "", "new-secret", "old-2", "old-1"])
+    assert secret == "new-secret" and isinstance(secret, str)
+    assert secret.previous == ("old-1", "old-2")  # blanks, the current one, repeats dropped
+    assert secrets_of(secret) == ("new-secret", "old-1", "old-2")
+    assert secrets_of("plain") == ("plain",) and secrets_of(b"raw") == (b"raw",)
+    assert hash_key(secret, "tg-abcd1234-x") == hash_key("new-secret", "tg-abcd1234-x")
+    shown = repr(secret) + repr([secret]) + repr({"s": secret})
+    assert "new-secret" not in shown and "old-" not in shown
+    copy = pickle.loads(pickle.dumps(secret))  # worker processes keep the previous ones
+    assert copy == secret and copy.previous == secret.previous
+    with pytest.raises(ValueError, match="must not be empty"):
+        ServerSecret("")
+
+
+def test_previous_secrets_come_from_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TIERGATE_SECRET", "current")
+    monkeypatch.setenv("TIERGATE_SECRET_PREVIOUS", " old-1 , old-2,, ")
+    settings = Settings(data_dir=tmp_path)
+    secret = server_secret(settings)
+    assert secret == "current" and secret.previous == ("old-1", "old-2")
+    assert "old-1" not in repr(settings) and "old-1" not in str(settings)
+    monkeypatch.delenv("TIERGATE_SECRET")  # the generated secret rotates the same way
+    generated = server_secret(Settings(data_dir=tmp_path))
+    assert generated == load_or_create_secret(tmp_path) and generated.previous == ("old-1", "old-2")
+    monkeypatch.delenv("TIERGATE_SECRET_PREVIOUS")
+    assert server_secret(Settings(data_dir=tmp_path)).previous == ()
+
+
+def test_secret_id_names_a_secret_without_revealing_it() -> None:
+    first = secret_id("secret-one")
+    assert first == secret_id(b"secret-one") == secret_id(ServerSecret("secret-one", ["x"]))
+    assert len(first) == SECRET_ID_LENGTH and int(first, 16) >= 0
+    assert first != secret_id("secret-two")
+    assert first != hash_key("secret-one", "")[:SECRET_ID_LENGTH]  # labelled: not a key's hash

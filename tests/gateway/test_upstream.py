@@ -4,13 +4,14 @@ broken streams reported, unfinished responses never returned to the pool."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gzip
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 from aiohttp import web
 
-from gateway.app.upstream import Upstream, UpstreamError
+from gateway.app.upstream import MAX_EVENT_BYTES, Upstream, UpstreamError
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -201,3 +202,61 @@ def test_a_compressed_stream_is_decoded_before_the_relay_sees_it() -> None:
 
     assert asyncio.run(scenario()) == [b"data: 1\n\n", b"data: [DONE]\n\n"]
     assert seen_encoding == ["identity"]
+
+
+def test_an_event_without_end_beyond_the_limit_is_an_upstream_error() -> None:
+    """A garbling engine that never ends its event: the relay stops at MAX_EVENT_BYTES instead
+    of buffering it all (the gateway then fails the attempt over or ends the stream)."""
+    chunk = b"x" * (1 << 20)
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(b"data: {")
+        with contextlib.suppress(ConnectionResetError):
+            for _ in range(2 * MAX_EVENT_BYTES // len(chunk) + 1):
+                await response.write(chunk)
+        return response
+
+    async def scenario() -> None:
+        runner, url = await _serve(handler)
+        upstream = Upstream(read_timeout_s=5.0, connect_timeout_s=1.0)
+        try:
+            response = await upstream.post_json(f"{url}/stream", b"{}")
+            with pytest.raises(UpstreamError, match="longer than"):
+                await _collect(response.event_batches())
+            response.close()
+        finally:
+            await upstream.aclose()
+            await runner.cleanup()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("declared", [True, False])
+def test_a_body_over_the_limit_is_not_read_into_memory(declared: bool) -> None:
+    body = b"{" + b" " * 4096 + b"}"
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        if declared:
+            return web.Response(body=body, content_type="application/json")
+        return await _writes(request, body[:2048], body[2048:])  # chunked: no length declared
+
+    async def scenario() -> None:
+        runner, url = await _serve(handler)
+        upstream = Upstream(read_timeout_s=5.0, connect_timeout_s=1.0)
+        try:
+            response = await upstream.post_json(f"{url}/stream", b"{}")
+            with pytest.raises(UpstreamError, match=r"over|longer"):
+                await response.read(max_bytes=1024)
+            assert not response.complete
+            response.close()
+            response = await upstream.post_json(f"{url}/stream", b"{}")
+            assert await response.read() == body  # within the default limit
+            assert response.complete
+            response.close()
+        finally:
+            await upstream.aclose()
+            await runner.cleanup()
+
+    asyncio.run(scenario())

@@ -138,7 +138,13 @@ def nul_error(request: Request, raw: bytes) -> ApiError | None:
 
 
 async def request_actor(request: Request) -> str:
-    """``admin-api:<client host>`` for the audit log (``admin-api`` when the host is unknown)."""
+    """``admin-api:<client host>`` for the audit log (``admin-api`` when the host is unknown).
+
+    The host is the TCP peer's, or, behind a proxy that ``TIERGATE_TRUSTED_PROXIES`` names,
+    the client it forwarded for: uvicorn resolves ``X-Forwarded-For`` before the app sees the
+    request, for trusted peers only (:func:`gateway.app.http_limits.http_options`), so no
+    client can choose the address the audit log records.
+    """
     host = request.client.host if request.client is not None else None
     return f"{ACTOR}:{host}" if host else ACTOR
 

@@ -1,7 +1,9 @@
 """``/keys``: a tenant's API keys, addressed by their prefix (``tg-<prefix8>`` or bare).
 
-The plaintext is in the answer to creating a key and nowhere else. Every change drops the key's
-cached identity once committed, so a revocation or a new expiry holds on the next request.
+The plaintext is in the answer to creating (or rotating) a key and nowhere else. Every change
+drops the key's cached identity once committed, so a revocation or a new expiry holds on the
+next request. ``/keys/secret-status`` says whether a previous server secret is still needed
+(``docs/operations/security.md``).
 """
 
 from __future__ import annotations
@@ -25,8 +27,11 @@ from gateway.app.admin.schemas import (
     DeletedOut,
     KeyCreate,
     KeyOut,
+    KeyRotate,
     KeyUpdate,
     ListOut,
+    RotatedKeyOut,
+    SecretStatusOut,
 )
 from gateway.db import crud
 from gateway.db.models import ApiKey, utcnow
@@ -64,6 +69,20 @@ def create_key(
         return CreatedKeyOut.of_created(created)
 
 
+@router.get("/keys/secret-status")
+def secret_status(session: SessionDep, state: StateDep) -> SecretStatusOut:
+    """Usable keys by the server secret their hash is under: ``safe_to_drop_previous`` says
+    whether ``TIERGATE_SECRET_PREVIOUS`` can be removed without cutting a key off."""
+    status = crud.secret_status(session, state.secret)
+    return SecretStatusOut(
+        current=status.current,
+        previous=list(status.previous),
+        unrecorded=status.unrecorded,
+        other=status.other,
+        safe_to_drop_previous=status.waiting == 0,
+    )
+
+
 @router.get("/keys/{prefix}")
 def get_key(prefix: str, session: SessionDep) -> KeyOut:
     return KeyOut.of(crud.get_key(session, prefix))
@@ -89,6 +108,29 @@ def revoke_key(prefix: str, session: SessionDep, actor: ActorDep, state: StateDe
         return crud.revoke_key(s, prefix, actor=actor)
 
     return change_and_invalidate(state, session, change, KeyOut.of, own_prefix)
+
+
+@router.post("/keys/{prefix}/rotate", status_code=201)
+def rotate_key(
+    prefix: str, body: KeyRotate, session: SessionDep, actor: ActorDep, state: StateDep
+) -> RotatedKeyOut:
+    """Issue the key's successor (its plaintext ``key`` is in this answer only) and let the old
+    key expire after ``grace_s`` seconds (default 24 h; an earlier expiry is kept)."""
+    with session.begin():
+        created = crud.rotate_key(
+            session,
+            prefix,
+            actor=actor,
+            secret=state.secret,
+            grace_s=body.grace_s,
+            expires_at=body.expires_at,
+        )
+        old = crud.get_key(session, prefix)
+        out = RotatedKeyOut(
+            **CreatedKeyOut.of_created(created).model_dump(), replaces=KeyOut.of(old)
+        )
+    invalidate(state, [old.prefix])  # its cached identity outlived the new expiry
+    return out
 
 
 @router.delete("/keys/{prefix}")

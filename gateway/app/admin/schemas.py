@@ -35,9 +35,18 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from gateway.app.schemas import WHOLE_NUMBER, OneOf, worded
-from gateway.bounds import MAX_LIMIT, MAX_SLO_MS, MAX_WEIGHT, MIN_LIMIT, MIN_SLO_MS, MIN_WEIGHT
+from gateway.bounds import (
+    MAX_LIMIT,
+    MAX_SHED_SLACK,
+    MAX_SLO_MS,
+    MAX_WEIGHT,
+    MIN_LIMIT,
+    MIN_SLO_MS,
+    MIN_WEIGHT,
+)
 from gateway.db import crud
 from gateway.db.crud._common import NAME_PATTERN
+from gateway.db.crud.keys import DEFAULT_GRACE_S, MAX_GRACE_S
 from gateway.db.identity import EffectivePolicy, effective_policy
 from gateway.db.models import BACKEND_KINDS, TENANT_STATUSES, ApiKey, Tenant, utcnow
 from gateway.db.security import display_prefix
@@ -62,6 +71,18 @@ class _Input(BaseModel):
 Limit = Annotated[StrictInt, Field(ge=MIN_LIMIT, le=MAX_LIMIT), WHOLE_NUMBER]
 Weight = Annotated[float, Field(ge=MIN_WEIGHT, le=MAX_WEIGHT, allow_inf_nan=False)]
 SloMs = Annotated[float, Field(ge=MIN_SLO_MS, le=MAX_SLO_MS, allow_inf_nan=False)]
+ShedSlack = Annotated[
+    float,
+    Field(
+        ge=0.0,
+        le=MAX_SHED_SLACK,
+        allow_inf_nan=False,
+        description="how late, as a fraction of the TTFT objective, a request's predicted first "
+        "token may be and the request still be admitted under overload (0.25: 25% late); past "
+        "it the request is refused early (503 `slo_unattainable`), or demoted to best effort "
+        "where `best_effort_allowed`",
+    ),
+]
 RowId = Annotated[StrictInt, Field(ge=1, le=INT32_MAX), WHOLE_NUMBER]
 Ref = str | RowId  # a name, or an id
 
@@ -156,6 +177,7 @@ class TierUpdate(_Input):
     tpm_limit: Limit | None = None
     max_concurrency: Limit | None = None
     best_effort_allowed: bool | None = None
+    shed_slack: ShedSlack | None = None
 
 
 class TierCreate(TierUpdate):
@@ -164,6 +186,7 @@ class TierCreate(TierUpdate):
     ttft_ms: SloMs
     tpot_ms: SloMs
     best_effort_allowed: bool = False
+    shed_slack: ShedSlack = 0.0
 
 
 class TierOut(_Output):
@@ -182,6 +205,7 @@ class TierOut(_Output):
     tpm_limit: int | None
     max_concurrency: int | None
     best_effort_allowed: bool
+    shed_slack: float
     created_at: datetime
     updated_at: datetime
 
@@ -283,6 +307,33 @@ class CreatedKeyOut(KeyOut):
     @classmethod
     def of_created(cls, created: crud.CreatedKey) -> CreatedKeyOut:
         return cls(**_key_fields(created.api_key, None), key=created.plaintext)
+
+
+# -- key rotation and secret status (part F) ----------------------------------------------
+
+
+class KeyRotate(_Input):
+    grace_s: Annotated[
+        float, Field(ge=0, le=MAX_GRACE_S, allow_inf_nan=False, description="the old key's grace")
+    ] = DEFAULT_GRACE_S
+    expires_at: Expiry = None  # the new key's own expiry
+
+
+class RotatedKeyOut(CreatedKeyOut):
+    """The successor (with its plaintext ``key``, shown once) and the old key as it now is."""
+
+    replaces: KeyOut
+
+
+class SecretStatusOut(BaseModel):
+    """Usable keys by the server secret their hash is under (``crud.SecretStatus``)."""
+
+    object: Literal["key_secret_status"] = "key_secret_status"
+    current: int
+    previous: list[int]
+    unrecorded: int
+    other: int
+    safe_to_drop_previous: bool
 
 
 def _key_fields(key: ApiKey, now: datetime | None) -> dict[str, Any]:

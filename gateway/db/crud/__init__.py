@@ -16,12 +16,15 @@ from gateway.db.crud.backends import (
 )
 from gateway.db.crud.keys import (
     CreatedKey,
+    SecretStatus,
     authenticate,
     create_key,
     delete_key,
     get_key,
     list_keys,
     revoke_key,
+    rotate_key,
+    secret_status,
     update_key,
 )
 from gateway.db.crud.profiles import (
@@ -52,6 +55,7 @@ from gateway.db.crud.usage import UsageSummary, usage_by_tenant, usage_by_tier
 __all__ = [
     "CreatedKey",
     "ProfileEntry",
+    "SecretStatus",
     "UsageSummary",
     "activate_tenant",
     "authenticate",
@@ -83,6 +87,8 @@ __all__ = [
     "load_stored_profiles",
     "profile_catalog",
     "revoke_key",
+    "rotate_key",
+    "secret_status",
     "set_backend_enabled",
     "suspend_tenant",
     "update_backend",

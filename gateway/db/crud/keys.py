@@ -1,14 +1,25 @@
-"""API keys: issue (plaintext returned once), list, revoke, delete, and authenticate."""
+"""API keys: issue (plaintext returned once), list, revoke, rotate, delete, and authenticate.
+
+Rotation comes in two kinds (``docs/operations/security.md``): a *key* is rotated by issuing
+its successor and giving the old key a grace period (:func:`rotate_key`); the *server secret*
+is rotated by moving it to ``TIERGATE_SECRET_PREVIOUS``, after which :func:`authenticate`
+re-hashes each key under the new secret the first time it is presented, and
+:func:`secret_status` counts the usable keys still waiting for that.
+"""
 
 from __future__ import annotations
 
+import logging
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import select
-from sqlalchemy.orm import Session, joinedload
+from sqlalchemy import func, select, update
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session, joinedload, sessionmaker
+from sqlalchemy.orm.attributes import set_committed_value
 
 from gateway.db.crud._common import (
     add_audited,
@@ -21,14 +32,29 @@ from gateway.db.crud._common import (
     snapshot,
 )
 from gateway.db.crud.tenants import get_tenant
-from gateway.db.errors import AlreadyExists, InvalidInput, NotFound
+from gateway.db.errors import AlreadyExists, Conflict, InvalidInput, NotFound, describe
 from gateway.db.identity import KeyIdentity
 from gateway.db.models import ApiKey, Tenant, utcnow
-from gateway.db.security import generate_key, hash_key, hashes_equal, normalize_prefix, parse_prefix
+from gateway.db.security import (
+    display_prefix,
+    generate_key,
+    hash_key,
+    hashes_equal,
+    normalize_prefix,
+    parse_prefix,
+    secret_id,
+    secrets_of,
+)
+
+log = logging.getLogger(__name__)
 
 ENTITY = "api_key"
 UPDATABLE = ("name", "expires_at")
 _PREFIX_ATTEMPTS = 8  # 36^8 prefixes: a collision is rare, eight in a row is impossible in practice
+DEFAULT_GRACE_S = 24 * 3600.0
+MAX_GRACE_S = 366 * 24 * 3600.0
+NAME_LENGTH = 128
+_ROTATED_SUFFIX = re.compile(r" \(rotated from tg-[a-z0-9]+\)$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +134,7 @@ def create_key(
         name=name,
         prefix=generated.prefix,
         key_hash=hash_key(secret, generated.plaintext),
+        secret_id=secret_id(secret),
         created_at=now,
         expires_at=expires_at,
     )
@@ -150,6 +177,66 @@ def revoke_key(
     return key
 
 
+def rotate_key(
+    session: Session,
+    ref: int | str,
+    *,
+    actor: str,
+    secret: str | bytes,
+    grace_s: float = DEFAULT_GRACE_S,
+    expires_at: datetime | None = None,
+    now: datetime | None = None,
+) -> CreatedKey:
+    """Issue the successor of a key and let the old one expire ``grace_s`` from now.
+
+    The successor belongs to the same tenant and is named after the old key ("<name> (rotated
+    from tg-<prefix>)"); ``expires_at`` is its own expiry (default: none). The old key's expiry
+    only ever moves earlier: one already due sooner keeps its date. Two audit rows: the
+    successor's ``create`` and the old key's ``rotate`` (its new expiry and ``rotated_to``).
+    A revoked or expired key is not rotated (409): issue a new key instead.
+    """
+    now = now or utcnow()
+    grace = _check_grace(grace_s)
+    old = lock(session, get_key(session, ref), ENTITY)
+    if old.revoked_at is not None and old.revoked_at <= now:
+        raise Conflict(f"API key {display_prefix(old.prefix)} is revoked; create a new key")
+    if old.expires_at is not None and old.expires_at <= now:
+        raise Conflict(f"API key {display_prefix(old.prefix)} has expired; create a new key")
+    created = create_key(
+        session,
+        actor=actor,
+        tenant=old.tenant_id,
+        secret=secret,
+        name=_successor_name(old),
+        expires_at=expires_at,
+        now=now,
+    )
+    before = _audit_view(old)
+    deadline = now + grace
+    if old.expires_at is None or deadline < old.expires_at:
+        old.expires_at = deadline
+    after = {**_audit_view(old), "rotated_to": created.api_key.prefix}
+    record_change(session, before, after, actor=actor, action="rotate", entity=ENTITY)
+    return created
+
+
+def _check_grace(grace_s: Any) -> timedelta:
+    valid = isinstance(grace_s, int | float) and not isinstance(grace_s, bool)
+    if not valid or not 0 <= grace_s <= MAX_GRACE_S:
+        raise InvalidInput(
+            f"grace_s must be a number of seconds from 0 to {MAX_GRACE_S:g} (366 days), "
+            f"got {grace_s!r}",
+            param="grace_s",
+        )
+    return timedelta(seconds=float(grace_s))
+
+
+def _successor_name(old: ApiKey) -> str:
+    suffix = f" (rotated from {display_prefix(old.prefix)})"
+    base = _ROTATED_SUFFIX.sub("", old.name or "key")
+    return base[: NAME_LENGTH - len(suffix)] + suffix
+
+
 def delete_key(session: Session, ref: int | str, *, actor: str) -> None:
     key = lock(session, get_key(session, ref), ENTITY)
     delete_audited(session, key, actor=actor, entity=ENTITY, view=_audit_view)
@@ -162,28 +249,42 @@ def authenticate(
     *,
     now: datetime | None = None,
     touch: bool = True,
+    rehash_in: sessionmaker[Session] | None = None,
 ) -> KeyIdentity | None:
     """Resolve a presented key to its identity, or None if it must be refused.
 
     Refused: malformed, unknown, revoked, expired, or the tenant is suspended. The lookup is by
-    the key's HMAC (unique index); the digests are then compared in constant time. With
-    ``touch`` the key's ``last_used_at`` is set in this session (the caller commits).
+    the key's HMAC (unique index) under the current secret and, when ``secret`` is a
+    :class:`~gateway.db.security.ServerSecret` with previous secrets, under those too (one
+    query); the digests are then compared in constant time. A key found under a previous secret
+    (or issued before secrets were recorded) is re-hashed under the current one: in this
+    session (the caller commits) or, with ``rehash_in``, in a short transaction of its own, so
+    a caller that only reads still makes the change stick. With ``touch`` the key's
+    ``last_used_at`` is set in this session (the caller commits).
     """
     prefix = parse_prefix(presented_key)
     if prefix is None:
         return None
-    digest = hash_key(secret, presented_key)
+    current_hash = hash_key(secret, presented_key)
+    candidates = {hash_key(s, presented_key): s for s in secrets_of(secret)[1:]}
+    candidates[current_hash] = secret
     row = session.execute(
         select(ApiKey, Tenant)
         .join(Tenant, ApiKey.tenant_id == Tenant.id)
         .options(joinedload(Tenant.tier))
-        .where(ApiKey.key_hash == digest)
+        .where(ApiKey.key_hash.in_(list(candidates)))
     ).first()
     if row is None:
         return None
     key, tenant = row
-    if not hashes_equal(key.key_hash, digest) or key.prefix != prefix:
+    under = candidates.get(key.key_hash)
+    if under is None or not hashes_equal(key.key_hash, hash_key(under, presented_key)):
         return None
+    if key.prefix != prefix:
+        return None
+    current_id = secret_id(secret)
+    if key.key_hash != current_hash or key.secret_id != current_id:
+        _adopt_current_secret(session, rehash_in, key, current_hash, current_id)
     now = now or utcnow()
     if key.revoked_at is not None and key.revoked_at <= now:
         return None
@@ -194,3 +295,76 @@ def authenticate(
     if touch:
         key.last_used_at = now
     return KeyIdentity.from_rows(key, tenant, tenant.tier)
+
+
+def _adopt_current_secret(
+    session: Session,
+    rehash_in: sessionmaker[Session] | None,
+    key: ApiKey,
+    new_hash: str,
+    new_id: str,
+) -> None:
+    """Move a key's hash to the current secret (compare-and-set on the old hash, so two
+    gateways re-hashing the same key at once both succeed harmlessly)."""
+    change = (
+        update(ApiKey)
+        .where(ApiKey.id == key.id, ApiKey.key_hash == key.key_hash)
+        .values(key_hash=new_hash, secret_id=new_id)
+        .execution_options(synchronize_session=False)
+    )
+    shown = display_prefix(key.prefix)
+    if rehash_in is None:
+        session.execute(change)
+        set_committed_value(key, "key_hash", new_hash)  # as written; not dirty: no 2nd UPDATE
+        set_committed_value(key, "secret_id", new_id)
+        return
+    try:
+        with rehash_in.begin() as own:
+            own.execute(change)
+    except SQLAlchemyError as exc:  # e.g. the database is busy: the next use tries again
+        log.warning(
+            "could not re-hash API key %s under the current secret: %s", shown, describe(exc)
+        )
+        return
+    log.info("API key %s is now hashed under the current server secret", shown)
+
+
+@dataclass(frozen=True, slots=True)
+class SecretStatus:
+    """Usable keys (neither revoked nor expired) by the secret their hash is under.
+
+    ``previous[i]`` counts keys under ``TIERGATE_SECRET_PREVIOUS``'s i-th secret;
+    ``unrecorded``: issued before secrets were recorded (migration 0006) and not used since,
+    under the current secret or a previous one; ``other``: under no configured secret — they
+    cannot authenticate (a secret was dropped while they still needed it).
+    """
+
+    current: int
+    previous: tuple[int, ...]
+    unrecorded: int
+    other: int
+
+    @property
+    def waiting(self) -> int:
+        """Keys that may still need a previous secret: 0 = safe to drop them all."""
+        return sum(self.previous) + self.unrecorded
+
+
+def secret_status(
+    session: Session, secret: str | bytes, *, now: datetime | None = None
+) -> SecretStatus:
+    """How many usable keys are under the current secret, each previous one, or neither."""
+    now = now or utcnow()
+    usable = (ApiKey.revoked_at.is_(None) | (ApiKey.revoked_at > now)) & (
+        ApiKey.expires_at.is_(None) | (ApiKey.expires_at > now)
+    )
+    counts: dict[str | None, int] = {
+        sid: n
+        for sid, n in session.execute(
+            select(ApiKey.secret_id, func.count()).where(usable).group_by(ApiKey.secret_id)
+        )
+    }
+    current = counts.pop(secret_id(secret), 0)
+    unrecorded = counts.pop(None, 0)
+    previous = tuple(counts.pop(secret_id(p), 0) for p in secrets_of(secret)[1:])
+    return SecretStatus(current, previous, unrecorded, sum(counts.values()))

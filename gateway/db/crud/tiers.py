@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from gateway.bounds import MAX_SHED_SLACK
 from gateway.db.crud._common import (
     add_named,
     check_bool,
@@ -40,6 +42,7 @@ UPDATABLE = (
     "tpm_limit",
     "max_concurrency",
     "best_effort_allowed",
+    "shed_slack",
 )
 # (minimum, the default SLO it bounds): the tier's own defaults must respect its minimums.
 _MIN_OF = (
@@ -74,7 +77,25 @@ def validate_tier(state: Mapping[str, Any]) -> dict[str, Any]:
         out[minimum] = value
     for limit in ("rpm_limit", "tpm_limit", "max_concurrency"):
         out[limit] = check_limit(state.get(limit), limit)
+    out["shed_slack"] = check_shed_slack(state.get("shed_slack", 0.0))
     return out
+
+
+def check_shed_slack(value: Any) -> float:
+    """How late, as a fraction of the TTFT objective, a predicted first token may be and the
+    request still be admitted under overload (``docs/operations/overload.md``): 0 to
+    :data:`~gateway.bounds.MAX_SHED_SLACK`."""
+    if (
+        not isinstance(value, int | float)
+        or isinstance(value, bool)
+        or not math.isfinite(value)
+        or not 0.0 <= value <= MAX_SHED_SLACK
+    ):
+        raise InvalidInput(
+            f"shed_slack must be a number from 0 to {MAX_SHED_SLACK:g}, got {value!r}",
+            param="shed_slack",
+        )
+    return float(value)
 
 
 def get_tier(session: Session, ref: int | str) -> Tier:
@@ -107,6 +128,7 @@ def create_tier(
     tpm_limit: int | None = None,
     max_concurrency: int | None = None,
     best_effort_allowed: bool = False,
+    shed_slack: float = 0.0,
     description: str | None = None,
 ) -> Tier:
     values = validate_tier(
@@ -124,6 +146,7 @@ def create_tier(
             "tpm_limit": tpm_limit,
             "max_concurrency": max_concurrency,
             "best_effort_allowed": best_effort_allowed,
+            "shed_slack": shed_slack,
         }
     )
     return add_named(session, Tier(**values), name, find_tier, actor=actor, entity=ENTITY)

@@ -8,7 +8,15 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.bounds import MAX_LIMIT, MAX_SLO_MS, MAX_WEIGHT, MIN_LIMIT, MIN_SLO_MS, MIN_WEIGHT
+from gateway.bounds import (
+    MAX_LIMIT,
+    MAX_SHED_SLACK,
+    MAX_SLO_MS,
+    MAX_WEIGHT,
+    MIN_LIMIT,
+    MIN_SLO_MS,
+    MIN_WEIGHT,
+)
 
 from .support import PREFIX, Admin, error
 
@@ -175,3 +183,21 @@ def test_no_tier_body_produces_a_server_error(admin: Admin) -> None:
 def error_status(response: Any) -> int:
     error(response, response.status_code)
     return int(response.status_code)
+
+
+def test_shed_slack_is_set_bounded_and_in_the_effective_policy(admin: Admin) -> None:
+    """Part D: how late a predicted first token may be, as a fraction of the TTFT objective,
+    in [0, 100]; 0 unless set; a tier's, shown in its tenants' effective policy."""
+    assert admin.tier("plain")["shed_slack"] == 0.0
+    gold = admin.tier(shed_slack=0.25)
+    assert gold["shed_slack"] == 0.25
+    assert admin.ok("PATCH", "/tiers/gold", {"shed_slack": MAX_SHED_SLACK})["shed_slack"] == 100.0
+    for value in (-0.1, MAX_SHED_SLACK + 1, None, "0.5", True):
+        err = error(admin.call("PATCH", "/tiers/gold", {"shed_slack": value}), 400)
+        assert err["param"] == "shed_slack", value
+    err = error(admin.call("POST", "/tiers", {**_TIER, "name": "x", "shed_slack": 101}), 400)
+    assert err["param"] == "shed_slack"
+    assert admin.tenant(tier="gold")["effective"]["shed_slack"] == 100.0
+
+
+_TIER = {"weight": 3.0, "ttft_ms": 800.0, "tpot_ms": 40.0}

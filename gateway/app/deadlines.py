@@ -1,0 +1,79 @@
+"""How long the gateway waits on an engine, from the request's own SLO.
+
+Three bounds, each ``factor x objective`` clamped to ``[min, max]`` (``TIERGATE_*`` settings):
+
+* **first token** (streaming): ``ttft x first_token_timeout_factor``, measured from the
+  request's first dispatch — time in the gateway's admission queue is the gateway's, not the
+  engine's, and the admission queue has its own TTL. An attempt without its first token by then
+  is abandoned (its connection closed, so the engine aborts it) and retried on another backend;
+  a retry gets what is left of that budget, never a fresh one, but at least ``min`` (a retry
+  with no time at all would be a failure with extra steps). A best-effort request — its tier
+  allows best effort and the router saw no backend meeting its TTFT — gets ``max``.
+* **whole response** (non-streaming: no first token can be seen): the time the engine should
+  need at the SLO, ``ttft + tpot x expected_output`` (``max_tokens``, else the default), times
+  the same factor, bounded below by the first-token ``min`` and above by the upstream read
+  timeout; best effort gets that read timeout.
+* **stall** (after the first token): no event for ``tpot x stall_timeout_factor`` ends the
+  stream with an error event. Generous on purpose: an engine may preempt a request (vLLM
+  recomputes it later), which pauses one stream without anything being wrong.
+
+A deadline (``x-slo-deadline-ms`` or the tier's) caps the first two, from arrival: nothing is
+worth waiting for past it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gateway.app.slo import RequestSLO
+from gateway.settings import Settings
+
+
+def _clamp(value: float, low: float, high: float) -> float:
+    return min(max(value, low), max(low, high))
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptBudget:
+    """When a request's attempts must have produced (a first token, or the whole response)."""
+
+    end: float
+    """Monotonic time by which the engine must have answered."""
+    floor_s: float
+    """The least time any single attempt is given."""
+
+    def timeout(self, now: float) -> float:
+        """Seconds the attempt starting at ``now`` may take: what is left, at least the floor."""
+        return max(self.floor_s, self.end - now)
+
+
+def attempt_budget(
+    settings: Settings,
+    slo: RequestSLO,
+    *,
+    stream: bool,
+    expected_output: int,
+    best_effort: bool,
+    arrival: float,
+    first_dispatch: float,
+) -> AttemptBudget:
+    """The budget of a request's attempts, starting at its first dispatch (module docstring)."""
+    floor = settings.first_token_timeout_min_s
+    factor = settings.first_token_timeout_factor
+    if stream:
+        ceiling = settings.first_token_timeout_max_s
+        wanted = ceiling if best_effort else factor * slo.ttft_ms / 1e3
+    else:
+        ceiling = settings.upstream_timeout_s
+        at_slo = (slo.ttft_ms + slo.tpot_ms * max(0, expected_output)) / 1e3
+        wanted = ceiling if best_effort else factor * at_slo
+    end = first_dispatch + _clamp(wanted, floor, ceiling)
+    if slo.deadline_ms is not None:
+        end = min(end, arrival + slo.deadline_ms / 1e3)
+    return AttemptBudget(end=end, floor_s=floor)
+
+
+def stall_timeout(settings: Settings, slo: RequestSLO) -> float:
+    """Seconds a stream may go without an event after its first token."""
+    wanted = settings.stall_timeout_factor * slo.tpot_ms / 1e3
+    return _clamp(wanted, settings.stall_timeout_min_s, settings.stall_timeout_max_s)
