@@ -9,7 +9,11 @@ tiers: premium, standard, batch and their ``shed_slack``) run as in
 ``bench/gateway_overhead.py``; this process is the load generator. The engines run
 ``--profile`` slowed down ``--slowdown`` times (its coefficients scaled, written to a profile
 file that engines and gateway both read, so the gateway's estimates match the engines), so
-that the machine's two cores can drive ten times their capacity.
+that the machine's two cores can drive ten times their capacity. The engines' default policy,
+``sarathi-priority``, keeps each request's time per token within its objective; ``slide``
+(``tiergate serve``'s) spends a first token's slack on later tokens — on time by every token's
+deadline, a miss by the strict mean-TPOT definition (``admitted_on_time_pct`` against
+``admitted_within_slo_pct``; ``docs/operations/overload.md``).
 
 Phases, in order:
 
@@ -23,16 +27,21 @@ Phases, in order:
    prompt of a uniform random length in ``--prompt-tokens``. The gateway's queue depth (its
    ``/metrics``) and resident memory (``/proc``) are sampled every 0.5 s.
 4. **Recovery**: from the moment the last overload request is sent, a premium probe every
-   ``--probe-every`` seconds for ``--probe-for`` seconds; recovery is the send time of the
-   first probe from which every probe's TTFT is within 1.5 x baseline.
+   ``--probe-every`` seconds for ``--probe-for`` seconds, all with the same prompt (the middle
+   of the range); recovery is the send time of the first probe from which the median TTFT of
+   every 4 consecutive probes (a refused one counts as infinitely slow) is within 1.5 x the
+   baseline.
 
 Per tier, from the gateway's usage records (written at shutdown): sent, admitted (served with
 its SLO), demoted (served best effort), shed (503 ``slo_unattainable`` / ``slo_infeasible``),
 other refusals and errors, the share of admitted requests that met their SLO (the gateway's
 definition: TTFT, TPOT and deadline, ``docs/usage.md``) and their TTFT p50/p99 (at the gateway's
 egress). ``--json`` prints one object: ``capacity_rps``, ``overload_rps``, ``tiers`` (the
-table), ``queue_depth_max``, ``gateway_rss_max_mib``, ``baseline_ttft_ms``, ``recovery_s`` and
-the probes.
+table), ``queue_depth_max``, ``gateway_rss_max_mib``, ``baseline_ttft_ms``, ``recovery_s``,
+the probes, each process's CPU use, how far the emulated engines lagged their profile, and the
+gateway's own counters (demotions, refusals by reason, upstream timeouts).
+``TIERGATE_DRILL_SERVER_LOG=<file>`` keeps the servers' stderr; ``TIERGATE_BENCH_PROFILE=<file>``
+runs the gateway under cProfile.
 """
 
 from __future__ import annotations

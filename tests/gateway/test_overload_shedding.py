@@ -12,12 +12,15 @@ took.
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import math
+import sys
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
+from types import ModuleType
 
 import httpx
 import pytest
@@ -292,3 +295,55 @@ def test_overload_sheds_lower_tiers_first_and_what_is_admitted_meets_its_slo(
     ]
     assert len(gold) >= 5
     assert sum(r.slo_met for r in gold) >= 0.8 * len(gold)
+
+
+# ---- the drill script --------------------------------------------------------------------------
+
+DRILL = Path(__file__).resolve().parents[2] / "bench" / "drill_overload.py"
+
+
+@pytest.fixture(scope="module")
+def drill() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("drill_overload", DRILL)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve annotations through sys.modules
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_drill_recovery_is_the_first_probe_from_which_every_window_is_near_baseline(
+    drill: ModuleType,
+) -> None:
+    def probes(*ttfts_ms: float | None) -> list[object]:
+        return [
+            drill.Shot("probe", 100.0 + i * 0.25, ttft_s=None if t is None else t / 1e3)
+            for i, t in enumerate(ttfts_ms)
+        ]
+
+    base = 0.040  # bound: 60 ms for the median of every 4 consecutive probes
+    # from the third probe on (a refused one among three fast ones is a median of 47.5 ms)
+    assert drill.recovery_time(probes(900, 500, None, 50, 40, 45, 70, 41, 42), 100.0, base) == 0.5
+    assert drill.recovery_time(probes(50, 40, 45, 41, 500, 600, 700), 100.0, base) is None
+    assert drill.recovery_time(probes(40, 40, 40, 40), 99.0, base) == 1.0
+
+
+@pytest.mark.slow
+def test_drill_tiny_run_accounts_for_every_request(
+    drill: ModuleType, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TIERGATE_QUEUE_TTL_S", "2")  # the gateway child's: best effort ends soon
+    code = drill.main(
+        ["--duration", "3", "--capacity", "15", "--probe-for", "1", "--max-tokens", "8", "--json"]
+    )
+    assert code == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["overload_rps"] == 150.0 and result["baseline_ttft_ms"] > 0
+    assert set(result["tiers"]) == {"premium", "standard", "batch"}
+    for tier, row in result["tiers"].items():
+        assert row["sent"] > 0 and row["records"] == row["sent"], tier  # no usage record lost
+        assert set(row["client_statuses"]) <= {"200", "429", "503"}, tier
+    assert sum(row["shed"] for row in result["tiers"].values()) > 0
+    assert result["tiers"]["batch"]["shed"] == 0  # demoted, never shed
+    assert result["queue_depth_max"] <= 1024 and result["gateway_rss_max_mib"] > 0
+    assert "recovery_s" in result and len(result["probes"]) == 4
