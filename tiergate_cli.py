@@ -1,8 +1,8 @@
 """The ``tiergate`` console script, assembled above every layer it mounts.
 
 The layers point one way, so each one's commands live with it and meet only here: the scheduling
-core's ``sim`` and ``profile`` (:mod:`priority.cli`, no web stack), the gateway's admin commands
-(:mod:`gateway.cli`) and its server (:mod:`gateway.serve`), and the emulated engine
+core's ``sim``, ``profile`` and ``lengths`` (:mod:`priority.cli`, no web stack), the gateway's
+admin commands (:mod:`gateway.cli`) and its server (:mod:`gateway.serve`), and the emulated engine
 (``gateway/engine_sim/``), which the gateway itself never imports: ``tiergate engine-sim``, and
 the four engines ``tiergate serve`` starts by default (:func:`emulated_fleet`).
 """

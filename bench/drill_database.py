@@ -42,8 +42,6 @@ import contextlib
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -57,6 +55,24 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+sys.path.append(str(Path(__file__).resolve().parent))  # bench/ is no package
+import drills_common as common  # the drills' shared child-process helpers
+
+_free_port = common.free_port
+
+
+def _spawn(args: list[str], env: dict[str, str], log: Any) -> subprocess.Popen[bytes]:
+    return common.spawn_session(__file__, args, env, log)
+
+
+def _wait_up(url: str, proc: subprocess.Popen[bytes]) -> None:
+    common.wait_up(url, proc, up=lambda status: status < 500, timeout_s=STARTUP_TIMEOUT_S)
+
+
+def _terminate(proc: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
+    common.terminate(proc, timeout)
+
 
 MODEL = "drill-model"
 SECRET = "database-drill-secret"
@@ -322,57 +338,12 @@ def usage_table(url: str) -> dict[str, int]:
 # ---- servers (child processes) -----------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @dataclass
 class Servers:
     engine: subprocess.Popen[bytes]
     gateway: subprocess.Popen[bytes]
     gateway_url: str
     metrics_url: str
-
-
-def _spawn(args: list[str], env: dict[str, str], log: Any) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, str(Path(__file__).resolve()), *args],
-        stdin=subprocess.DEVNULL,
-        stdout=log,
-        stderr=log,
-        env=env,
-        start_new_session=True,
-    )
-
-
-def _wait_up(url: str, proc: subprocess.Popen[bytes]) -> None:
-    import httpx
-
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"a server exited at start-up (code {proc.returncode})")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(url, timeout=2).status_code < 500:
-                return
-        time.sleep(0.1)
-    raise RuntimeError(f"{url} did not come up")
-
-
-def _terminate(proc: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
-    """SIGTERM (a graceful stop: the gateway's usage writer flushes), then SIGKILL (the whole
-    process group: a supervisor's workers too)."""
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
 
 
 @contextlib.contextmanager

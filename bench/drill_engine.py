@@ -39,7 +39,6 @@ import contextlib
 import json
 import math
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -52,6 +51,31 @@ from typing import IO, Any
 
 import aiohttp
 import numpy as np
+
+sys.path.append(str(Path(__file__).resolve().parent))  # bench/ is no package
+import drills_common as common  # the drills' shared child-process helpers
+
+_free_port = common.free_port
+_run = common.run_on_uvloop
+_has_content = common.has_content
+
+
+def _spawn(
+    args: list[str], env: dict[str, str], log: IO[bytes]
+) -> tuple[subprocess.Popen[bytes], str]:
+    """This script in a server role; it prints ``READY <value>`` once it accepts connections."""
+    return common.spawn_ready(
+        __file__, args, env, log, marker="READY", timeout_s=STARTUP_TIMEOUT_S, stop=_stop
+    )
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    common.stop_child(proc, timeout_s=15.0, resume=True)
+
+
+def _report_server_log(path: Path, tail: int = 8) -> None:
+    common.report_server_log(path, tail)
+
 
 MODEL = "drill-model"
 SECRET = "drill-engine-secret"
@@ -122,47 +146,6 @@ class Servers:
         self.engines[index] = proc
 
 
-def _spawn(
-    args: list[str], env: dict[str, str], log: IO[bytes]
-) -> tuple[subprocess.Popen[bytes], str]:
-    """This script in a server role; it prints ``READY <value>`` once it accepts connections."""
-    proc = subprocess.Popen(
-        [sys.executable, str(Path(__file__).resolve()), *args],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=log,
-        env=env,
-    )
-    assert proc.stdout is not None
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([proc.stdout], [], [], 0.1)
-        if ready:
-            line = proc.stdout.readline().decode().strip()
-            if line.startswith("READY "):
-                return proc, line.split(" ", 1)[1]
-            if not line and proc.poll() is not None:
-                break
-        elif proc.poll() is not None:
-            break
-    _stop(proc)
-    raise RuntimeError(f"server {args[:2]} did not start (exit code {proc.poll()})")
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    """Closing stdin asks a server child to stop (so it also stops if this process dies)."""
-    with contextlib.suppress(OSError):
-        os.kill(proc.pid, signal.SIGCONT)  # a frozen child cannot read its stdin
-    if proc.stdin is not None:
-        with contextlib.suppress(OSError):
-            proc.stdin.close()
-    try:
-        proc.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
 def _seed(url: str) -> dict[str, str]:
     """The default tiers and a tenant (with a key) on each drilled tier."""
     from gateway.db import crud
@@ -217,26 +200,6 @@ def running_servers(setup: Setup, root: Path) -> Iterator[Servers]:
                 if proc is not None:
                     _stop(proc)
     _report_server_log(log_path)
-
-
-def _report_server_log(path: Path, tail: int = 8) -> None:
-    lines = path.read_text(errors="replace").splitlines()
-    if lines:
-        tracebacks = sum(line.startswith("Traceback") for line in lines)
-        print(
-            f"servers wrote {len(lines)} lines to stderr ({tracebacks} tracebacks); the last:",
-            *lines[-tail:],
-            sep="\n  ",
-            file=sys.stderr,
-        )
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _wait_ready(url: str, engines: int) -> None:
@@ -322,15 +285,6 @@ def _serve_role(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run(coro: Any) -> Any:
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(coro)
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        return runner.run(coro)
-
-
 # ---- load ---------------------------------------------------------------------------------
 
 
@@ -413,14 +367,6 @@ def _code(raw: bytes) -> str:
         return str(json.loads(raw)["error"]["code"])
     except (ValueError, KeyError, TypeError):
         return "unparsed"
-
-
-def _has_content(line: bytes) -> bool:
-    try:
-        data = json.loads(line[6:])
-    except ValueError:
-        return False
-    return any((c.get("delta") or {}).get("content") for c in data.get("choices") or ())
 
 
 # ---- what the gateway says ----------------------------------------------------------------

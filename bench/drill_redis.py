@@ -37,7 +37,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -50,6 +49,24 @@ from typing import Any
 
 import numpy as np
 
+sys.path.append(str(Path(__file__).resolve().parent))  # bench/ is no package
+import drills_common as common  # the drills' shared child-process helpers
+
+_free_port = common.free_port
+
+
+def _spawn(args: list[str], env: dict[str, str], log: Any) -> subprocess.Popen[bytes]:
+    return common.spawn_session(__file__, args, env, log)
+
+
+def _wait_up(url: str, proc: subprocess.Popen[bytes]) -> None:
+    common.wait_up(url, proc, up=lambda status: status == 200, timeout_s=STARTUP_TIMEOUT_S)
+
+
+def _terminate(proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
+    common.terminate(proc, timeout)
+
+
 MODEL = "drill-model"
 SECRET = "redis-drill-secret"
 TIER = "drill"
@@ -60,12 +77,6 @@ REDIS_PREFIX = "tiergate"
 
 
 # ---- servers -------------------------------------------------------------------------------
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class OwnRedis:
@@ -165,44 +176,6 @@ def seed(url: str, rpm: int, max_concurrency: int) -> dict[str, str]:
 class Servers:
     gateway_url: str
     metrics_url: str
-
-
-def _spawn(args: list[str], env: dict[str, str], log: Any) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, str(Path(__file__).resolve()), *args],
-        stdin=subprocess.DEVNULL,
-        stdout=log,
-        stderr=log,
-        env=env,
-        start_new_session=True,
-    )
-
-
-def _wait_up(url: str, proc: subprocess.Popen[bytes]) -> None:
-    import httpx
-
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"a server exited at start-up (code {proc.returncode})")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        time.sleep(0.1)
-    raise RuntimeError(f"{url} did not come up")
-
-
-def _terminate(proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
-    """SIGTERM, then SIGKILL to the whole process group (a supervisor's workers too)."""
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
 
 
 @contextlib.contextmanager

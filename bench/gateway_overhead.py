@@ -46,7 +46,6 @@ import contextlib
 import json
 import math
 import os
-import select
 import subprocess
 import sys
 import tempfile
@@ -58,6 +57,35 @@ from typing import IO, Any
 
 import httpx
 import numpy as np
+
+sys.path.append(str(Path(__file__).resolve().parent))  # bench/ is no package
+import drills_common as common  # the drills' shared child-process helpers
+
+_process_tree = common.process_tree
+_process_cpu_seconds = common.process_cpu_seconds
+_free_port = common.free_port
+_run = common.run_on_uvloop
+_has_content = common.has_content
+
+
+def _spawn(
+    role_args: list[str], env: dict[str, str], log: IO[bytes]
+) -> tuple[subprocess.Popen[bytes], int]:
+    """Start this script in a server role; it prints ``PORT <n>`` once it accepts connections."""
+    proc, port = common.spawn_ready(
+        __file__, role_args, env, log, marker="PORT", timeout_s=STARTUP_TIMEOUT_S, stop=_stop
+    )
+    return proc, int(port)
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """Closing stdin asks a server child to stop (so it also stops if this process dies)."""
+    common.stop_child(proc)
+
+
+def _report_server_log(path: Path, tail: int = 12) -> None:
+    common.report_server_log(path, tail)
+
 
 MODEL = "bench-model"
 SECRET = "gateway-overhead-bench-secret"
@@ -125,72 +153,16 @@ class Servers:
     """The engine's, then the gateway's."""
 
     def cpu_seconds(self) -> dict[str, float]:
-        """CPU time used so far by each process (servers from ``/proc``; NaN where unreadable)."""
+        """CPU time used so far by each process (servers from ``/proc``; NaN where unreadable),
+        and the gateway's part of it spent in the kernel (``gateway_system``: socket writes
+        and reads, wake-ups)."""
+        gateway = _process_tree(self.processes[1].pid)
         return {
             "engine": _process_cpu_seconds(self.processes[0].pid),
-            "gateway": sum(_process_cpu_seconds(p) for p in _process_tree(self.processes[1].pid)),
+            "gateway": sum(_process_cpu_seconds(p) for p in gateway),
+            "gateway_system": sum(_process_cpu_seconds(p, user=False) for p in gateway),
             "client": time.process_time(),
         }
-
-
-def _process_tree(pid: int) -> list[int]:
-    """``pid`` and its descendants (the gateway's workers), from ``/proc``."""
-    tree, todo = [], [pid]
-    while todo:
-        current = todo.pop()
-        tree.append(current)
-        with contextlib.suppress(OSError, ValueError):
-            for task in Path(f"/proc/{current}/task").iterdir():
-                todo.extend(int(c) for c in (task / "children").read_text().split())
-    return tree
-
-
-def _process_cpu_seconds(pid: int) -> float:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return math.nan
-    # after the command name: state is field 3, utime and stime fields 14 and 15 (man 5 proc)
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _spawn(
-    role_args: list[str], env: dict[str, str], log: IO[bytes]
-) -> tuple[subprocess.Popen[bytes], int]:
-    """Start this script in a server role; it prints ``PORT <n>`` once it accepts connections."""
-    proc = subprocess.Popen(
-        [sys.executable, str(Path(__file__).resolve()), *role_args],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=log,
-        env=env,
-    )
-    assert proc.stdout is not None
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([proc.stdout], [], [], 0.1)
-        if ready:
-            line = proc.stdout.readline().decode().strip()
-            if line.startswith("PORT "):
-                return proc, int(line.split()[1])
-            if not line and proc.poll() is not None:
-                break
-        elif proc.poll() is not None:
-            break
-    _stop(proc)
-    raise RuntimeError(f"server {role_args[:2]} did not start (exit code {proc.poll()})")
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    """Closing stdin asks a server child to stop (so it also stops if this process dies)."""
-    if proc.stdin is not None:
-        with contextlib.suppress(OSError):
-            proc.stdin.close()
-    try:
-        proc.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 def _seed_database(url: str) -> str:
@@ -292,29 +264,6 @@ def running_servers(setup: Setup) -> Iterator[Servers]:
             _report_server_log(log_path)
             if setup.pin:
                 _pin(os.getpid(), set(cpus))
-
-
-def _report_server_log(path: Path, tail: int = 12) -> None:
-    """The servers' stderr, summarised: an overload can make them log thousands of tracebacks."""
-    lines = path.read_text(errors="replace").splitlines()
-    if not lines:
-        return
-    tracebacks = sum(line.startswith("Traceback") for line in lines)
-    print(
-        f"servers wrote {len(lines)} lines to stderr ({tracebacks} tracebacks); the last:",
-        *lines[-tail:],
-        sep="\n  ",
-        file=sys.stderr,
-    )
-
-
-def _free_port() -> int:
-    """A port free now on 127.0.0.1 (for the gateway's metrics listener)."""
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _wait_ready(gateway_url: str) -> None:
@@ -426,16 +375,6 @@ async def _serve_gateway_workers(args: argparse.Namespace) -> None:
 
         loop.add_reader(stdin, on_stdin)
         await supervisor.run()
-
-
-def _run(coro: Any) -> Any:
-    """Run on uvloop when installed (uvicorn's own choice for the servers)."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(coro)
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        return runner.run(coro)
 
 
 # ---- load ---------------------------------------------------------------------------------
@@ -562,16 +501,6 @@ class SseClient:
                 await writer.wait_closed()
 
 
-def _has_content(event: bytes) -> bool:
-    if not event.startswith(b"data: {"):
-        return False
-    try:
-        data = json.loads(event[6:])
-    except ValueError:
-        return False
-    return any((c.get("delta") or {}).get("content") for c in data.get("choices") or ())
-
-
 @dataclass
 class LoadRun:
     """What one rate's load produced, over its measured window (warm-up excluded)."""
@@ -685,6 +614,8 @@ class Result:
     cpu_util: dict[str, float]
     """Cores' worth of CPU each process used over the measured window."""
     gateway_cpu_ms_per_request: float
+    gateway_cpu_system_ms_per_request: float
+    """The part of it spent in the kernel."""
 
     def sustained(self, max_added_p99_ms: float) -> bool:
         return (
@@ -724,6 +655,7 @@ class Result:
             "client_lag_p99_ms": self.client_lag_p99_ms,
             "gateway_overhead_p99_ms": self.gateway_overhead_p99_ms,
             "gateway_cpu_ms_per_request": self.gateway_cpu_ms_per_request,
+            "gateway_cpu_system_ms_per_request": self.gateway_cpu_system_ms_per_request,
             "cpu_util": {k: _round(v) for k, v in self.cpu_util.items()},
             "error_kinds": self.error_kinds,
             "sustained": self.sustained(max_added_p99_ms),
@@ -778,6 +710,7 @@ def summarize(run: LoadRun, rps: float, duration_s: float, rng: np.random.Genera
         error_kinds=kinds,
         cpu_util={k: v / window for k, v in run.cpu_s.items()},
         gateway_cpu_ms_per_request=run.cpu_s["gateway"] * 1e3 / max(1, via_gateway),
+        gateway_cpu_system_ms_per_request=run.cpu_s["gateway_system"] * 1e3 / max(1, via_gateway),
     )
 
 

@@ -36,7 +36,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from priority.request import SLO, relative_ttft_s
+from priority.lengths.distribution import LengthDistribution
+from priority.request import REQUEST_KINDS, SLO, relative_ttft_s
 
 KEY_PREFIX = "tiergate_"
 """Every key of ours in ``vllm_xargs`` starts with it (and nothing else of ours does)."""
@@ -67,7 +68,49 @@ Written by the gateway; read into ``Request.tier``. Absent or ignored: ``default
 TENANT = "tiergate_tenant"
 """Non-blank string (surrounding spaces dropped). The tenant's name, for tenant-fair policies.
 Written by the gateway; read into ``Request.tenant``. Absent or ignored: :data:`DEFAULT_TENANT`."""
-XARG_KEYS = (WEIGHT, TTFT_MS, TPOT_MS, DEADLINE_MS, ARRIVAL_UNIX_S, TIER, TENANT)
+KIND = "tiergate_kind"
+"""One of :data:`~priority.request.REQUEST_KINDS` (``latency``, ``deadline``, ``compound``,
+``best-effort``): what the request's value depends on, so a kind-aware policy (``gmax``,
+``tempo``) picks its gain. Written by the gateway (:mod:`gateway.app.kinds`: a workflow header
+makes ``compound``, ``x-slo-deadline-ms`` ``deadline``, else the tier's default kind); read into
+``Request.kind``. Absent or ignored: ``compound`` with a ``tiergate_workflow_id``, ``deadline``
+for a deadline-only SLO, else ``latency``. The SLO keys are written as before for every kind, so
+kind-unaware policies schedule as they always did."""
+WORKFLOW_ID = "tiergate_workflow_id"
+"""Non-blank string (surrounding spaces dropped). The agent workflow a compound call belongs to
+(the client's ``x-tiergate-workflow-id``). Written by the gateway for workflow calls only; read
+into ``Request.workflow_id``. Absent or ignored: None (not a workflow call)."""
+STAGE = "tiergate_stage"
+"""Integer >= 0 (an integral number or its text). The call's stage in its workflow, 0 for the
+call that created it, in arrival order. Written by the gateway with ``tiergate_workflow_id``;
+read into ``Request.stage``. Absent or ignored: 0."""
+SUB_DEADLINE_MS = "tiergate_sub_deadline_ms"
+"""Number > 0 (ms), finite. This call's share of its workflow's deadline, from the gateway's
+arrival: D_s. Written by the gateway for workflow calls (then ``tiergate_deadline_ms`` is the
+time left to the workflow's own deadline, and this is never more); read into
+``Request.slo.deadline_s``, in place of ``tiergate_deadline_ms``. Absent or ignored:
+``tiergate_deadline_ms`` is the deadline."""
+LENGTH = "tiergate_length"
+"""List of numbers ``[l1, v1, l2, v2, ...]``: the output-length distribution
+(:meth:`~priority.lengths.distribution.LengthDistribution.to_wire`; levels strictly increasing
+in (0, 1), values >= 1 and non-decreasing), which the engine refines as tokens are generated
+without the gateway's predictor. Written by the gateway when a length model is loaded
+(``TIERGATE_LENGTH_MODEL``); read into ``Request.length``. Absent or ignored: None (policies
+fall back to ``max_tokens``)."""
+XARG_KEYS = (
+    WEIGHT,
+    TTFT_MS,
+    TPOT_MS,
+    DEADLINE_MS,
+    ARRIVAL_UNIX_S,
+    TIER,
+    TENANT,
+    KIND,
+    WORKFLOW_ID,
+    STAGE,
+    SUB_DEADLINE_MS,
+    LENGTH,
+)
 
 PRIORITY = "priority"
 """vLLM's own body field (integer, lower first), named in :attr:`RequestMeta.ignored` when it is
@@ -76,6 +119,8 @@ PRIORITY_CLIP = 10
 """A ``priority`` beyond ±10 counts as ±10: a weight ratio of ``2 ** 10`` is already strict
 precedence under every policy's gain, and the weights stay well-conditioned in gain sums."""
 DEFAULT_TENANT = "default"
+MAX_LENGTH_LEVELS = 64
+"""A :data:`LENGTH` of more quantile levels than this is ignored (a bound on the reader's work)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +162,11 @@ class RequestMeta:
     """True when the request carried an objective of its own (False: best effort)."""
     ignored: tuple[str, ...] = ()
     """Keys present with a malformed or out-of-range value, which took their defaults."""
+    kind: str = "latency"
+    """One of :data:`~priority.request.REQUEST_KINDS`."""
+    workflow_id: str | None = None
+    stage: int = 0
+    length: LengthDistribution | None = None
 
 
 def weight_from_priority(priority: int, default_weight: float = 1.0) -> float:
@@ -142,7 +192,12 @@ def encode_xargs(
     arrival_unix_s: float,
     tier: str,
     tenant: str,
-) -> dict[str, str | float]:
+    kind: str = "latency",
+    workflow_id: str | None = None,
+    stage: int = 0,
+    sub_deadline_ms: float | None = None,
+    length: LengthDistribution | None = None,
+) -> dict[str, str | float | list[float]]:
     """The ``tiergate_*`` keys of one request; ``ValueError`` for a value :func:`parse` would
     ignore (a gateway bug, surfaced where it happens)."""
     for key, number in ((WEIGHT, weight), (TTFT_MS, ttft_ms), (TPOT_MS, tpot_ms)):
@@ -151,17 +206,32 @@ def encode_xargs(
     for key, label in ((TIER, tier), (TENANT, tenant)):
         if not isinstance(label, str) or not label.strip():
             raise ValueError(f"{key} must be a non-blank string, got {label!r}")
-    xargs: dict[str, str | float] = {
+    if kind not in REQUEST_KINDS:
+        raise ValueError(f"{KIND} must be one of {', '.join(REQUEST_KINDS)}, got {kind!r}")
+    xargs: dict[str, str | float | list[float]] = {
         WEIGHT: weight,
         TTFT_MS: ttft_ms,
         TPOT_MS: tpot_ms,
         ARRIVAL_UNIX_S: arrival_unix_s,
         TIER: tier,
         TENANT: tenant,
+        KIND: kind,
     }
     if deadline_ms is not None:
         _check(DEADLINE_MS, deadline_ms, minimum=0.0)
         xargs[DEADLINE_MS] = deadline_ms
+    if workflow_id is not None:
+        if not isinstance(workflow_id, str) or not workflow_id.strip():
+            raise ValueError(f"{WORKFLOW_ID} must be a non-blank string, got {workflow_id!r}")
+        if isinstance(stage, bool) or not isinstance(stage, int) or stage < 0:
+            raise ValueError(f"{STAGE} must be an integer >= 0, got {stage!r}")
+        xargs[WORKFLOW_ID] = workflow_id
+        xargs[STAGE] = stage
+    if sub_deadline_ms is not None:
+        _check(SUB_DEADLINE_MS, sub_deadline_ms, minimum=0.0)
+        xargs[SUB_DEADLINE_MS] = sub_deadline_ms
+    if length is not None:
+        xargs[LENGTH] = length.to_wire()
     return xargs
 
 
@@ -214,6 +284,19 @@ def parse(
     deadline = number(DEADLINE_MS, positive=True, scale=1e3)
     arrival = number(ARRIVAL_UNIX_S, positive=False)
     tier, tenant = label(TIER), label(TENANT)
+    sub_deadline = number(SUB_DEADLINE_MS, positive=True, scale=1e3)
+    if sub_deadline is not None:  # a workflow call: its share is the deadline it schedules for
+        deadline = sub_deadline
+    kind, workflow_id = label(KIND), label(WORKFLOW_ID)
+    if kind is not None and kind not in REQUEST_KINDS:
+        ignored.append(KIND)
+        kind = None
+    stage = _stage(args.get(STAGE))
+    if stage is None:
+        ignored.append(STAGE)
+    length = _length(args.get(LENGTH))
+    if length is None:
+        ignored.append(LENGTH)
 
     has_slo = ttft is not None or tpot is not None or deadline is not None
     if ttft is not None or tpot is not None or deadline is None:  # a streaming SLO: fill it in
@@ -228,6 +311,8 @@ def parse(
         weight = weight_from_priority(shift, defaults.weight)
     if arrival is not None and now_unix_s is not None:
         arrival = min(arrival, now_unix_s)
+    if kind is None:
+        kind = _default_kind(workflow_id, deadline, ttft is None and tpot is None)
     return RequestMeta(
         slo=SLO(ttft_s=ttft, tpot_s=tpot, deadline_s=deadline),
         weight=weight,
@@ -236,7 +321,48 @@ def parse(
         arrival_s=arrival,
         has_slo=has_slo,
         ignored=tuple(ignored),
+        kind=kind,
+        workflow_id=workflow_id,
+        stage=stage or 0,
+        length=length if isinstance(length, LengthDistribution) else None,
     )
+
+
+def _default_kind(workflow_id: str | None, deadline: float | None, no_streaming: bool) -> str:
+    """The kind of a request that names none (an older gateway, a replay): see :data:`KIND`."""
+    if workflow_id is not None:
+        return "compound"
+    if deadline is not None and no_streaming:
+        return "deadline"
+    return "latency"
+
+
+_ABSENT = object()
+
+
+def _stage(raw: object) -> int | None:
+    """:data:`STAGE` as an int; 0 when absent, None when malformed (then ignored)."""
+    if raw is None:
+        return 0
+    value = _finite(raw)
+    if value is None or value < 0 or value != int(value) or value >= 2**31:
+        return None
+    return int(value)
+
+
+def _length(raw: object) -> LengthDistribution | object | None:
+    """:data:`LENGTH` as a distribution; ``_ABSENT`` when absent, None when malformed."""
+    if raw is None:
+        return _ABSENT
+    if not isinstance(raw, list | tuple) or len(raw) > 2 * MAX_LENGTH_LEVELS:
+        return None
+    numbers = [_finite(x) for x in raw]
+    if any(x is None for x in numbers):
+        return None
+    try:
+        return LengthDistribution.from_wire([x for x in numbers if x is not None])
+    except ValueError:
+        return None
 
 
 def _finite(value: object) -> float | None:

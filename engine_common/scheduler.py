@@ -64,6 +64,7 @@ The step-time correction (beta) learns from real step times (:mod:`engine_common
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import math
@@ -423,6 +424,10 @@ class PolicyDriver:
             defaults=self.settings.defaults,
             zero_load_ttft_s=profile.zero_load_ttft_s(prompt_tokens),
         )
+        max_tokens = max(1, int(req.max_tokens))
+        length = meta.length  # the wire has no cap: the request's own bounds the distribution
+        if length is not None:
+            length = dataclasses.replace(length, max_tokens=max_tokens)
         return EngineRequest(
             request_id=req.request_id,
             arrival_s=meta.arrival_s if meta.arrival_s is not None else float(req.arrival_time),
@@ -431,7 +436,11 @@ class PolicyDriver:
             weight=meta.weight,
             tier=meta.tier,
             tenant=meta.tenant,
-            max_output_tokens=max(1, int(req.max_tokens)),
+            max_output_tokens=max_tokens,
+            kind=meta.kind,
+            workflow_id=meta.workflow_id,
+            stage=meta.stage,
+            length=length,
         )
 
     def view_of(self, request_id: str) -> Request | None:

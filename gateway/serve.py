@@ -34,6 +34,7 @@ from gateway.app.app import create_app
 from gateway.app.backends import BackendSpec
 from gateway.app.http_limits import http_options
 from gateway.db import migrate
+from gateway.db.crud import operators
 from gateway.db.crud.keys import create_key
 from gateway.db.security import server_secret
 from gateway.db.seed import seed_defaults
@@ -75,6 +76,23 @@ def prepare_database(settings: Settings) -> str | None:
         return created.plaintext
 
 
+def prepare_operator(settings: Settings) -> str | None:
+    """On the first start without ``TIERGATE_ADMIN_KEY``: issue the dashboard's operator
+    credential (stored only as its keyed hash) and return it, to be printed once. None when an
+    admin key is configured or a credential exists (``tiergate admin reset-credential`` makes
+    a new one)."""
+    if settings.admin_key is not None and settings.admin_key.get_secret_value():
+        return None
+    factory = make_session_factory(make_engine(settings.database_url))
+    with factory.begin() as session:
+        if operators.has_credential(session):
+            return None
+        issued = operators.create_credential(
+            session, actor=f"serve:{getpass.getuser()}", secret=server_secret(settings)
+        )
+        return issued.plaintext
+
+
 def metrics_address(configured: str | None) -> str:
     """Where ``tiergate serve`` serves ``/metrics``, as a concrete ``host:port``.
 
@@ -97,9 +115,32 @@ def metrics_address(configured: str | None) -> str:
         return join_addr(DEFAULT_METRICS_HOST, int(probe.getsockname()[1]))
 
 
-def announce(settings: Settings, *, base: str, demo_key: str | None, model: str) -> None:
-    """Where the gateway listens, the demo key (printed once, on stdout) and a first request."""
+def announce(
+    settings: Settings,
+    *,
+    base: str,
+    demo_key: str | None,
+    model: str,
+    operator_credential: str | None = None,
+) -> None:
+    """Where the gateway listens, the demo key (printed once, on stdout) and a first request;
+    the dashboard's URL and, on its first start, the operator credential (once, on stdout)."""
     console.print(f"[bold]tiergate[/bold] gateway on {base} (database {settings.database_url})")
+    if settings.ui:
+        console.print(f"Admin dashboard: {base}/ui/")
+        if operator_credential is not None:
+            console.print(
+                "Dashboard sign-in credential (also the admin API's bearer; shown once, store "
+                "it now; `tiergate admin reset-credential` replaces a lost one):"
+            )
+            print(operator_credential, flush=True)
+        elif settings.admin_key is not None and settings.admin_key.get_secret_value():
+            console.print("Sign in to the dashboard with TIERGATE_ADMIN_KEY.")
+        else:
+            console.print(
+                "Sign in with the operator credential printed on the first start "
+                "(lost: [bold]tiergate admin reset-credential[/bold])."
+            )
     if settings.metrics_addr is not None:
         host, port = split_addr(settings.metrics_addr)
         shown = join_addr("127.0.0.1" if host in ("0.0.0.0", "::") else host, port)
@@ -118,8 +159,15 @@ def announce(settings: Settings, *, base: str, demo_key: str | None, model: str)
         f'-d \'{{"model": "{model}", "messages": [{{"role": "user", '
         f'"content": "hello"}}], "max_tokens": 32}}\''
     )
-    if settings.admin_key is None or not settings.admin_key.get_secret_value():
+    if (settings.admin_key is None or not settings.admin_key.get_secret_value()) and not (
+        settings.ui
+    ):
         console.print("Admin API (/admin/v1) is off: set TIERGATE_ADMIN_KEY to enable it.")
+    elif settings.admin_key is None or not settings.admin_key.get_secret_value():
+        console.print(
+            "Admin API (/admin/v1): send the operator credential as its bearer, or set "
+            "TIERGATE_ADMIN_KEY."
+        )
     workers = settings.workers or 1
     if workers > 1:
         limits = (
@@ -220,8 +268,9 @@ def serve(
     count = workers or settings.workers or default_workers()
     settings = settings.model_copy(update={"metrics_addr": chosen, "workers": count})
     demo_key = prepare_database(settings)
+    credential = prepare_operator(settings) if settings.ui else None
     base = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
-    announce(settings, base=base, demo_key=demo_key, model=model)
+    announce(settings, base=base, demo_key=demo_key, model=model, operator_credential=credential)
     with contextlib.suppress(KeyboardInterrupt):  # a signal while starting: nothing to drain
         if count == 1:
             asyncio.run(run(settings, host=host, port=port, log_level=log_level, backends=backends))

@@ -161,6 +161,28 @@ class Settings(BaseSettings):
         "request runs: the longest a crashed process keeps a tenant's slots",
     )
 
+    # ---- issue 14: request kinds and agent workflows (gateway/app/kinds.py) ---------------
+    workflow_ttl_s: float = Field(
+        default=3600.0,
+        gt=0,
+        le=7 * 86_400,
+        description="how long a workflow's state is kept after its deadline (a later call is "
+        "told it expired, 409); in Redis when redis_url is set, else in process",
+    )
+    length_model: Path | None = Field(
+        default=None,
+        description="directory of a trained output-length model (`tiergate lengths train`): "
+        "when set, each request's length distribution is predicted and sent to the engine "
+        "(tiergate_length); unset = none is sent",
+    )
+    length_budget_ms: float = Field(
+        default=5.0,
+        gt=0,
+        le=1000,
+        description="the most a length prediction may take; it runs beside admission, and a "
+        "request whose prediction is later goes without one",
+    )
+
     # ---- part A (database outages): stale auth, usage buffer and spool ---------------------
     # docs/operations/database-outage.md
     auth_stale_s: float = Field(
@@ -236,6 +258,17 @@ class Settings(BaseSettings):
         description="most estimated prefill work (seconds, from the backend's latency profile) "
         "a backend may have pending before further requests wait in the gateway's gain-ordered "
         "queue instead of the engine's (docs/operations/overload.md)",
+    )
+
+    # ---- the admin dashboard (issue 11): /ui, its sign-in sessions ------------------------
+    ui: bool = Field(
+        default=True, description="serve the admin dashboard at /ui (TIERGATE_UI=false: off)"
+    )
+    ui_session_ttl_s: float = Field(
+        default=8 * 3600.0,
+        gt=0,
+        le=30 * 86_400,
+        description="a dashboard session unused for this long is signed out (idle expiry)",
     )
 
     @field_validator("metrics_addr")

@@ -184,3 +184,109 @@ def request_tdg(
         weights,
         first_token_buffered=first_token_buffered,
     )
+
+
+# ---- request kinds (issue 14): one goodput rule per kind, built on token_goodput ---------------
+
+DEFAULT_BEST_EFFORT_DEADLINE_S = 120.0
+"""End-to-end deadline of a best-effort request that names none: long enough not to compete with
+real deadlines, finite so a scheduler that ranks by deadline never starves it."""
+
+
+def kind_slo(kind: str, slo: SLO, *, best_effort_deadline_s: float | None = None) -> SLO:
+    """The SLO a request of ``kind`` is judged by.
+
+    * ``latency`` — its own SLO (TTFT + TPOT per token; a deadline-only one is judged end to end);
+    * ``deadline`` / ``compound`` — end to end only: every token counts iff the request (for a
+      compound call: its sub-deadline, the workflow is judged by :func:`workflow_goodput`)
+      finishes by ``slo.deadline_s`` (one without a deadline is judged as a latency request);
+    * ``best-effort`` — end to end by its deadline, else :data:`DEFAULT_BEST_EFFORT_DEADLINE_S`.
+    """
+    if kind == "best-effort":
+        deadline = slo.deadline_s
+        if deadline is None:
+            deadline = best_effort_deadline_s or DEFAULT_BEST_EFFORT_DEADLINE_S
+        return SLO(deadline_s=deadline)
+    if kind in ("deadline", "compound") and slo.deadline_s is not None:
+        return SLO(deadline_s=slo.deadline_s) if slo.is_streaming else slo
+    return slo
+
+
+def kind_goodput(
+    kind: str,
+    arrival_s: float,
+    slo: SLO,
+    prompt_tokens: int,
+    token_times: Sequence[float] | FloatArray,
+    *,
+    finished: bool = True,
+    weights: GoodputWeights = GoodputWeights(),
+    decay_alpha: float | None = None,
+) -> float:
+    """JITServe token goodput of one request judged as ``kind`` (:func:`kind_slo`); Tempo's
+    graded decay with ``decay_alpha``. A compound call's value counts per workflow, see
+    :func:`workflow_goodput`; this is the call judged alone against its sub-deadline."""
+    return token_goodput(
+        arrival_s,
+        kind_slo(kind, slo),
+        prompt_tokens,
+        token_times,
+        finished=finished,
+        weights=weights,
+        decay_alpha=decay_alpha,
+    )
+
+
+def kind_attained(
+    kind: str,
+    arrival_s: float,
+    slo: SLO,
+    token_times: Sequence[float] | FloatArray,
+    *,
+    finished: bool = True,
+) -> bool:
+    """Request goodput (0/1) of one request judged as ``kind``: strict SLO attainment."""
+    return slo_attained(arrival_s, kind_slo(kind, slo), token_times, finished=finished)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowCall:
+    """One finished-or-not call of a compound workflow, as the metrics see it."""
+
+    prompt_tokens: int
+    output_tokens: int
+    finished_s: float | None
+    """Absolute finish time; None if the call never finished (or never ran)."""
+
+
+def workflow_goodput(
+    start_s: float,
+    deadline_s: float,
+    calls: Sequence[WorkflowCall],
+    *,
+    weights: GoodputWeights = GoodputWeights(),
+    decay_alpha: float | None = None,
+) -> float:
+    """JITServe compound goodput: every token of every call counts iff all calls finished and
+    the last finished by ``start_s + deadline_s`` (stage 0's arrival plus the workflow
+    deadline); with ``decay_alpha``, Tempo's ``min(1, (D / actual) ** alpha)`` instead."""
+    if not calls or any(c.finished_s is None for c in calls):
+        return 0.0
+    full = sum(
+        weights.input_token * c.prompt_tokens + weights.output_token * c.output_tokens
+        for c in calls
+    )
+    latency = max(float(c.finished_s) for c in calls if c.finished_s is not None) - start_s
+    if decay_alpha is None:
+        return full if latency <= deadline_s else 0.0
+    return full * min(1.0, (deadline_s / max(latency, 1e-12)) ** decay_alpha)
+
+
+def jain_index(values: Sequence[float] | FloatArray) -> float:
+    """Jain's fairness index ``(Σx)² / (n·Σx²)``: 1 when all equal, 1/n when one takes all
+    (1.0 for an empty or all-zero input: nobody is treated worse than anybody else)."""
+    x = np.asarray(values, dtype=np.float64)
+    square = float((x * x).sum())
+    if x.size == 0 or square == 0.0:
+        return 1.0
+    return float(x.sum()) ** 2 / (x.size * square)

@@ -15,6 +15,17 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # annotation only: keeps priority.lengths free to import this module
+    from priority.lengths.distribution import LengthDistribution
+
+REQUEST_KINDS: tuple[str, ...] = ("latency", "deadline", "compound", "best-effort")
+"""What a request's value depends on (issue 14; gains in :mod:`priority.gain`): *latency* —
+TTFT + TPOT per token; *deadline* — all tokens count if it ends by its deadline; *compound* — one
+call of an agent workflow whose calls count together if the last ends by the workflow deadline
+(``slo.deadline_s`` holds this call's sub-deadline); *best-effort* — a default deadline so it
+never starves."""
 
 
 def relative_ttft_s(zero_load_ttft_s: float, scale: float, floor_s: float) -> float:
@@ -95,6 +106,15 @@ class Request:
     max_output_tokens: int = 4096
     true_output_tokens: int | None = None
     predicted_output_tokens: int | None = None
+    kind: str = "latency"
+    """One of :data:`REQUEST_KINDS`."""
+    workflow_id: str | None = None
+    """The compound workflow this call belongs to (None: not a workflow call)."""
+    stage: int = 0
+    """The call's stage in its workflow (0 = first)."""
+    length: LengthDistribution | None = None
+    """Output-length distribution, the bound source of length-aware policies (None: they fall
+    back to ``predicted_output_tokens``, then ``max_output_tokens``)."""
 
     status: RequestStatus = RequestStatus.WAITING
     num_computed_tokens: int = 0
@@ -113,6 +133,10 @@ class Request:
             raise ValueError(f"max_output_tokens must be >= 1, got {self.max_output_tokens}")
         if self.weight <= 0:
             raise ValueError(f"weight must be > 0, got {self.weight}")
+        if self.kind not in REQUEST_KINDS:
+            raise ValueError(f"kind must be one of {', '.join(REQUEST_KINDS)}, got {self.kind!r}")
+        if self.stage < 0:
+            raise ValueError(f"stage must be >= 0, got {self.stage}")
 
     @property
     def num_tokens(self) -> int:
@@ -144,6 +168,18 @@ class Request:
         if self.predicted_output_tokens is not None:
             return max(self.predicted_output_tokens, self.num_output_tokens + 1)
         return self.max_output_tokens
+
+    def length_bound(self, q: float) -> int:
+        """The ``q``-quantile bound of the total output length given what was generated: from
+        :attr:`length`, else the prediction, else the cap (never below ``generated + 1``)."""
+        generated = self.num_output_tokens
+        if self.length is not None:
+            bound = self.length.bound(q, generated)
+        elif self.predicted_output_tokens is not None:
+            bound = self.predicted_output_tokens
+        else:
+            bound = self.max_output_tokens
+        return max(min(bound, self.max_output_tokens), generated + 1)
 
     def next_token_deadline_s(self) -> float:
         """Absolute due time of the next output token."""

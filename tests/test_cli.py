@@ -134,9 +134,10 @@ def commands(typer_app: typer.Typer) -> set[str]:
 
 
 def test_tiergate_mounts_the_core_and_the_gateway_commands() -> None:
-    assert commands(app) == {"sim", "profile"}  # the core's CLI: no web stack behind it
-    core, gateway = {"sim", "profile"}, {"serve", "engine-sim", "usage"}
-    groups = {"db", "tiers", "tenants", "keys", "backends", "profiles"}
+    core = {"sim", "profile", "lengths"}
+    assert commands(app) == core  # the core's CLI: no web stack behind it
+    gateway = {"serve", "engine-sim", "usage"}
+    groups = {"db", "tiers", "tenants", "keys", "backends", "profiles", "admin"}
     assert commands(tiergate_cli.app) == core | gateway | groups
 
 
@@ -147,6 +148,7 @@ def test_tiergate_mounts_the_core_and_the_gateway_commands() -> None:
         (["serve", "--policy", "nope"], "unknown policy 'nope'"),
         (["engine-sim", "--profile", "a100-qwen2-7b", "--policy", "nope"], "unknown policy"),
         (["profile", "fit", "/nonexistent.csv", "-o", "x.json"], "does not exist"),
+        (["lengths", "train", "--data", "/nonexistent.jsonl", "--out", "x"], "does not exist"),
     ],
 )
 def test_tiergate_commands_take_their_arguments(args: list[str], message: str) -> None:

@@ -121,3 +121,54 @@ def test_gain_weights_from_lengths() -> None:
 def test_slo_validation(kwargs: dict[str, float]) -> None:
     with pytest.raises(ValueError):
         SLO(**kwargs)
+
+
+# ---- request kinds (issue 14), hand-computed -------------------------------------------------
+
+
+def test_deadline_kind_counts_every_token_only_if_it_ends_in_time() -> None:
+    from priority.gain import kind_goodput
+
+    both = SLO(ttft_s=0.1, tpot_s=0.01, deadline_s=3.0)
+    w = GoodputWeights(input_token=1.0, output_token=2.0)
+    # judged end to end: the streaming part is ignored, 10 + 3 * 2 = 16 if done by 3 s
+    assert kind_goodput("deadline", 0.0, both, 10, [1.0, 2.0, 2.9], weights=w) == 16.0
+    assert kind_goodput("deadline", 0.0, both, 10, [1.0, 2.0, 3.1], weights=w) == 0.0
+    assert kind_goodput("deadline", 0.0, both, 10, [1.0], finished=False, weights=w) == 0.0
+    # as a latency request the same times earn nothing: every token is past its TTFT/TPOT due
+    assert kind_goodput("latency", 0.0, both, 10, [1.0, 2.0, 2.9], weights=w) == 0.0
+
+
+def test_best_effort_gets_a_default_deadline() -> None:
+    from priority.gain import DEFAULT_BEST_EFFORT_DEADLINE_S, kind_attained, kind_slo
+
+    slo = kind_slo("best-effort", STREAM)
+    assert slo.deadline_s == DEFAULT_BEST_EFFORT_DEADLINE_S and not slo.is_streaming
+    late = DEFAULT_BEST_EFFORT_DEADLINE_S + 1.0
+    assert kind_attained("best-effort", 0.0, STREAM, [5.0, 50.0])  # slow, but before 120 s
+    assert not kind_attained("best-effort", 0.0, STREAM, [5.0, late])
+    assert kind_slo("best-effort", SLO(deadline_s=7.0)).deadline_s == 7.0
+
+
+def test_workflow_goodput_counts_all_calls_iff_the_last_is_on_time() -> None:
+    from priority.gain import WorkflowCall, workflow_goodput
+
+    calls = [WorkflowCall(100, 10, 3.0), WorkflowCall(50, 20, 9.0)]
+    w = GoodputWeights(input_token=1.0, output_token=2.0)
+    # all tokens: (100 + 20) + (50 + 40) = 210; last call ends 9.0 - 1.0 = 8 s after the start
+    assert workflow_goodput(1.0, 8.0, calls, weights=w) == 210.0
+    assert workflow_goodput(1.0, 7.9, calls, weights=w) == 0.0
+    # Tempo's graded decay: 210 * (6 / 8) = 157.5
+    assert workflow_goodput(1.0, 6.0, calls, weights=w, decay_alpha=1.0) == pytest.approx(157.5)
+    unfinished = [*calls, WorkflowCall(10, 1, None)]
+    assert workflow_goodput(1.0, 100.0, unfinished, weights=w) == 0.0
+
+
+def test_jain_index_hand_computed() -> None:
+    from priority.gain import jain_index
+
+    assert jain_index([1.0, 1.0, 1.0]) == 1.0
+    assert jain_index([1.0, 0.0, 0.0, 0.0]) == 0.25
+    # (1 + 3)^2 / (2 * (1 + 9)) = 16 / 20
+    assert jain_index([1.0, 3.0]) == pytest.approx(0.8)
+    assert jain_index([]) == 1.0

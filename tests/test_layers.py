@@ -43,10 +43,16 @@ WEB = frozenset(
 )
 """Top-level modules of the gateway's web stack (server, HTTP clients, database)."""
 ABOVE_CORE = frozenset({"gateway", "tiergate_cli"})
-FIRST_PARTY = frozenset({"priority", "gateway", "engine_common", "engine_cuda", "engine_ascend"})
-OPTIONAL = frozenset({"vllm", "vllm_ascend", "torch", "torch_npu", "pyarrow"})
+FIRST_PARTY = frozenset(
+    {"priority", "gateway", "engine_common", "engine_cuda", "engine_ascend", "admin_ui"}
+)
+OPTIONAL = frozenset(
+    {"vllm", "vllm_ascend", "torch", "torch_npu", "pyarrow", "sklearn", "quantile_forest"}
+)
 """Imported lazily where they are needed: vLLM and its platform plugin (installed by the user),
-torch (the profilers, the ``profile`` extra), pyarrow (deriving profiles, a build-time tool)."""
+torch (the profilers, the ``profile`` extra), pyarrow (deriving profiles, a build-time tool),
+scikit-learn and quantile-forest (the length predictor, which the gateway runs; the engines
+refine its distribution without them)."""
 
 
 def modules(package: str) -> Iterator[tuple[str, Path]]:
@@ -120,6 +126,12 @@ def test_the_gateway_never_imports_its_emulated_engine() -> None:
     assert found == []
 
 
+def test_the_dashboard_files_are_data_only() -> None:
+    """``admin_ui`` only says where its templates and assets are; the gateway renders them
+    (``gateway/app/ui/``), so the dashboard's package imports nothing of ours or of the web."""
+    assert violations(("admin_ui",), FIRST_PARTY - {"admin_ui"} | WEB | ABOVE_CORE) == []
+
+
 def test_the_console_script_is_assembled_above_every_layer() -> None:
     assert PYPROJECT["project"]["scripts"] == {"tiergate": "tiergate_cli:app"}
     above = imported("tiergate_cli", ROOT / "tiergate_cli.py")
@@ -186,13 +198,16 @@ def test_the_package_list_names_exactly_the_packages_that_exist() -> None:
     setuptools = PYPROJECT["tool"]["setuptools"]
     patterns = setuptools["packages"]["find"]["include"]
     named = {p.removesuffix(".*") for p in patterns}
-    assert all(f"{name}.*" in patterns and name in patterns for name in named), patterns
+    assert all(f"{name}.*" in patterns and name in patterns for name in named - {"migrations"}), (
+        patterns
+    )
     existing = {
         path.parent.name
         for path in ROOT.glob("*/__init__.py")
         if path.parent.name not in {"tests", "bench", "scripts"}
     }
-    assert named == existing == FIRST_PARTY
+    # Alembic's scripts: shipped in the wheel, but no layer of code (nothing imports them)
+    assert named == existing == FIRST_PARTY | {"migrations"}
     assert setuptools["py-modules"] == ["tiergate_cli"]
     assert (ROOT / "tiergate_cli.py").is_file()
     mypy = PYPROJECT["tool"]["mypy"]

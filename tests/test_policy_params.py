@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from engine_common.settings import EngineSettings, SettingsError
-from priority.gain import GainWeights
+from priority.gain import GainWeights, GoodputWeights
 from priority.policies import POLICY_NAMES, make_policy, policy_class
 from priority.policies.base import VLLM_ADMISSION, EngineLimits, SchedulerInput
 from priority.policies.params import PolicyParamsError, parameter_names
@@ -45,7 +45,34 @@ EXAMPLES: dict[str, dict[str, Any]] = {
         "kv_reserve_tokens": 16,
         "preempt_for_admission": True,
     },
+    "gmax": {
+        "quantile": 0.9,
+        "refine_every": 8,
+        "objective": "tokens",
+        "goodput_weights": {"input_token": 1.0, "output_token": 8.0},
+        "cutoff": 0.9,
+        "frame_steps": 20,
+        "preempt_margin": 0.2,
+        "max_preempt_per_frame": 2,
+        "aging": 0.1,
+        "slack_weight": 0.3,
+        "wait_timeout_s": 3.0,
+        "kv_reserve_tokens": 16,
+        "best_effort_deadline_s": 60.0,
+        "fairness": 0.4,
+        "tpot_share": 0.8,
+        "min_chunk_tokens": 32,
+    },
+    "tempo": {
+        "quantile": 0.9,
+        "refine_every": 8,
+        "decay_alpha": 2.0,
+        "goodput_weights": {"input_token": 1.0, "output_token": 8.0},
+        "best_effort_deadline_s": 60.0,
+    },
 }
+EXAMPLES["gmax-fair"] = EXAMPLES["gmax-oracle"] = EXAMPLES["gmax-fair-oracle"] = EXAMPLES["gmax"]
+EXAMPLES["tempo-oracle"] = EXAMPLES["tempo"]
 DEPLOYABLE = [n for n in POLICY_NAMES if not policy_class(n).uses_oracle_length]
 
 
@@ -75,6 +102,8 @@ def test_the_plugin_starts_with_every_parameter_and_plans(name: str) -> None:
         got = getattr(policy, key, None)
         if isinstance(got, GainWeights):
             assert got == GainWeights(**value)
+        elif isinstance(got, GoodputWeights):
+            assert got == GoodputWeights(**value)
         elif got is not None:
             assert got == value, key
     for now in (1.0, 5.0):  # on time, then everything overdue

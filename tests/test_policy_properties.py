@@ -16,9 +16,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from priority.estimator import BatchLatencyEstimator, LatencyCoefficients
+from priority.lengths.distribution import DEFAULT_LEVELS, LengthDistribution
 from priority.policies import POLICY_NAMES, make_policy, policy_class
 from priority.policies.base import EngineLimits, SchedulerInput, SchedulingPolicy, StepPlan, cdiv
-from priority.request import SLO, Request, RequestStatus
+from priority.request import REQUEST_KINDS, SLO, Request, RequestStatus
 
 COEFFICIENTS = LatencyCoefficients(a_p=1e-8, b_p=2e-9, c_p=5e-5, a_d=2e-7, b_d=2e-4, t_c=5e-3)
 
@@ -43,6 +44,13 @@ def _policy_params() -> list[Any]:
         pytest.param("fairbatching", {"urgent_steps": 50.0}, id="fairbatching-all-urgent"),
         pytest.param("sarathi-fcfs", {"min_prefill_tokens": 1}, id="sarathi-floor-1"),
         pytest.param("wvtc", {"client": "tier"}, id="wvtc-tier-clients"),
+        pytest.param(
+            "gmax",
+            {"frame_steps": 1, "objective": "tokens", "slack_weight": 0.0, "cutoff": 0.5},
+            id="gmax-every-step-frames",
+        ),
+        pytest.param("gmax-fair", {"fairness": 1.0, "refine_every": 1}, id="gmax-pure-vtc"),
+        pytest.param("tempo", {"decay_alpha": 50.0}, id="tempo-steep-decay"),
     ]
     return params
 
@@ -64,6 +72,14 @@ def slos(draw: st.DrawFn) -> SLO:
 
 
 @st.composite
+def lengths(draw: st.DrawFn) -> LengthDistribution:
+    """A small quantile vector (sometimes overrun by the request's output)."""
+    values = sorted(draw(st.lists(st.floats(1.0, 120.0), min_size=1, max_size=4)))
+    levels = DEFAULT_LEVELS[-len(values) :]
+    return LengthDistribution(levels=levels, values=tuple(values))
+
+
+@st.composite
 def requests(draw: st.DrawFn, index: int, *, running: bool, block_size: int) -> Request:
     outputs = draw(st.integers(0, 40))
     prompt = draw(st.integers(2 if running and outputs == 0 else 1, 300))
@@ -79,6 +95,8 @@ def requests(draw: st.DrawFn, index: int, *, running: bool, block_size: int) -> 
         tenant=draw(st.sampled_from(["a", "b", "c"])),
         max_output_tokens=true_len + draw(st.integers(0, 50)),
         true_output_tokens=true_len,
+        kind=draw(st.sampled_from(REQUEST_KINDS)),
+        length=draw(st.none() | lengths()),
     )
     request.num_output_tokens = outputs
     request.token_times = [arrival + 0.1 * (i + 1) for i in range(outputs)]

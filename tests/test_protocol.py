@@ -27,14 +27,15 @@ from engine_common.slo import ignored_counts, parse_meta
 from gateway.app.slo import RequestSLO, engine_priority, engine_xargs
 from gateway.engine_sim.app import build_engine_sim, core_request
 from gateway.engine_sim.schemas import ChatCompletionRequest
+from priority.lengths.distribution import LengthDistribution
 from priority.profiles import load_profile
 from priority.request import SLO, Request
 from priority.sim.workload import SloPolicy
 
 DEFAULTS = p.BestEffortDefaults()
 PROFILE = "a100-qwen2-7b"
-NUMBER_KEYS = (p.WEIGHT, p.TTFT_MS, p.TPOT_MS, p.DEADLINE_MS, p.ARRIVAL_UNIX_S)
-LABEL_KEYS = (p.TIER, p.TENANT)
+NUMBER_KEYS = (p.WEIGHT, p.TTFT_MS, p.TPOT_MS, p.DEADLINE_MS, p.ARRIVAL_UNIX_S, p.SUB_DEADLINE_MS)
+LABEL_KEYS = (p.TIER, p.TENANT, p.WORKFLOW_ID)
 
 
 def read(xargs: dict[str, Any] | None, priority: Any = 0, **kw: Any) -> p.RequestMeta:
@@ -45,7 +46,7 @@ def read(xargs: dict[str, Any] | None, priority: Any = 0, **kw: Any) -> p.Reques
 
 
 def test_every_key_is_ours_and_documented() -> None:
-    assert len(set(p.XARG_KEYS)) == len(p.XARG_KEYS) == 7
+    assert len(set(p.XARG_KEYS)) == len(p.XARG_KEYS) == 12
     assert all(key.startswith(p.KEY_PREFIX) for key in p.XARG_KEYS)
     source = Path(p.__file__).read_text(encoding="utf-8")
     for key in p.XARG_KEYS:
@@ -251,7 +252,19 @@ def test_any_metadata_yields_a_valid_request(args: dict[str, object], priority: 
     assert meta.weight > 0 and math.isfinite(meta.weight)
     assert meta.tier.strip() == meta.tier != "" and meta.tenant.strip() == meta.tenant != ""
     assert set(meta.ignored) <= {*p.XARG_KEYS, p.PRIORITY}
-    Request("r", 0.0, 1, meta.slo, weight=meta.weight, tier=meta.tier, tenant=meta.tenant)
+    Request(
+        "r",
+        0.0,
+        1,
+        meta.slo,
+        weight=meta.weight,
+        tier=meta.tier,
+        tenant=meta.tenant,
+        kind=meta.kind,
+        workflow_id=meta.workflow_id,
+        stage=meta.stage,
+        length=meta.length,
+    )
 
 
 def test_ignored_values_are_counted_and_logged(caplog: pytest.LogCaptureFixture) -> None:
@@ -288,6 +301,21 @@ BODIES: dict[str, dict[str, Any]] = {
     },
     "out-of-range": {"vllm_xargs": {p.WEIGHT: 0, p.TTFT_MS: "inf", p.DEADLINE_MS: 1e-330}},
     "json-true": {"vllm_xargs": {p.WEIGHT: True}},  # vLLM's API server turns true into 1
+    "workflow-call": {
+        "vllm_xargs": {
+            p.TTFT_MS: 400,
+            p.TPOT_MS: 40,
+            p.DEADLINE_MS: 60000,
+            p.KIND: "compound",
+            p.WORKFLOW_ID: "wf-1",
+            p.STAGE: 2,
+            p.SUB_DEADLINE_MS: 15000,
+            p.LENGTH: [0.5, 40, 0.9, 120, 0.99, 300],
+        }
+    },
+    "kinds-malformed": {
+        "vllm_xargs": {p.KIND: "urgent", p.STAGE: -1, p.LENGTH: [0.9, 10, 0.5, 20]}
+    },
 }
 
 
@@ -317,7 +345,18 @@ def test_emulated_engine_sees_what_the_plugin_sees(name: str) -> None:
 
 
 def _view(request: Request) -> tuple[Any, ...]:
-    fields = ("slo", "weight", "tier", "tenant", "prompt_tokens", "max_output_tokens")
+    fields = (
+        "slo",
+        "weight",
+        "tier",
+        "tenant",
+        "prompt_tokens",
+        "max_output_tokens",
+        "kind",
+        "workflow_id",
+        "stage",
+        "length",
+    )
     return tuple(getattr(request, name) for name in fields)
 
 
@@ -351,3 +390,106 @@ def test_body_types_are_checked_as_vllms_api_server_does(case: dict[str, Any], p
     with pytest.raises(ValidationError) as info:
         ChatCompletionRequest.model_validate(_body(case))
     assert describe_validation_error(info.value)[1] == param
+
+
+# ---- request kinds and workflows (issue 14) ----------------------------------------------------
+
+
+def test_a_workflow_call_reads_back_with_its_sub_deadline_as_its_deadline() -> None:
+    length = LengthDistribution(levels=(0.5, 0.95), values=(40.0, 200.0))
+    xargs = p.encode_xargs(
+        weight=1.0,
+        ttft_ms=500.0,
+        tpot_ms=50.0,
+        deadline_ms=60_000.0,  # the time left to the workflow's deadline
+        arrival_unix_s=1.0,
+        tier="gold",
+        tenant="acme",
+        kind="compound",
+        workflow_id="agent-7",
+        stage=3,
+        sub_deadline_ms=12_000.0,
+        length=length,
+    )
+    assert xargs[p.LENGTH] == [0.5, 40.0, 0.95, 200.0]  # a flat list: vLLM's xargs take it
+    meta = read(xargs, 0, now_unix_s=2.0)
+    assert meta.ignored == ()
+    assert (meta.kind, meta.workflow_id, meta.stage) == ("compound", "agent-7", 3)
+    assert meta.slo.deadline_s == 12.0  # D_s, not the workflow's 60 s
+    assert meta.length == length
+
+
+@pytest.mark.parametrize(
+    ("xargs", "kind"),
+    [
+        ({}, "latency"),
+        ({p.TTFT_MS: 300, p.DEADLINE_MS: 9000}, "latency"),
+        ({p.DEADLINE_MS: 9000}, "deadline"),
+        ({p.WORKFLOW_ID: "w", p.SUB_DEADLINE_MS: 900}, "compound"),
+        ({p.KIND: "best-effort", p.DEADLINE_MS: 9000}, "best-effort"),
+        ({p.KIND: " deadline "}, "deadline"),
+    ],
+)
+def test_the_kind_of_a_request_that_names_none(xargs: dict[str, Any], kind: str) -> None:
+    meta = read(xargs)
+    assert meta.kind == kind and meta.ignored == ()
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        (p.KIND, "urgent"),
+        (p.KIND, 3),
+        (p.STAGE, -1),
+        (p.STAGE, 1.5),
+        (p.STAGE, "two"),
+        (p.STAGE, True),
+        (p.STAGE, 2**40),
+        (p.LENGTH, "40"),
+        (p.LENGTH, [0.5]),  # odd
+        (p.LENGTH, [0.9, 10, 0.5, 20]),  # levels not increasing
+        (p.LENGTH, [0.5, 0.2]),  # a value below one token
+        (p.LENGTH, [0.5, "x"]),
+        (p.LENGTH, [0.5, 10] * (p.MAX_LENGTH_LEVELS + 1)),
+        (p.SUB_DEADLINE_MS, 0),
+    ],
+)
+def test_a_malformed_kind_key_reads_as_if_absent_and_is_named(key: str, value: object) -> None:
+    meta = read({p.TTFT_MS: 250, key: value})
+    assert meta == dataclasses.replace(read({p.TTFT_MS: 250}), ignored=(key,))
+
+
+def test_stage_and_length_accept_numbers_as_text() -> None:
+    meta = read({p.WORKFLOW_ID: "w", p.STAGE: "4", p.LENGTH: ["0.5", "30"]})
+    assert meta.stage == 4 and meta.length == LengthDistribution((0.5,), (30.0,))
+    assert meta.ignored == ()
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"kind": "urgent"},
+        {"workflow_id": " "},
+        {"workflow_id": "w", "stage": -1},
+        {"sub_deadline_ms": 0.0},
+    ],
+)
+def test_the_writer_refuses_bad_kind_fields(change: dict[str, Any]) -> None:
+    fields: dict[str, Any] = {
+        "weight": 1.0,
+        "ttft_ms": 500.0,
+        "tpot_ms": 50.0,
+        "deadline_ms": None,
+        "arrival_unix_s": 1.0,
+        "tier": "gold",
+        "tenant": "acme",
+    }
+    with pytest.raises(ValueError, match=p.KEY_PREFIX):
+        p.encode_xargs(**(fields | change))
+
+
+def test_the_gateway_writes_the_kind_of_every_request() -> None:
+    slo = RequestSLO(ttft_ms=500.0, tpot_ms=50.0, deadline_ms=None)
+    xargs = engine_xargs(slo, weight=1.0, arrival_unix_s=1.0, tier="t", tenant="a")
+    assert xargs[p.KIND] == "latency"
+    assert not {p.WORKFLOW_ID, p.STAGE, p.SUB_DEADLINE_MS, p.LENGTH} & set(xargs)

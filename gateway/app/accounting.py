@@ -29,6 +29,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
+from weakref import WeakKeyDictionary
+
+from prometheus_client import Counter, Histogram
 
 from gateway.app.metrics import GatewayMetrics
 from gateway.bounds import MAX_OUTPUT_TOKENS
@@ -137,12 +140,47 @@ def account(
     )
 
 
+@dataclass(frozen=True, slots=True)
+class TierSeries:
+    """One tier's series of the metrics every request ends in, looked up once: ``labels()``
+    checks its values and takes a lock on each call, several times per request otherwise."""
+
+    ttft: Histogram
+    e2e: Histogram
+    gain: Counter
+    ideal_gain: Counter
+    slo_met: Counter
+    slo_missed: Counter
+
+
+_series: WeakKeyDictionary[GatewayMetrics, dict[str, TierSeries]] = WeakKeyDictionary()
+
+
+def tier_series(metrics: GatewayMetrics, tier: str) -> TierSeries:
+    """``tier``'s :class:`TierSeries` in ``metrics`` (a tier's series are never removed)."""
+    by_tier = _series.get(metrics)
+    if by_tier is None:
+        by_tier = _series.setdefault(metrics, {})
+    series = by_tier.get(tier)
+    if series is None:
+        series = by_tier[tier] = TierSeries(
+            ttft=metrics.ttft.labels(tier),
+            e2e=metrics.e2e.labels(tier),
+            gain=metrics.gain.labels(tier),
+            ideal_gain=metrics.ideal_gain.labels(tier),
+            slo_met=metrics.slo.labels(tier, "true"),
+            slo_missed=metrics.slo.labels(tier, "false"),
+        )
+    return series
+
+
 def record_gain(metrics: GatewayMetrics, tier: str, result: Account) -> None:
     """Add an accepted request's gain, ideal gain and attainment sample to its tier's counters;
     refused work leaves them untouched (it is counted in ``tiergate_requests`` by status)."""
     if not result.accepted:
         return
-    metrics.gain.labels(tier).inc(result.gain)
-    metrics.ideal_gain.labels(tier).inc(result.ideal_gain)
+    series = tier_series(metrics, tier)
+    series.gain.inc(result.gain)
+    series.ideal_gain.inc(result.ideal_gain)
     if result.slo_met is not None:
-        metrics.slo.labels(tier, "true" if result.slo_met else "false").inc()
+        (series.slo_met if result.slo_met else series.slo_missed).inc()

@@ -34,11 +34,13 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.app.auth import AuthCache
 from gateway.app.backends import BackendPool, BackendSpec
+from gateway.app.docs import install_docs
 from gateway.app.drain import Drain, DrainMiddleware
 from gateway.app.durability import DurabilityExporter, database_readiness
+from gateway.app.kinds import RequestKinds
 from gateway.app.metrics import GatewayMetrics
 from gateway.app.operator import metrics_listener
-from gateway.app.proxy import serve
+from gateway.app.proxy import Endpoint, serve
 from gateway.app.schemas import (
     ChatBody,
     ChatCompletion,
@@ -50,6 +52,7 @@ from gateway.app.shedding import dispatch_gate
 from gateway.app.slo import DEADLINE_HEADER, TPOT_HEADER, TTFT_HEADER
 from gateway.app.state import GatewayState, StateDep
 from gateway.app.upstream import Upstream
+from gateway.app.workflows import make_workflow_store
 from gateway.bounds import MAX_SLO_MS, MIN_SLO_MS
 from gateway.db.security import server_secret
 from gateway.db.session import make_engine, make_session_factory
@@ -98,6 +101,8 @@ def create_app(
         title="tiergate gateway",
         summary="SLO-aware multi-tenant gateway for OpenAI-compatible LLM engines",
         lifespan=lifespan,
+        docs_url=None,  # FastAPI's /docs loads Swagger UI from a CDN: install_docs, below
+        redoc_url=None,
     )
     app.add_middleware(BodySizeLimit, max_bytes=config.max_body_bytes)
     app.state.drain = Drain()  # graceful shutdown (gateway.graceful): readiness, in flight
@@ -107,7 +112,12 @@ def create_app(
     admin = _admin_router()
     if admin is not None:
         app.include_router(admin, prefix="/admin/v1")
+    if config.ui:  # the admin dashboard (issue 11): /ui, its static files, / redirects there
+        from gateway.app.ui import mount_ui
+
+        mount_ui(app)
     _install_openapi(app)
+    install_docs(app)  # /docs from vendored assets: works without internet (issue 11)
     return app
 
 
@@ -171,6 +181,16 @@ async def _start(
         ),
         queue=queue,
         metrics=metrics,
+        kinds=RequestKinds(  # issue 14: workflows shared through Redis when it is configured
+            make_workflow_store(
+                config.redis_url,
+                prefix=config.redis_prefix,
+                ttl_s=config.workflow_ttl_s,
+                timeout_s=config.redis_timeout_s,
+            ),
+            lengths=await _length_model(config),
+            length_budget_s=config.length_budget_ms / 1e3,
+        ),
     )
     pool.start()
     loop = asyncio.get_running_loop()
@@ -181,6 +201,20 @@ async def _start(
     if backends is None:  # part E: other workers' (and the CLI's) backend changes
         background.append(loop.create_task(_refresh_backends(state)))
     return state, background
+
+
+async def _length_model(config: Settings) -> Any:
+    """The output-length predictor of ``TIERGATE_LENGTH_MODEL`` (issue 14), or None: without
+    one no length distribution is sent. A model that does not load stops the start-up: an
+    operator who set it wants it, not silently nothing."""
+    if config.length_model is None:
+        return None
+    from priority.lengths.serving import PredictorHandle
+
+    handle = PredictorHandle()
+    version = await asyncio.to_thread(handle.load, config.length_model.expanduser())
+    log.info("length model %s loaded from %s", version, config.length_model)
+    return handle
 
 
 async def _stop(state: GatewayState, background: list[asyncio.Task[None]]) -> None:
@@ -194,6 +228,7 @@ async def _stop(state: GatewayState, background: list[asyncio.Task[None]]) -> No
     with contextlib.suppress(Exception):
         await asyncio.to_thread(state.auth.flush_last_used)
     await state.limiter.aclose()
+    await state.kinds.aclose()
     bind = state.session_factory.kw.get("bind")
     if bind is not None:
         bind.dispose()
@@ -365,6 +400,14 @@ def _install_openapi(app: FastAPI) -> None:
 
 
 def _add_routes(app: FastAPI) -> None:
+    # the data plane on plain routes, matched first (proxy.Endpoint: FastAPI's per-request
+    # machinery cost ~0.1 ms of CPU); the APIRoutes below document them in OpenAPI
+    for path, endpoint in (
+        ("/v1/chat/completions", Endpoint("chat")),
+        ("/v1/completions", Endpoint("completions")),
+    ):  # an ASGI app as the endpoint: Starlette runs it as it is
+        app.router.add_route(path, endpoint, ["POST"], include_in_schema=False)  # type: ignore[arg-type]
+
     @app.post(
         "/v1/chat/completions",
         tags=["openai"],

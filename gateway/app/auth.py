@@ -407,7 +407,7 @@ async def authenticate_request(state: GatewayState, authorization: str | None) -
     except ApiError as exc:
         metrics = state.metrics
         metrics.requests.labels("", UNAUTHENTICATED, str(exc.status)).inc()
-        metrics.rejections.labels(UNAUTHENTICATED, exc.code or "unauthorized").inc()
+        metrics.rejections.labels("", UNAUTHENTICATED, exc.code or "unauthorized").inc()
         raise
 
 

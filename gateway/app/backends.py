@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from gateway.app.breaker import Breaker, OpenReason
+from gateway.app.breaker import Breaker, OpenReason, breaker_state
 from gateway.app.metrics import GatewayMetrics
 from gateway.app.upstream import Upstream, UpstreamError, UpstreamTimeout
 from gateway.app.watchdog import (
@@ -58,6 +58,8 @@ log = logging.getLogger(__name__)
 RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
 KV_USAGE = "vllm:kv_cache_usage_perc"
+TIMEOUT_PHASES = ("first_token", "response", "stall")
+"""Values of ``phase`` in ``tiergate_upstream_timeouts_total`` (``record_timeout``)."""
 LOOP_LAG_TOLERANCE_S = 0.1
 """A health-loop tick later than this skips the watchdog: the event loop was blocked, so events
 may sit unread in socket buffers and streams would look stalled when the gateway was."""
@@ -101,6 +103,10 @@ class Backend:
     """Deadlines of attempts waiting here for a first token or a non-streamed answer."""
     next_probe: float = 0.0
     probe_task: asyncio.Task[None] | None = None
+    checked_at: float | None = None
+    """Wall-clock time (epoch s) of the last liveness probe's verdict; None before the first."""
+    check_ok: bool | None = None
+    """That verdict: ``/health`` answered below 500 in time (the fleet view shows it)."""
 
     @property
     def name(self) -> str:
@@ -216,11 +222,23 @@ class BackendPool:
                 )
                 view = InstanceView(index, spec.name, profile, profile.estimator())
                 backends.append(Backend(spec, profile, view, self._new_breaker()))
+                self._declare(spec.name)
             router = self._make_router([b.view for b in backends])
             groups[model] = ModelGroup(model, backends, router)
         self.groups = groups
         if self.on_capacity is not None:
             self.on_capacity(self.capacity)
+
+    def _declare(self, name: str) -> None:
+        """Export the backend's failure counters at 0 from the start: a rate over a series that
+        appears only with its first failure misses that failure, and a dashboard shows no line
+        rather than a flat zero."""
+        m = self.metrics
+        m.upstream_failures.labels(name)
+        for phase in TIMEOUT_PHASES:
+            m.upstream_timeouts.labels(name, phase)
+        for reason in OpenReason:
+            m.breaker_opens.labels(name, reason.value)
 
     def _new_breaker(self) -> Breaker:
         return Breaker(self.settings.breaker_failures, self.settings.breaker_cooldown_s)
@@ -251,6 +269,12 @@ class BackendPool:
         if self.settings.router == "goroute":
             return make_router("goroute", views, weights=self.weights)
         return make_router(self.settings.router, views)
+
+    @property
+    def reads_database(self) -> bool:
+        """True when the pool serves the backends table; False for specs given at construction
+        (``tiergate serve``'s emulated engines, tests)."""
+        return self._fixed is None
 
     @property
     def backends(self) -> list[Backend]:
@@ -371,6 +395,7 @@ class BackendPool:
         last = time.monotonic()
         while True:
             now = time.monotonic()
+            self.metrics.loop_lag.observe(max(0.0, now - last - tick))
             on_time = now - last <= tick + LOOP_LAG_TOLERANCE_S
             if not on_time:
                 self.lagged_at = now
@@ -410,11 +435,14 @@ class BackendPool:
                 if time.monotonic() - self.lagged_at < 2 * self.settings.probe_timeout_s:
                     backend.next_probe = 0.0  # our own loop was late, maybe not the engine
                     return
+                self._checked(backend, ok=False)
                 self.trip(backend, OpenReason.UNREACHABLE, f"liveness probe: {exc}")
                 return
             except UpstreamError as exc:
+                self._checked(backend, ok=False)
                 self.trip(backend, OpenReason.UNREACHABLE, f"liveness probe: {exc}")
                 return
+            self._checked(backend, ok=status < 500)
             if status >= 500:  # vLLM's answer once its engine core died
                 self.trip(backend, OpenReason.UNREACHABLE, f"liveness probe: HTTP {status}")
                 return
@@ -424,6 +452,10 @@ class BackendPool:
                 await self._trial(backend)
         finally:
             backend.probe_task = None
+
+    @staticmethod
+    def _checked(backend: Backend, *, ok: bool) -> None:
+        backend.checked_at, backend.check_ok = time.time(), ok
 
     async def _trial(self, backend: Backend) -> None:
         """A 1-token completion: the only proof that an engine which answers ``/health`` but
@@ -467,6 +499,7 @@ class BackendPool:
     def _export(self, backend: Backend) -> None:
         m, name = self.metrics, backend.name
         m.backend_healthy.labels(name).set(1.0 if backend.view.healthy else 0.0)
+        m.backend_breaker.labels(name).set(breaker_state(backend.breaker, time.monotonic()))
         m.backend_prefills.labels(name).set(len(backend.view.prefill_queue))
         m.backend_decoding.labels(name).set(backend.view.num_decoding)
         if backend.running is not None:

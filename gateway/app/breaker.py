@@ -80,3 +80,10 @@ class Breaker:
         self.reason = None
         self.open_until = 0.0
         return True
+
+
+def breaker_state(breaker: Breaker, now: float) -> int:
+    """``tiergate_backend_breaker_state``: 0 closed, 1 half-open, 2 open."""
+    if breaker.reason is None:
+        return 0
+    return 1 if breaker.routable(now) else 2

@@ -45,6 +45,8 @@ class DurabilityExporter:
         self.writer = writer
         self.auth = auth
         self._last: dict[str, int] = dict.fromkeys((*_OUTCOMES, "stale"), 0)
+        for outcome in _OUTCOMES:  # exported at 0 from the start: an alert on `dropped`
+            metrics.usage_records.labels(outcome)  # rising needs the series before it rises
 
     def export(self) -> None:
         writer, metrics = self.writer, self.metrics

@@ -21,8 +21,12 @@ from prometheus_client.metrics_core import Metric
 
 from gateway.app.multiproc import multiprocess_dir, observe_many
 from gateway.histogram import ITL_BUCKETS, BatchHistogram
+from priority.gain import mean_tpot_s, ttft_s
+from priority.request import SLO
 
 OTHER_TENANT = "other"
+OBJECTIVES = ("ttft", "tpot", "deadline")
+"""Values of ``objective`` in ``tiergate_slo_objective_requests_total``."""
 LATENCY_BUCKETS = (
     0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 20.0, 40.0,
     80.0, 160.0,
@@ -30,6 +34,8 @@ LATENCY_BUCKETS = (
 OVERHEAD_BUCKETS = (
     0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.1,
 )  # fmt: skip
+
+LOOP_LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
 class TenantLabels:
@@ -71,32 +77,74 @@ def gauge(
     return Gauge(name, documentation, labels, registry=registry, multiprocess_mode=mode)
 
 
+def objectives_met(
+    arrival_s: float, slo: SLO, token_times: Sequence[float]
+) -> list[tuple[str, bool]]:
+    """Each objective ``slo`` sets, and whether a finished request met it: the parts of
+    :func:`priority.gain.slo_attained` (met only when all are), so that an alert can say which
+    one a tier misses. No token delivered: every objective missed."""
+    if not token_times:
+        return [(name, False) for name, value in _objective_values(slo) if value is not None]
+    met: list[tuple[str, bool]] = []
+    if slo.ttft_s is not None:
+        met.append(("ttft", ttft_s(arrival_s, token_times) < slo.ttft_s))
+    if slo.tpot_s is not None:
+        met.append(("tpot", mean_tpot_s(token_times) < slo.tpot_s))
+    if slo.deadline_s is not None:
+        met.append(("deadline", float(token_times[-1]) - arrival_s < slo.deadline_s))
+    return met
+
+
+def _objective_values(slo: SLO) -> tuple[tuple[str, float | None], ...]:
+    return (("ttft", slo.ttft_s), ("tpot", slo.tpot_s), ("deadline", slo.deadline_s))
+
+
 def _no_tenant(_: str) -> str:
     """The tenant label function when tenant labels are off: nothing about the tenant kept."""
     return ""
 
 
-class RequestCounter:
-    """``tiergate_requests_total``: by tier and status, and by tenant only where enabled.
+class TenantCounter:
+    """A counter labelled by tenant only where tenant labels are enabled.
 
-    ``labels(tenant, tier, status)`` is the one call for both shapes, so the request path never
+    ``labels(tenant, *values)`` is the one call for both shapes, so the request path never
     reads the setting; without tenant labels the tenant is dropped here, before it reaches the
     registry and so the exposition.
     """
 
-    def __init__(self, registry: CollectorRegistry, *, by_tenant: bool) -> None:
+    def __init__(
+        self,
+        name: str,
+        documentation: str,
+        labelnames: Sequence[str],
+        registry: CollectorRegistry,
+        *,
+        by_tenant: bool,
+    ) -> None:
         self.by_tenant = by_tenant
-        self._counter = Counter(
+        names = ("tenant", *labelnames) if by_tenant else tuple(labelnames)
+        self._counter = Counter(name, documentation, names, registry=registry)
+
+    def labels(self, tenant: str, *values: str) -> Counter:
+        if self.by_tenant:
+            return self._counter.labels(tenant, *values)
+        return self._counter.labels(*values)
+
+
+class RequestCounter(TenantCounter):
+    """``tiergate_requests_total``: by tier and status, and by tenant only where enabled."""
+
+    def __init__(self, registry: CollectorRegistry, *, by_tenant: bool) -> None:
+        super().__init__(
             "tiergate_requests",
             "Requests answered, by tier and HTTP status (and tenant, where enabled).",
-            ("tenant", "tier", "status") if by_tenant else ("tier", "status"),
-            registry=registry,
+            ("tier", "status"),
+            registry,
+            by_tenant=by_tenant,
         )
 
-    def labels(self, tenant: str, tier: str, status: str) -> Counter:
-        if self.by_tenant:
-            return self._counter.labels(tenant, tier, status)
-        return self._counter.labels(tier, status)
+    def labels(self, tenant: str, tier: str, status: str) -> Counter:  # type: ignore[override]
+        return super().labels(tenant, tier, status)
 
 
 class GatewayMetrics:
@@ -109,10 +157,39 @@ class GatewayMetrics:
             TenantLabels(max_tenants) if tenant_labels else _no_tenant
         )
         self.requests = RequestCounter(reg, by_tenant=tenant_labels)
-        self.rejections = Counter(
+        self.rejections = TenantCounter(
             "tiergate_rejections",
-            "Requests refused by admission control, by reason.",
+            "Requests refused by admission control, by reason (and tenant, where enabled).",
             ("tier", "reason"),
+            reg,
+            by_tenant=tenant_labels,
+        )
+        self.tokens = TenantCounter(
+            "tiergate_tokens",
+            "Tokens of accepted requests by kind: prompt (processed by an engine) and "
+            "completion (delivered to the client); by tier (and tenant, where enabled).",
+            ("tier", "kind"),
+            reg,
+            by_tenant=tenant_labels,
+        )
+        self.objectives = TenantCounter(
+            "tiergate_slo_objective_requests",
+            "Finished requests by SLO objective (ttft, tpot, deadline: each that the request "
+            "had) and whether it was met; by tier (and tenant, where enabled).",
+            ("tier", "objective", "attained"),
+            reg,
+            by_tenant=tenant_labels,
+        )
+        # children of the per-request counters, by label values: bounded by tenants (at most
+        # max_tenants + 1) x tiers x backends, like the series themselves
+        self._token_children: dict[tuple[str, str], tuple[Counter, Counter]] = {}
+        self._objective_children: dict[tuple[str, str, str, bool], Counter] = {}
+        self._routed_children: dict[tuple[str, str], Counter] = {}
+        self.routed = Counter(
+            "tiergate_routed_requests",
+            "Attempts the router sent to each backend, by tier (a failover counts again, on "
+            "the backend it moved to).",
+            ("backend", "tier"),
             registry=reg,
         )
         self.ttft = Histogram(
@@ -189,6 +266,14 @@ class GatewayMetrics:
             ("backend",),
             registry=reg,
             mode="livemin",
+        )
+        self.backend_breaker = gauge(
+            "tiergate_backend_breaker_state",
+            "The backend's circuit breaker: 0 closed, 1 half-open (open, past its cooldown: "
+            "routed to again), 2 open (out of routing). With several workers: the worst.",
+            ("backend",),
+            registry=reg,
+            mode="livemax",
         )
         self.backend_prefills = gauge(
             "tiergate_backend_prefill_queue",
@@ -305,6 +390,13 @@ class GatewayMetrics:
             buckets=OVERHEAD_BUCKETS,
             registry=reg,
         )
+        self.loop_lag = Histogram(
+            "tiergate_event_loop_lag_seconds",
+            "How late the gateway's event loop ran a periodic tick (sampled ten times a "
+            "second): time every request on the loop waited too.",
+            buckets=LOOP_LAG_BUCKETS,
+            registry=reg,
+        )
         # part B (Redis outages): docs/operations/redis-outage.md
         self.limiter_degraded = gauge(
             "tiergate_limiter_degraded",
@@ -318,6 +410,42 @@ class GatewayMetrics:
             "Times the limits fell back from Redis to per-process shares (Redis lost).",
             registry=reg,
         )
+
+    def record_served(
+        self,
+        tenant: str,
+        tier: str,
+        prompt_tokens: int,
+        completion_tokens: int,
+        met: Sequence[tuple[str, bool]],
+    ) -> None:
+        """An accepted request's tokens, and each SLO objective it met or missed (``met``:
+        :func:`objectives_met`, empty when it did not finish). Once per request."""
+        tokens = self._token_children.get((tenant, tier))
+        if tokens is None:  # labels() costs microseconds a call: look each child up once
+            tokens = (
+                self.tokens.labels(tenant, tier, "prompt"),
+                self.tokens.labels(tenant, tier, "completion"),
+            )
+            self._token_children[tenant, tier] = tokens
+        tokens[0].inc(prompt_tokens)
+        tokens[1].inc(completion_tokens)
+        for objective, attained in met:
+            key = (tenant, tier, objective, attained)
+            child = self._objective_children.get(key)
+            if child is None:
+                child = self.objectives.labels(
+                    tenant, tier, objective, "true" if attained else "false"
+                )
+                self._objective_children[key] = child
+            child.inc()
+
+    def count_routed(self, backend: str, tier: str) -> None:
+        """One routing decision sent to ``backend`` (once per attempt)."""
+        child = self._routed_children.get((backend, tier))
+        if child is None:
+            child = self._routed_children[backend, tier] = self.routed.labels(backend, tier)
+        child.inc()
 
     def limiter_switched(self, degraded: bool) -> None:
         """The rate limiter's ``on_change``: Redis lost (True) or back (False)."""

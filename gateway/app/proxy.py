@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import json
 import logging
@@ -57,11 +58,13 @@ from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
 from engine_common.protocol import without_protocol_keys
-from gateway.app.accounting import Account, Outcome, account, record_gain
+from gateway.app.accounting import Account, Outcome, account, record_gain, tier_series
 from gateway.app.auth import authenticate_request
 from gateway.app.backends import Backend, ModelGroup
 from gateway.app.context import check_context, context_window
 from gateway.app.deadlines import AttemptBudget, attempt_budget, stall_timeout
+from gateway.app.kinds import LengthPrediction
+from gateway.app.metrics import objectives_met
 from gateway.app.schemas import ChatBody, CompletionBody
 from gateway.app.shedding import Action, judge, shed_message
 from gateway.app.slo import RequestSLO, engine_priority, engine_xargs, resolve_slo
@@ -105,6 +108,10 @@ class EngineRefused(Exception):
         super().__init__(error.message)
         self.error = error
 
+
+NO_BACKEND_RETRY_AFTER = "1"
+"""``retry-after`` of 503 ``no_healthy_backend``: breakers close within seconds of an engine's
+return (probes every ``probe_interval_s``), as for ``upstream_unavailable``."""
 
 ENGINE_ERROR = "engine_error"
 """``code`` of an engine's server error that carried no string code of its own."""
@@ -207,6 +214,7 @@ class Job:
         self.granted_at = 0.0
         self.overhead_s = 0.0
         self.finished = False
+        self.length: LengthPrediction | None = None
 
     # ---- admission ----------------------------------------------------------------------
 
@@ -214,6 +222,9 @@ class Job:
         state, policy = self.state, self.identity.policy
         body = self._parse(await http.body())
         self.slo = resolve_slo(http.headers, policy, self.tier)
+        self.slo = await state.kinds.resolve(  # issue 14: kind, workflow stage, sub-deadline
+            http.headers, self.slo, policy, tier=self.tier, tenant_key=str(self.identity.tenant_id)
+        )
         assert self.model is not None
         group = state.pool.group(self.model)
         if group is None:
@@ -225,6 +236,9 @@ class Job:
             )
         self.group = group
         fits = await self._check_context(body, group)
+        self.length = state.kinds.predict_length(  # issue 14: beside admission, never before it
+            body, tenant=self.identity.tenant_name, prompt_tokens=self.prompt_tokens
+        )
         self.core = CoreRequest(
             request_id=self.request_id,
             arrival_s=self.arrival,
@@ -234,6 +248,9 @@ class Job:
             tier=self.tier,
             tenant=self.identity.tenant_name,
             max_output_tokens=self.expected_output,
+            kind=self.slo.kind,
+            workflow_id=self.slo.workflow_id,
+            stage=self.slo.stage,
         )
         limits = Limits(policy.rpm_limit, policy.tpm_limit, policy.max_concurrency)
         self.reservation = await state.limiter.reserve(
@@ -360,7 +377,10 @@ class Job:
             return self.group.router.route(self.core, now)
         except NoHealthyInstanceError:
             raise ApiError(
-                503, f"no healthy backend serves model {self.model!r}", code="no_healthy_backend"
+                503,
+                f"no healthy backend serves model {self.model!r}",
+                code="no_healthy_backend",
+                headers={"retry-after": NO_BACKEND_RETRY_AFTER},
             ) from None
         finally:
             for b in hidden:
@@ -377,9 +397,12 @@ class Job:
         # a client's own tiergate_* keys never reach the engine: only the gateway sets them (a
         # tier without a deadline must not let the client pick one)
         xargs = without_protocol_keys(body.get("vllm_xargs"))
+        slo = self.slo
+        if self.length is not None:  # the length distribution, if predicted by now
+            slo = dataclasses.replace(slo, length=self.length.now())
         xargs.update(
             engine_xargs(
-                self.slo,
+                slo,
                 weight=weight,
                 arrival_unix_s=self.arrival_unix,
                 tier=self.tier,
@@ -400,6 +423,8 @@ class Job:
         finished :class:`Response`), as is a stream whose first event is a 4xx error.
         """
         assert self.group is not None and self.core is not None
+        if self.length is not None:  # at most what is left of its budget (5 ms by default)
+            await self.length.ready()
         payload = self._payload()
         tried: set[str] = set()
         last_error = "no backend was tried"
@@ -486,6 +511,7 @@ class Job:
             self.state.metrics.overhead.observe(self.overhead_s + (now - self.granted_at))
         self.dispatched_at = now
         self.backend, self.decision_live = backend, decision
+        self.state.metrics.count_routed(backend.name, self.tier)
         self.group.router.on_dispatch(self.core, decision, now)
 
     def _undispatch(self) -> None:
@@ -621,8 +647,18 @@ class Job:
                     except StopAsyncIteration:
                         break
                     watch.read_since = 0.0  # writing to the client is not waiting on the engine
-                    backend.last_event = time.monotonic()
-                    await self._relay_batch(batch, write, pace=pace, margin=margin)
+                    backend.last_event = now = time.monotonic()
+                    if pace:
+                        await self._relay_batch(batch, write, pace=pace, margin=margin)
+                        continue
+                    try:
+                        data = self._unpaced(batch, now)
+                    except UpstreamFailed:  # garbage: what came before it reaches the client
+                        if self.partial:
+                            await write(self.partial)
+                        raise
+                    if data:
+                        await write(data)
         except TimeoutError:
             if not watch.stalled:
                 raise
@@ -672,6 +708,38 @@ class Job:
             out.append(kept)
         if out:
             await write(out[0] if len(out) == 1 else b"".join(out))
+
+    def _unpaced(self, batch: list[bytes], now: float) -> bytes:
+        """:meth:`_relay_batch` without smoothing, as one synchronous call (this runs for every
+        upstream read; a coroutine per read costs more): the bytes to write, with ``now`` as
+        the egress time of each event with output. Garbage raises :class:`UpstreamFailed`,
+        what came before it left in ``partial``."""
+        if len(batch) == 1:  # the usual case: one token's event per read
+            event = batch[0]
+            if event.startswith(b"data: [DONE]"):
+                self.done = True
+                return event
+            kept = self._filter(event)
+            if kept is None:
+                return b""
+            self.chunk_times.append(now)
+            return kept
+        times = self.chunk_times
+        out: list[bytes] = []
+        for event in batch:
+            if event.startswith(b"data: [DONE]"):
+                self.done = True
+                out.append(event)
+                continue
+            try:
+                kept = self._filter(event)
+            except UpstreamFailed:
+                self.partial = b"".join(out)
+                raise
+            if kept is not None:
+                times.append(now)
+                out.append(kept)
+        return b"".join(out)
 
     def _filter(self, event: bytes) -> bytes | None:
         """Drop the usage chunk the client did not ask for (after reading it); reword an
@@ -752,20 +820,25 @@ class Job:
     ) -> None:
         """Observe latencies, add the request's gain to its tier and queue its usage record."""
         state, metrics, tier = self.state, self.state.metrics, self.tier
+        series = tier_series(metrics, tier)
         ttft_ms = tpot_ms = None
         if token_times:
             ttft_ms = (token_times[0] - self.arrival) * 1e3
             if len(token_times) > 1:
                 tpot_ms = (token_times[-1] - token_times[0]) / (len(token_times) - 1) * 1e3
                 metrics.observe_itl(tier, [b - a for a, b in itertools.pairwise(times)])
-            metrics.ttft.labels(tier).observe(ttft_ms / 1e3)
+            series.ttft.observe(ttft_ms / 1e3)
         record_gain(metrics, tier, result)
-        metrics.e2e.labels(tier).observe(now - self.arrival)
-        metrics.requests.labels(
-            metrics.tenant_label(self.identity.tenant_name), tier, str(http_status)
-        ).inc()
+        series.e2e.observe(now - self.arrival)
+        tenant = metrics.tenant_label(self.identity.tenant_name)
+        metrics.requests.labels(tenant, tier, str(http_status)).inc()
+        if result.accepted:
+            met: list[tuple[str, bool]] = []
+            if result.slo_met is not None and self.core is not None:
+                met = objectives_met(self.arrival, self.core.slo, token_times)
+            metrics.record_served(tenant, tier, result.prompt_tokens, result.completion_tokens, met)
         if reason is not None:
-            metrics.rejections.labels(tier, reason).inc()
+            metrics.rejections.labels(tenant, tier, reason).inc()
         state.usage_writer.submit(
             UsageEvent(
                 request_id=self.request_id,
@@ -786,6 +859,8 @@ class Job:
     batches: AsyncIterator[list[bytes]]
     pending: list[bytes]
     first_output: int = 0
+    partial: bytes = b""
+    """What an unpaced batch had kept before the garbage that failed it."""
     done: bool = False
     accepted: bool = False
     """An engine answered 200 on the attempt serving this request: only then is it accounted."""
@@ -909,8 +984,8 @@ class RelayStream(Response):
         await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
         job = self.job
 
-        async def write(body: bytes) -> None:
-            await send({"type": "http.response.body", "body": body, "more_body": True})
+        def write(body: bytes) -> Awaitable[None]:  # send's own awaitable: no frame of its own
+            return send({"type": "http.response.body", "body": body, "more_body": True})
 
         try:
             await job.relay(write)
@@ -935,6 +1010,22 @@ async def _disconnected(receive: Receive) -> None:
         message = await receive()
         if message["type"] == "http.disconnect":
             return
+
+
+class Endpoint:
+    """The data plane as a bare ASGI app, for a plain Starlette route matched before the
+    FastAPI one that documents it: FastAPI's per-request dependency solving, query parsing and
+    exit stack cost more CPU than the rest of admission, and ``serve`` needs none of them; as
+    an app rather than a function, the route adds no wrapper around every chunk sent either.
+    Exceptions go to the app's handlers all the same (Starlette's ``ExceptionMiddleware``)."""
+
+    def __init__(self, kind: Kind) -> None:
+        self.kind: Kind = kind
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        http = Request(scope, receive, send)
+        response = await serve(scope["app"].state.gateway, http, self.kind)
+        await response(scope, receive, send)
 
 
 async def serve(state: GatewayState, http: Request, kind: Kind) -> Response:

@@ -19,6 +19,7 @@ from engine_common.protocol import encode_xargs, priority_from_weight
 from gateway.bounds import MAX_SLO_MS, MIN_SLO_MS
 from gateway.db.identity import EffectivePolicy
 from gateway.errors import bad_request
+from priority.lengths.distribution import LengthDistribution
 from priority.request import SLO
 
 TTFT_HEADER = "x-slo-ttft-ms"
@@ -31,6 +32,13 @@ class RequestSLO:
     ttft_ms: float
     tpot_ms: float
     deadline_ms: float | None
+    """A workflow call's is the time left to its workflow's deadline (:mod:`gateway.app.kinds`)."""
+    kind: str = "latency"
+    workflow_id: str | None = None
+    stage: int = 0
+    sub_deadline_ms: float | None = None
+    """A workflow call's share of the time left: the deadline its engine schedules for."""
+    length: LengthDistribution | None = None
 
     def core(self) -> SLO:
         """The scheduling core's SLO (seconds)."""
@@ -102,7 +110,7 @@ def engine_priority(weight: float) -> int:
 
 def engine_xargs(
     slo: RequestSLO, *, weight: float, arrival_unix_s: float, tier: str, tenant: str
-) -> dict[str, str | float]:
+) -> dict[str, str | float | list[float]]:
     """The ``tiergate_*`` keys of ``vllm_xargs`` (:mod:`engine_common.protocol`; ``ValueError``
     for a value the engine would ignore)."""
     return encode_xargs(
@@ -113,4 +121,9 @@ def engine_xargs(
         arrival_unix_s=arrival_unix_s,
         tier=tier,
         tenant=tenant,
+        kind=slo.kind,
+        workflow_id=slo.workflow_id,
+        stage=slo.stage,
+        sub_deadline_ms=slo.sub_deadline_ms,
+        length=slo.length,
     )

@@ -7,12 +7,13 @@ changes; the data plane needs the rest.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Annotated
 
 from fastapi import Depends, Request
 from sqlalchemy.orm import Session, sessionmaker
 
+from gateway.app.kinds import RequestKinds
 from gateway.db.usage import UsageWriter
 from gateway.limits import AdmissionQueue, RateLimiter
 from gateway.settings import Settings
@@ -41,6 +42,8 @@ class GatewayState:
     limiter: RateLimiter
     queue: AdmissionQueue
     metrics: GatewayMetrics
+    kinds: RequestKinds = field(default_factory=RequestKinds)
+    """Request kinds and agent workflows (:mod:`gateway.app.kinds`)."""
 
 
 def get_state(request: Request) -> GatewayState:

@@ -72,6 +72,12 @@ class UpstreamResponse:
         buffer = b""
         try:
             while data := await content.readany():
+                if not buffer and data.endswith(_EVENT_END):  # whole events: no copies
+                    if data.find(_EVENT_END) == len(data) - 2:
+                        yield [data]  # one token's event: the usual read
+                    else:
+                        yield [event + _EVENT_END for event in data[:-2].split(_EVENT_END)]
+                    continue
                 buffer += data
                 end = buffer.rfind(_EVENT_END)
                 if end < 0:

@@ -35,6 +35,9 @@ class EffectivePolicy:
     """How late (a fraction of ``ttft_ms``) a predicted first token may be and the request still
     be admitted under overload; past it: refused early, or demoted where best effort is allowed
     (the tier's, no tenant override: it is a promise of the service class)."""
+    default_kind: str = "latency"
+    """The kind of a request that names none (no workflow or deadline header): the tier's
+    (``latency``, ``deadline`` or ``best-effort``; :mod:`gateway.app.kinds`)."""
 
 
 def _at_least(value: float | None, floor: float | None) -> float | None:
@@ -66,6 +69,7 @@ def effective_policy(tenant: Tenant, tier: Tier) -> EffectivePolicy:
         tpm_limit=pick_int(tenant.tpm_limit, tier.tpm_limit),
         max_concurrency=pick_int(tenant.max_concurrency, tier.max_concurrency),
         shed_slack=tier.shed_slack,
+        default_kind=tier.default_kind,
     )
 
 

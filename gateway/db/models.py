@@ -1,4 +1,5 @@
-"""ORM models: tiers, tenants, API keys, backends, latency profiles, usage records, audit log.
+"""ORM models: tiers, tenants, API keys, backends, latency profiles, usage records, operator
+credentials and sessions (the dashboard's), audit log.
 
 Enumerations are plain strings with CHECK constraints rather than native enums, so that adding a
 value is a one-line migration on both SQLite and PostgreSQL. Times are timezone-aware UTC
@@ -157,6 +158,11 @@ class Tier(Timestamped, Base):
     """How late (a fraction of the TTFT objective) a request's predicted first token may be and
     the request still be admitted under overload; past it: refused early, or demoted to best
     effort where ``best_effort_allowed`` (migration 0005)."""
+    default_kind: Mapped[str] = mapped_column(
+        String(16), default="latency", server_default=text("'latency'")
+    )
+    """The kind of a request that names none: ``latency``, ``deadline`` or ``best-effort`` (the
+    last two need ``deadline_ms``, checked by the CRUD layer; migration 0009)."""
 
     tenants: Mapped[list[Tenant]] = relationship(back_populates="tier")
 
@@ -191,6 +197,8 @@ class ApiKey(Base):
     """An API key, kept only as ``HMAC-SHA256(server secret, key)`` plus its display prefix."""
 
     __tablename__ = "api_keys"
+    # the keys list, newest first (migration 0007)
+    __table_args__ = (Index("ix_api_keys_created", "created_at", "id"),)
 
     id: Mapped[int] = mapped_column(primary_key=True)
     tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
@@ -258,6 +266,7 @@ class UsageRecord(Base):
         Index("ix_usage_records_tenant_created", "tenant_id", "created_at"),
         Index("ix_usage_records_tier_created", "tier", "created_at"),
         Index("uq_usage_records_request_id", "request_id", unique=True),
+        Index("ix_usage_records_created", "created_at"),  # usage over a window (0007)
     )
 
     id: Mapped[int] = mapped_column(BigIntPK, primary_key=True)
@@ -279,11 +288,55 @@ class UsageRecord(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
+class OperatorCredential(Base):
+    """A dashboard operator's sign-in credential, also accepted as the admin API's bearer.
+
+    Kept only as ``HMAC-SHA256(server secret, credential)`` like an API key (migration 0008):
+    the plaintext is printed once by ``tiergate serve`` (or ``tiergate admin
+    reset-credential``) and never stored.
+    """
+
+    __tablename__ = "operator_credentials"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    credential_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    secret_id: Mapped[str | None] = mapped_column(String(16))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    last_used_at: Mapped[datetime | None] = mapped_column()
+
+
+class OperatorSession(Base):
+    """A signed-in dashboard session (migration 0008), shared by every worker process.
+
+    The cookie holds the session token; only its keyed hash is stored. ``credential_id`` is the
+    stored credential it signed in with (NULL: ``TIERGATE_ADMIN_KEY``), so resetting that
+    credential ends its sessions; ``last_seen_at`` drives the idle expiry.
+    """
+
+    __tablename__ = "operator_sessions"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    operator: Mapped[str] = mapped_column(String(64))
+    credential_id: Mapped[int | None] = mapped_column(
+        ForeignKey("operator_credentials.id", ondelete="CASCADE"), index=True
+    )
+    client: Mapped[str | None] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    last_seen_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
+
+
 class AuditLog(Base):
     """Who changed what: one row per admin mutation, written in the mutation's transaction."""
 
     __tablename__ = "audit_log"
-    __table_args__ = (Index("ix_audit_log_entity", "entity_type", "entity_id"),)
+    __table_args__ = (
+        Index("ix_audit_log_entity", "entity_type", "entity_id"),
+        # newest first with the id tie-break, and by actor (migration 0007)
+        Index("ix_audit_log_at_id", "at", "id"),
+        Index("ix_audit_log_actor_at", "actor", "at"),
+    )
 
     id: Mapped[int] = mapped_column(BigIntPK, primary_key=True)
     actor: Mapped[str] = mapped_column(String(128))
@@ -292,4 +345,4 @@ class AuditLog(Base):
     entity_id: Mapped[str] = mapped_column(String(64))
     before: Mapped[dict[str, Any] | None] = mapped_column()
     after: Mapped[dict[str, Any] | None] = mapped_column()
-    at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
+    at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -175,6 +175,8 @@ class _DatabaseDown(Exception):
 
 
 _STOP = object()
+_WAKE = object()
+"""A marker in the queue: a batch's worth of events is pending (:meth:`UsageWriter.submit`)."""
 
 
 class UsageWriter:
@@ -221,6 +223,13 @@ class UsageWriter:
         self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._lock = threading.Lock()  # orders submit() against close(): nothing lands after STOP
         self._closed = False
+        # submitted events, taken by the writer when it wakes: a submit does not wake it (a
+        # thread wake-up and GIL hand-off per request cost the event loop more than the rest
+        # of accounting), except when a batch is full; the writer takes them at least every
+        # ``flush_interval_s`` and counts their age from the first one's submit time
+        self._pending: list[UsageEvent] = []
+        self._pending_since = 0.0
+        self._wake_sent = False
         # the writer thread's own state
         self._backlog: collections.deque[UsageEvent] = collections.deque()
         self._retry: list[Row] = []  # a batch a state failure interrupted, retried first
@@ -273,7 +282,7 @@ class UsageWriter:
     @property
     def buffered(self) -> int:
         """Records in memory not written yet (queued, buffered, or in a batch to retry)."""
-        return self._queue.qsize() + len(self._backlog) + len(self._retry)
+        return len(self._pending) + len(self._backlog) + len(self._retry)
 
     @property
     def spooled(self) -> int:
@@ -313,7 +322,13 @@ class UsageWriter:
             if self._closed:
                 raise RuntimeError("UsageWriter is closed")
             self._submitted += 1
-            self._queue.put(event)
+            pending = self._pending
+            if not pending:
+                self._pending_since = self._clock()
+            pending.append(event)
+            if not self._wake_sent and len(pending) + len(self._backlog) >= self._batch_size:
+                self._wake_sent = True
+                self._queue.put(_WAKE)
 
     def flush(self, timeout: float | None = None) -> bool:
         """Block until everything submitted before this call is in the database (or dropped).
@@ -371,34 +386,41 @@ class UsageWriter:
             if len(self._backlog) >= self._batch_size:
                 return 0.0
             return max(0.0, self._oldest + self._interval - now)
+        if self._pending:  # unlocked: a submit racing this read waits at most one interval
+            return max(0.0, self._pending_since + self._interval - now)
         return self._interval
 
     def _take(self, wait_s: float) -> None:
-        """Wait up to ``wait_s`` for a queued item, then take it and all others queued."""
+        """Wait up to ``wait_s`` for a queued marker, then take it, all others queued and the
+        pending events."""
         try:
             item = self._queue.get(timeout=wait_s) if wait_s > 0 else self._queue.get_nowait()
         except queue.Empty:
-            return
-        self._accept(item)
+            pass
+        else:
+            self._accept(item)
         self._drain()
 
     def _drain(self) -> None:
-        """Take everything queued now, without waiting."""
+        """Take everything queued and submitted now, without waiting."""
         while True:
             try:
                 item = self._queue.get_nowait()
             except queue.Empty:
-                return
+                break
             self._accept(item)
-
-    def _accept(self, item: object) -> None:
-        if isinstance(item, UsageEvent):
+        with self._lock:
+            events, self._pending = self._pending, []
+            since, self._wake_sent = self._pending_since, False
+        for event in events:
             if not self._backlog:
-                self._oldest = self._clock()
-            self._backlog.append(item)
+                self._oldest = since
+            self._backlog.append(event)
             if len(self._backlog) + len(self._retry) > self._buffer_records:
                 self._spill_newest()
-        elif isinstance(item, _Flush):
+
+    def _accept(self, item: object) -> None:
+        if isinstance(item, _Flush):
             self._flushes.append(item)
         elif item is _STOP:
             self._stopping = True

@@ -238,6 +238,8 @@ class WallClockEngine:
                         self.timeline_restarts += 1
                     next_start = now
                 step = core.start_step(next_start)
+                if step is not None and self.metrics is not None:
+                    self.metrics.planned(step.plan)
                 if step is None:
                     next_start = None
                     self._wake.clear()

@@ -10,15 +10,17 @@ weights is replaced by a documented, deterministic stand-in:
   (seeded, with replacement) from the output lengths of the bundled Azure conversation trace
   (``priority/sim/data/azure_conv_20min.csv``, CC-BY-4.0), raised to ``min_tokens`` and capped by
   the context left after the prompt — the request then ends with ``finish_reason="stop"``.
-* **SLO, weight, tier, tenant, arrival** — from ``priority`` and ``vllm_xargs`` (the gateway's
-  ``tiergate_*`` keys), read exactly as the vLLM plugins read them: through
-  :func:`engine_common.slo.parse_meta`, with the same best-effort defaults (the TTFT default
-  relative to the profile's zero-load TTFT of the prompt) and the same rule for malformed
-  values — ignored and logged, never a 400 (see :mod:`engine_common.protocol`).
+* **SLO, weight, tier, tenant, arrival, kind, workflow, stage, length distribution** — from
+  ``priority`` and ``vllm_xargs`` (the gateway's ``tiergate_*`` keys), read exactly as the vLLM
+  plugins read them: through :func:`engine_common.slo.parse_meta`, with the same best-effort
+  defaults (the TTFT default relative to the profile's zero-load TTFT of the prompt) and the
+  same rule for malformed values — ignored and logged, never a 400 (see
+  :mod:`engine_common.protocol`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -30,6 +32,7 @@ import numpy.typing as npt
 
 from engine_common.protocol import BestEffortDefaults, weight_from_priority
 from engine_common.slo import parse_meta
+from priority.lengths.distribution import LengthDistribution
 from priority.request import SLO, Request
 
 __all__ = [
@@ -93,6 +96,11 @@ class Scheduling:
     tenant: str
     arrival_delay_s: float
     """Seconds between the gateway's arrival and now (0 without ``tiergate_arrival_unix_s``)."""
+    kind: str = "latency"
+    workflow_id: str | None = None
+    stage: int = 0
+    length: LengthDistribution | None = None
+    """Kind, workflow, stage and length distribution (``tiergate_kind`` … ``tiergate_length``)."""
 
 
 def slo_from_xargs(
@@ -118,6 +126,10 @@ def slo_from_xargs(
         tier=meta.tier,
         tenant=meta.tenant,
         arrival_delay_s=0.0 if meta.arrival_s is None else now - meta.arrival_s,
+        kind=meta.kind,
+        workflow_id=meta.workflow_id,
+        stage=meta.stage,
+        length=meta.length,
     )
 
 
@@ -185,4 +197,14 @@ def build_request(
         tenant=scheduling.tenant,
         max_output_tokens=output.max_tokens,
         true_output_tokens=output.tokens,
+        kind=scheduling.kind,
+        workflow_id=scheduling.workflow_id,
+        stage=scheduling.stage,
+        length=_capped(scheduling.length, output.max_tokens),
     )
+
+
+def _capped(length: LengthDistribution | None, max_tokens: int) -> LengthDistribution | None:
+    """The distribution bounded by the request's cap (the wire carries none), as the plugins
+    do."""
+    return None if length is None else dataclasses.replace(length, max_tokens=max_tokens)

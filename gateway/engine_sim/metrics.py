@@ -13,6 +13,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 from gateway.histogram import ITL_BUCKETS, BatchHistogram
+from priority.policies.base import StepPlan
 from priority.sim.engine import EngineCore
 
 _LABELS = ("model_name", "engine")
@@ -29,6 +30,21 @@ REQUEST_LATENCY_BUCKETS = (
 )  # fmt: skip
 
 LAG_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
+
+POLICY_GAUGES = {
+    "urgent": ("tiergate:urgent_requests", "Requests the policy ranks URGENT."),
+    "normal": ("tiergate:normal_requests", "Requests the policy ranks NORMAL."),
+    "budget": ("tiergate:latency_budget_seconds", "The step's latency budget."),
+    "beta": ("tiergate:estimator_beta", "Momentum correction of the step-time estimator."),
+    "error": ("tiergate:estimator_error_ratio", "|real / predicted - 1| of the latest step time."),
+    "deviations": (
+        "tiergate:plan_deviations",
+        "Steps whose executed batch differed from the policy's plan.",
+    ),
+    "steps": ("tiergate:policy_steps", "Steps planned by the policy."),
+}
+"""The policy's state, by the names and with the ``engine`` label of the vLLM plugin's stat
+logger (:mod:`engine_common.stat_logger`), so one dashboard reads emulated and real engines."""
 
 
 class EngineMetrics:
@@ -90,10 +106,28 @@ class EngineMetrics:
             (*_LABELS, "finished_reason"),
             registry=reg,
         )
+        self.policy = {
+            key: Gauge(name, doc, ("engine",), registry=reg).labels(engine="0")
+            for key, (name, doc) in POLICY_GAUGES.items()
+        }
+        self.policy["beta"].set(core.policy.estimator.beta)
         self._labels = labels
         self._preemptions_seen = 0
         for reason in FINISH_REASONS:  # exported at 0 from the start, as vLLM does
             self._success.labels(**labels, finished_reason=reason)
+
+    def planned(self, plan: StepPlan) -> None:
+        """The policy planned a step (the emulation runs every plan as planned: no deviation).
+        Once per step, a few gauge writes: as the vLLM plugin, the state at planning time."""
+        core, gauges = self.core, self.policy
+        estimator = core.policy.estimator
+        queued = core.num_running + core.num_waiting
+        gauges["urgent"].set(plan.num_urgent)
+        gauges["normal"].set(max(0, queued - plan.num_urgent))
+        gauges["budget"].set(plan.time_budget_s or 0.0)
+        gauges["beta"].set(estimator.beta)
+        gauges["error"].set(estimator.last_ratio_error)
+        gauges["steps"].set(core.stats.policy_calls)
 
     def success(self, finished_reason: str) -> None:
         self._success.labels(**self._labels, finished_reason=finished_reason).inc()

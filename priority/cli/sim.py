@@ -22,6 +22,7 @@ from priority.routing import ROUTER_NAMES
 from priority.sim import ClusterConfig, PdConfig, build_workload, load_trace
 from priority.sim.compare import compare_policies
 from priority.sim.rules import ENGINE_RULES
+from priority.sim.workflows import DEFAULT_LENGTH_SIGMA, LENGTH_MODES
 
 console = Console(stderr=True)
 
@@ -112,6 +113,18 @@ def sim(
             "(vllm: whole-sequence admission, preempted requests first, as vLLM 0.23/0.33)."
         ),
     ] = "vllm",
+    lengths: Annotated[
+        str,
+        typer.Option(
+            help="Length bounds the policies see: oracle (true lengths), predicted (a "
+            "calibrated lognormal stand-in for the predictor's held-out error, see "
+            "priority/sim/workflows.py) or max-tokens (only the cap).",
+        ),
+    ] = "predicted",
+    length_sigma: Annotated[
+        float,
+        typer.Option(min=0.0, help="--lengths predicted: log-space std-dev of the error."),
+    ] = DEFAULT_LENGTH_SIGMA,
     json_out: Annotated[
         Path | None, typer.Option("--json", help="Write results as JSON here.")
     ] = None,
@@ -126,6 +139,11 @@ def sim(
             raise typer.BadParameter(
                 f"unknown policy {name!r}; known: {', '.join(POLICY_NAMES)}", param_hint="--policy"
             )
+    if lengths not in LENGTH_MODES:
+        raise typer.BadParameter(
+            f"unknown lengths mode {lengths!r}; known: {', '.join(LENGTH_MODES)}",
+            param_hint="--lengths",
+        )
     if engine_rules not in ENGINE_RULES:
         raise typer.BadParameter(
             f"unknown engine rules {engine_rules!r}; known: {', '.join(ENGINE_RULES)}",
@@ -184,6 +202,8 @@ def sim(
                     duration_s=duration,
                     seed=seed,
                     reference_profile=profiles[0],
+                    lengths=lengths,
+                    length_sigma=length_sigma,
                 )
             except ValueError as exc:
                 raise typer.BadParameter(str(exc), param_hint="--trace") from None

@@ -29,6 +29,12 @@ _REGISTRY: dict[str, str] = {
     "sjf": "priority.policies.sjf:SjfPolicy",
     "rr-sjf": "priority.policies.sjf:RoundRobinSjfPolicy",
     "slide": "priority.policies.slide:SlideBatchingPolicy",
+    "gmax": "priority.policies.gmax:GmaxPolicy",
+    "gmax-fair": "priority.policies.gmax:GmaxFairPolicy",
+    "tempo": "priority.policies.tempo:TempoPolicy",
+    "gmax-oracle": "priority.policies.gmax:GmaxOraclePolicy",
+    "gmax-fair-oracle": "priority.policies.gmax:GmaxFairOraclePolicy",
+    "tempo-oracle": "priority.policies.tempo:TempoOraclePolicy",
 }
 
 POLICY_NAMES: tuple[str, ...] = tuple(_REGISTRY)

@@ -114,6 +114,10 @@ class StepPlan:
     """The policy asserts that, if no request arrives, finishes or changes phase, it would plan
     the same all-decode batch again on the next steps. Executors may then fast-forward several
     decode steps without calling the policy (the simulator does, to run hour-long traces)."""
+    hopeless: list[tuple[str, str]] = field(default_factory=list)
+    """``(request_id, reason)`` of waiting requests the policy judges unable to meet their SLO
+    (GMAX's drop rule). Advisory: the policy demotes them (served only with spare capacity); an
+    executor may instead abort them and return the reason to the client."""
 
     @property
     def num_tokens(self) -> int:
@@ -296,6 +300,9 @@ class BatchBuilder:
         if self._scheduled_ids:  # stop before anything already scheduled or preempted
             taken = self._scheduled_ids
             n = next((i for i, r in enumerate(requests[:n]) if r.request_id in taken), n)
+        # stop before a waiting request (a one-token prompt looks like a decode): admitting it
+        # needs a seat and the admission rule, which only add() checks
+        n = next((i for i, r in enumerate(requests[:n]) if r.num_kv_blocks == 0), n)
         if n <= 0:
             return 0
         blocks = np.cumsum(new_block[:n])

@@ -29,18 +29,20 @@ import numpy as np
 from priority.estimator import BatchLatencyEstimator
 from priority.policies import SchedulingPolicy, make_policy
 from priority.profiles import Profile
-from priority.request import Request
+from priority.request import SLO, Request
 from priority.routing.base import InstanceRole, InstanceView, RouteDecision, Router
 from priority.sim.engine import EngineCore, StepInFlight
 from priority.sim.rules import DEFAULT_ENGINE_RULES, EngineRules
+from priority.sim.workflows import WorkflowCall
 
 PolicyFactory = Callable[[BatchLatencyEstimator], SchedulingPolicy]
 RouterFactory = Callable[..., Router]
 """Called as ``factory(instances, **router_params)``; a :class:`Router` subclass is one."""
 
-_LANDING, _STEP_END, _WAKE = 0, 1, 2
-"""Event kinds; at equal times landings and step ends come before wake-ups, so an idle instance
-starts its step only after every arrival and event of that instant reached it."""
+_ARRIVE, _LANDING, _STEP_END, _WAKE = -1, 0, 1, 2
+"""Event kinds; at equal times released workflow calls (``_ARRIVE``) come first, landings and
+step ends before wake-ups, so an idle instance starts its step only after every arrival and
+event of that instant reached it."""
 
 
 class WorkloadLike(Protocol):
@@ -179,7 +181,8 @@ def simulate(
 ) -> SimResult:
     """Run ``workload`` (fresh requests) on the cluster; ``progress`` gets the done fraction."""
     started = time.perf_counter()
-    return _Simulation(workload.requests(), config, progress).run(started)
+    calls = getattr(workload, "workflow_calls", None) or {}
+    return _Simulation(workload.requests(), config, progress, calls).run(started)
 
 
 class _Simulation:
@@ -188,8 +191,19 @@ class _Simulation:
         requests: list[Request],
         config: ClusterConfig,
         progress: Callable[[float], None] | None,
+        calls: Mapping[str, WorkflowCall] | None = None,
     ) -> None:
         self.requests = requests
+        self.calls = calls or {}
+        by_id = {r.request_id: r for r in requests} if self.calls else {}
+        self.successor: dict[str, Request] = {}
+        """A workflow call's next stage, released ``think_s`` after it finishes."""
+        self.workflow_start: dict[str, float] = {}
+        for rid, call in self.calls.items():
+            if call.previous is not None and rid in by_id and call.previous in by_id:
+                self.successor[call.previous] = by_id[rid]
+        deferred = {id(r) for r in self.successor.values()}
+        self.stream = [r for r in requests if id(r) not in deferred]
         self.config = config
         self.progress = progress
         seeds = np.random.SeedSequence(config.seed).spawn(len(config.profiles))
@@ -226,7 +240,8 @@ class _Simulation:
     # ---- main loop ------------------------------------------------------------------------
 
     def run(self, started: float) -> SimResult:
-        requests, heap = self.requests, self.heap
+        requests, heap = self.stream, self.heap
+        total = len(self.requests)
         n = len(requests)
         next_report = 0.01
         i = 0
@@ -237,7 +252,9 @@ class _Simulation:
             else:
                 t, kind, _, index, payload = heapq.heappop(heap)
                 self.now = t
-                if kind == _STEP_END:
+                if kind == _ARRIVE:
+                    self._arrive(payload)
+                elif kind == _STEP_END:
                     self._step_end(index, payload, t)
                 elif kind == _WAKE:
                     self.waking.discard(index)
@@ -245,13 +262,13 @@ class _Simulation:
                         self._start(index, t)
                 else:
                     self._land(index, payload, t)
-            if self.progress is not None and n and self.done >= next_report * n:
-                self.progress(self.done / n)
-                next_report = math.floor(self.done / n * 100 + 1) / 100
+            if self.progress is not None and total and self.done >= next_report * total:
+                self.progress(self.done / total)
+                next_report = math.floor(self.done / total * 100 + 1) / 100
         if self.progress is not None:
             self.progress(1.0)
         return SimResult(
-            requests=requests,
+            requests=self.requests,
             rejected=self.rejected,
             instances=[_stats(e) for e in self.engines],
             placement=self.placement,
@@ -266,6 +283,8 @@ class _Simulation:
 
     def _arrive(self, request: Request) -> None:
         now = self.now = request.arrival_s
+        if self.calls:
+            self._start_call(request, now)
         router = self.router
         for index, engine in enumerate(self.engines):
             step = engine.in_flight
@@ -290,6 +309,8 @@ class _Simulation:
             router.on_first_token(request, placement[request.request_id], t)
         for request in outcome.finished:
             router.on_finish(request, placement[request.request_id], t, saw_first_token=True)
+            if self.successor:
+                self._release_next(request, t)
         self.done += len(outcome.finished)
         if outcome.handoffs:
             assert self.transfer is not None
@@ -309,6 +330,24 @@ class _Simulation:
             self._reject(request, self.placement[request.request_id], t, saw_first_token=True)
 
     # ---- helpers --------------------------------------------------------------------------
+
+    def _start_call(self, request: Request, now: float) -> None:
+        """A workflow call arrives: stage 0 starts the workflow's clock; a compound call gets
+        its sub-deadline relative to its own arrival (cold-start shares, see workflows.py)."""
+        call = self.calls.get(request.request_id)
+        if call is None:
+            return
+        start = self.workflow_start.setdefault(call.workflow_id, now)
+        if request.kind == "compound" and math.isfinite(call.offset_s):
+            request.slo = SLO(deadline_s=call.sub_deadline_s(start, now))
+
+    def _release_next(self, request: Request, t: float) -> None:
+        """Stage k finished at ``t``: stage k + 1 arrives ``think_s`` later."""
+        nxt = self.successor.pop(request.request_id, None)
+        if nxt is None:
+            return
+        nxt.arrival_s = t + self.calls[nxt.request_id].think_s
+        self._push(nxt.arrival_s, _ARRIVE, -1, nxt)
 
     def _poke(self, index: int, now: float) -> None:
         """New work for an instance: start it if idle, else cut a fast-forward short."""

@@ -8,21 +8,26 @@ produced at least one token, TPOT percentiles (per-request mean TPOT) those with
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 import numpy as np
 
 from priority.gain import (
     GainWeights,
+    WorkflowCall,
     ideal_tdg,
+    jain_index,
+    kind_attained,
+    kind_goodput,
     mean_tpot_s,
     request_tdg,
     slo_attained,
     token_goodput,
     ttft_s,
+    workflow_goodput,
 )
-from priority.request import Request
+from priority.request import REQUEST_KINDS, Request
 
 
 class ResultLike(Protocol):
@@ -88,7 +93,68 @@ def summarize(
         "tpot_p50_s": _percentile(tpots, 50),
         "tpot_p99_s": _percentile(tpots, 99),
         "per_tier": per_tier,
+        **kind_metrics(requests, getattr(workload, "workflow_calls", None) or {}),
     }
+
+
+def kind_metrics(requests: Sequence[Request], calls: Mapping[str, Any]) -> dict[str, Any]:
+    """``per_kind`` (issue 14) and ``jain_tenant``.
+
+    Per kind: ``submitted`` requests; ``goodput_requests`` — requests judged on time by their
+    kind's rule (:func:`priority.gain.kind_attained`; a compound call counts iff its whole
+    workflow finished by the workflow deadline, :func:`priority.gain.workflow_goodput`);
+    ``attained`` = goodput_requests / submitted; ``goodput_tokens`` — JITServe token goodput
+    (output tokens, :func:`priority.gain.kind_goodput` / ``workflow_goodput``).
+    ``jain_tenant``: Jain's index over tenants of goodput_requests / submitted.
+    """
+    on_time = np.zeros(len(requests), dtype=bool)
+    tokens = np.zeros(len(requests))
+    workflows: dict[str, list[int]] = {}
+    for k, r in enumerate(requests):
+        if r.kind == "compound" and r.workflow_id is not None:
+            workflows.setdefault(r.workflow_id, []).append(k)
+            continue
+        if r.token_times:
+            on_time[k] = kind_attained(
+                r.kind, r.arrival_s, r.slo, r.token_times, finished=r.is_finished
+            )
+            tokens[k] = kind_goodput(
+                r.kind, r.arrival_s, r.slo, r.prompt_tokens, r.token_times, finished=r.is_finished
+            )
+    for members in workflows.values():
+        first = min(members, key=lambda k: requests[k].stage)
+        call = calls.get(requests[first].request_id)
+        deadline = getattr(call, "deadline_s", None) or requests[first].slo.deadline_s
+        wf_calls = [
+            WorkflowCall(
+                requests[k].prompt_tokens,
+                requests[k].num_output_tokens,
+                requests[k].finished_s if requests[k].is_finished else None,
+            )
+            for k in members
+        ]
+        value = workflow_goodput(requests[first].arrival_s, float(deadline or 0.0), wf_calls)
+        if value > 0:
+            on_time[members] = True
+            for k in members:
+                tokens[k] = requests[k].num_output_tokens
+    kinds = [r.kind for r in requests]
+    per_kind: dict[str, dict[str, float | int]] = {}
+    for kind in REQUEST_KINDS:
+        mask = np.fromiter((x == kind for x in kinds), dtype=bool, count=len(kinds))
+        if not mask.any():
+            continue
+        per_kind[kind] = {
+            "submitted": int(mask.sum()),
+            "attained": _ratio(on_time[mask].sum(), mask.sum()),
+            "goodput_requests": int(on_time[mask].sum()),
+            "goodput_tokens": float(tokens[mask].sum()),
+        }
+    served: dict[str, list[int]] = {}
+    for k, r in enumerate(requests):
+        served.setdefault(r.tenant, []).append(k)
+    shares = [float(on_time[idx].sum()) / len(idx) for idx in served.values()]
+    return {"per_kind": per_kind, "jain_tenant": jain_index(shares)}
 
 
 def _ratio(num: float, den: float) -> float:

@@ -7,7 +7,12 @@ Contract (header required, extra columns ignored):
 * optional per-row overrides: ``tenant``, ``tier``, ``weight``, ``ttft_slo_ms``, ``tpot_slo_ms``,
   ``deadline_ms``. A blank cell means "use the workload's default assignment". In the two
   streaming-SLO columns ``none`` (or ``inf``) removes the streaming SLO for that row, making it a
-  deadline-only request (it then needs a ``deadline_ms``).
+  deadline-only request (it then needs a ``deadline_ms``);
+* optional request kinds and workflows (issue 14): ``kind`` (``latency|deadline|compound|
+  best-effort``; blank = latency), ``workflow_id``, ``stage`` (0, 1, …) and ``think_ms``. The
+  calls of one workflow run in stage order: stage 0 arrives at its ``arrival_s``, stage k > 0
+  arrives ``think_ms`` after stage k − 1 finished (its own ``arrival_s`` is ignored). A compound
+  row's ``deadline_ms`` is the workflow's end-to-end deadline from stage 0's arrival.
 
 Unsorted arrivals are rejected, not sorted: a trace is a time series, and disorder usually means
 a wrong column or a concatenation mistake that silently sorting would hide.
@@ -24,6 +29,7 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -43,6 +49,7 @@ LENGTH_ONLY_COLUMNS: dict[str, tuple[str, str]] = {
 }
 REQUIRED_COLUMNS = ("arrival_s", "prompt_tokens", "output_tokens")
 OVERRIDE_COLUMNS = ("tenant", "tier", "weight", "ttft_slo_ms", "tpot_slo_ms", "deadline_ms")
+WORKFLOW_COLUMNS = ("kind", "workflow_id", "stage", "think_ms")
 _NO_SLO = {"none", "inf"}
 
 
@@ -62,6 +69,11 @@ class Trace:
     """Seconds; ``inf`` = no streaming SLO for that row."""
     tpot_slo_s: FloatArray | None = None
     deadline_s: FloatArray | None = None
+    kind: list[str | None] | None = None
+    workflow_id: list[str | None] | None = None
+    stage: IntArray | None = None
+    think_s: FloatArray | None = None
+    """Seconds after the previous stage finished (0 where blank)."""
 
     def __len__(self) -> int:
         return int(self.prompt_tokens.size)
@@ -144,6 +156,10 @@ def load_trace(name_or_path: str | Path) -> Trace:
         ttft_slo_s=parser.optional_float("ttft_slo_ms", scale=1e-3, allow_none=True),
         tpot_slo_s=parser.optional_float("tpot_slo_ms", scale=1e-3, allow_none=True),
         deadline_s=parser.optional_float("deadline_ms", scale=1e-3),
+        kind=parser.kinds("kind"),
+        workflow_id=parser.optional_text("workflow_id"),
+        stage=parser.optional_count("stage"),
+        think_s=parser.optional_count("think_ms", scale=1e-3),
     )
 
 
@@ -219,6 +235,35 @@ class _Columns:
         if column not in self.index:
             return None
         return [cell or None for cell in self._cells(column)]
+
+    def kinds(self, column: str) -> list[str | None] | None:
+        from priority.request import REQUEST_KINDS
+
+        cells = self.optional_text(column)
+        if cells is None:
+            return None
+        for k, cell in enumerate(cells):
+            if cell is not None and cell not in REQUEST_KINDS:
+                raise self._error(
+                    k + 2, column, f"{cell!r} is not one of {', '.join(REQUEST_KINDS)}"
+                )
+        return cells
+
+    def optional_count(self, column: str, *, scale: float = 1.0) -> npt.NDArray[Any] | None:
+        """A column of numbers >= 0 (blank = 0): whole numbers when ``scale`` is 1."""
+        if column not in self.index:
+            return None
+        whole = scale == 1.0
+        out = np.zeros(len(self.body), dtype=np.int64 if whole else np.float64)
+        for k, cell in enumerate(self._cells(column)):
+            if not cell:
+                continue
+            value = self._number(cell, k + 2, column)
+            if not (math.isfinite(value) and value >= 0) or (whole and not value.is_integer()):
+                kind = "a whole number >= 0" if whole else "a number >= 0"
+                raise self._error(k + 2, column, f"must be {kind}, got {cell}")
+            out[k] = int(value) if whole else value * scale
+        return out
 
     def optional_float(
         self, column: str, *, scale: float, allow_none: bool = False

@@ -18,16 +18,25 @@ several policies run on the identical workload.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
-from priority.gain import GainWeights
+from priority.gain import DEFAULT_BEST_EFFORT_DEADLINE_S, GainWeights
+from priority.lengths.distribution import LengthDistribution
 from priority.profiles import Profile
 from priority.request import SLO, Request, relative_ttft_s
 from priority.sim.traces import FloatArray, IntArray, Trace, load_trace
+from priority.sim.workflows import (
+    DEFAULT_LENGTH_SIGMA,
+    DEFAULT_MAX_TOKENS,
+    LENGTH_MODES,
+    WorkflowCall,
+    cold_start_offsets,
+    length_for,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +124,12 @@ class RequestSpec:
     tier: str
     weight: float
     tenant: str
+    kind: str = "latency"
+    workflow_id: str | None = None
+    stage: int = 0
+    length: LengthDistribution | None = None
+    max_tokens: int | None = None
+    """The client's cap (None: the true length, the simulator's historic default)."""
 
     def to_request(self) -> Request:
         return Request(
@@ -125,8 +140,12 @@ class RequestSpec:
             weight=self.weight,
             tier=self.tier,
             tenant=self.tenant,
-            max_output_tokens=self.output_tokens,
+            max_output_tokens=self.max_tokens or self.output_tokens,
             true_output_tokens=self.output_tokens,
+            kind=self.kind,
+            workflow_id=self.workflow_id,
+            stage=self.stage,
+            length=self.length,
         )
 
 
@@ -136,6 +155,9 @@ class Workload:
     specs: tuple[RequestSpec, ...]
     gain_weights: GainWeights
     tiers: TierMix = field(default_factory=TierMix)
+    workflow_calls: Mapping[str, WorkflowCall] = field(default_factory=dict)
+    """Request id -> its place in a workflow, for every call of a multi-stage workflow (the
+    simulator releases stage k > 0 when stage k - 1 finishes)."""
 
     def __post_init__(self) -> None:
         if not self.specs:
@@ -177,8 +199,15 @@ def build_workload(
     seed: int = 0,
     tiers: TierMix | None = None,
     slo: SloPolicy | None = None,
+    lengths: str | None = None,
+    length_sigma: float = DEFAULT_LENGTH_SIGMA,
+    max_tokens: int = DEFAULT_MAX_TOKENS,
 ) -> Workload:
     """A workload from a trace.
+
+    ``lengths`` (``oracle|predicted|max-tokens``, :mod:`priority.sim.workflows`) sets each
+    request's length distribution and a realistic ``max_tokens`` cap; None keeps the historic
+    behaviour (no distribution, cap = true length).
 
     ``rate_scale`` multiplies the trace's native rate (divides every arrival time); ``rps``
     rescales it to that mean rate, the native one being ``(n - 1) / span``. A lengths-only trace
@@ -192,8 +221,10 @@ def build_workload(
     for label, value in (("rate_scale", rate_scale), ("rps", rps), ("duration_s", duration_s)):
         if value is not None and not (value > 0 and math.isfinite(value)):
             raise ValueError(f"{label} must be a positive number, got {value}")
-    streams = np.random.SeedSequence(seed).spawn(3)
-    arrival_rng, length_rng, tier_rng = (np.random.default_rng(s) for s in streams)
+    if lengths is not None and lengths not in LENGTH_MODES:
+        raise ValueError(f"unknown lengths mode {lengths!r}; known: {', '.join(LENGTH_MODES)}")
+    streams = np.random.SeedSequence(seed).spawn(4)
+    arrival_rng, length_rng, tier_rng = (np.random.default_rng(s) for s in streams[:3])
 
     rows: IntArray = np.arange(len(tr), dtype=np.int64)
     if tr.arrival_s is None:
@@ -218,7 +249,7 @@ def build_workload(
             rows, arrivals = rows[:keep], arrivals[:keep]
     if rows.size == 0:
         raise ValueError(f"trace {tr.name}: no request arrives before duration_s={duration_s}")
-    return _assemble(
+    workload = _assemble(
         tr.name,
         tr,
         rows,
@@ -227,6 +258,35 @@ def build_workload(
         tiers or TierMix(),
         slo or SloPolicy(),
         reference_profile,
+    )
+    if lengths is not None:
+        workload = with_lengths(
+            workload, lengths, np.random.default_rng(streams[3]), length_sigma, max_tokens
+        )
+    return workload
+
+
+def with_lengths(
+    workload: Workload,
+    mode: str,
+    rng: np.random.Generator,
+    sigma: float = DEFAULT_LENGTH_SIGMA,
+    max_tokens: int = DEFAULT_MAX_TOKENS,
+) -> Workload:
+    """``workload`` with every request's length distribution and cap set by ``mode``; compound
+    sub-deadlines are recomputed from the (no longer oracle) expected lengths."""
+    specs = []
+    for spec in workload.specs:
+        cap = max(max_tokens, spec.output_tokens)
+        length = length_for(mode, spec.output_tokens, cap, rng, sigma)
+        specs.append(replace(spec, length=length, max_tokens=cap))
+    calls, specs = _plan_workflows(specs, prior=workload.workflow_calls)
+    return Workload(
+        name=workload.name,
+        specs=tuple(specs),
+        gain_weights=workload.gain_weights,
+        tiers=workload.tiers,
+        workflow_calls=calls,
     )
 
 
@@ -332,6 +392,7 @@ def _assemble(
     outputs = trace.output_tokens[rows]
     zero_load: dict[int, float] = {}
     specs = []
+    think: dict[str, float] = {}
     for k in range(n):
         row = int(rows[k])
         line = row + 2  # the file line, for error messages
@@ -368,6 +429,20 @@ def _assemble(
             deadline = float(trace.deadline_s[row])
         if ttft == math.inf or tpot == math.inf:
             ttft = tpot = None  # "none": a deadline-only request
+        kind = "latency"
+        if trace.kind is not None and trace.kind[row] is not None:
+            kind = str(trace.kind[row])
+        workflow = None
+        if trace.workflow_id is not None and trace.workflow_id[row] is not None:
+            workflow = f"{name}-{trace.workflow_id[row]}"
+        if kind == "best-effort" and deadline is None:
+            deadline = DEFAULT_BEST_EFFORT_DEADLINE_S
+        if kind != "latency":  # judged end to end (priority.gain.kind_slo)
+            if deadline is None:
+                raise ValueError(f"trace {trace.name} line {line}: a {kind} row needs deadline_ms")
+            ttft = tpot = None
+        if kind == "compound" and workflow is None:
+            raise ValueError(f"trace {trace.name} line {line}: a compound row needs workflow_id")
         try:
             slo = SLO(ttft_s=ttft, tpot_s=tpot, deadline_s=deadline)
         except ValueError as exc:
@@ -382,7 +457,78 @@ def _assemble(
                 tier=tier_name,
                 weight=weight,
                 tenant=tenant,
+                kind=kind,
+                workflow_id=workflow,
+                stage=int(trace.stage[row]) if trace.stage is not None else 0,
             )
         )
+        if trace.think_s is not None:
+            think[specs[-1].request_id] = float(trace.think_s[row])
     gain_weights = GainWeights.from_lengths(float(prompts.mean()), float(outputs.mean()))
-    return Workload(name=name, specs=tuple(specs), gain_weights=gain_weights, tiers=tiers)
+    calls, specs = _plan_workflows(specs, think=think)
+    return Workload(
+        name=name,
+        specs=tuple(specs),
+        gain_weights=gain_weights,
+        tiers=tiers,
+        workflow_calls=calls,
+    )
+
+
+def _expected_tokens(spec: RequestSpec) -> float:
+    """Prompt plus expected output: the distribution's median when known, else the length."""
+    length = spec.length
+    output = length.quantile(0.5) if length is not None else float(spec.output_tokens)
+    return spec.prompt_tokens + output
+
+
+def _plan_workflows(
+    specs: list[RequestSpec],
+    *,
+    think: Mapping[str, float] | None = None,
+    prior: Mapping[str, WorkflowCall] | None = None,
+) -> tuple[dict[str, WorkflowCall], list[RequestSpec]]:
+    """Order each workflow's calls by stage, give compound calls their cold-start sub-deadline
+    (:func:`~priority.sim.workflows.cold_start_offsets`) and record where each call sits.
+
+    ``think`` (request id -> think time) comes from the trace; re-planning passes the ``prior``
+    plan, whose think times and workflow deadlines it keeps. Stage 0's sub-deadline is final
+    here; later stages' are set on arrival."""
+    think = dict(think or {})
+    if prior:
+        think.update({rid: call.think_s for rid, call in prior.items()})
+    groups: dict[str, list[int]] = {}
+    for k, spec in enumerate(specs):
+        if spec.workflow_id is not None:
+            groups.setdefault(spec.workflow_id, []).append(k)
+    calls: dict[str, WorkflowCall] = {}
+    out = list(specs)
+    for workflow, members in groups.items():
+        members.sort(key=lambda k: specs[k].stage)
+        stages = [specs[k].stage for k in members]
+        if len(set(stages)) != len(stages):
+            raise ValueError(f"workflow {workflow}: repeated stage numbers {stages}")
+        first = specs[members[0]]
+        thinks = [think.get(specs[k].request_id, 0.0) for k in members]
+        known = prior.get(first.request_id) if prior else None
+        deadline = known.deadline_s if known is not None else first.slo.deadline_s
+        if deadline is None:
+            deadline = math.inf
+        expected = [_expected_tokens(specs[k]) for k in members]
+        offsets = (
+            cold_start_offsets(expected, thinks, deadline)
+            if math.isfinite(deadline)
+            else [math.inf] * len(members)
+        )
+        previous = None
+        for k, gap, offset in zip(members, thinks, offsets, strict=True):
+            spec = specs[k]
+            call = WorkflowCall(workflow, spec.stage, previous, gap, offset, deadline)
+            calls[spec.request_id] = call
+            if spec.kind == "compound" and math.isfinite(offset):
+                start = first.arrival_s
+                out[k] = replace(
+                    spec, slo=SLO(deadline_s=call.sub_deadline_s(start, spec.arrival_s))
+                )
+            previous = spec.request_id
+    return calls, out

@@ -25,6 +25,7 @@ vllm_harness = pytest.importorskip("vllm_harness")
 from pydantic import ValidationError  # noqa: E402
 
 from engine_common import protocol as p  # noqa: E402
+from priority.lengths.distribution import LengthDistribution  # noqa: E402
 from priority.profiles import load_profile  # noqa: E402
 from priority.request import Request  # noqa: E402
 
@@ -48,6 +49,20 @@ def bodies(now: float) -> dict[str, dict[str, Any]]:
         tier="gold",
         tenant="acme",
     )
+    workflow = p.encode_xargs(
+        weight=1.0,
+        ttft_ms=400.0,
+        tpot_ms=40.0,
+        deadline_ms=60_000.0,
+        arrival_unix_s=now - 1.0,
+        tier="gold",
+        tenant="acme",
+        kind="compound",
+        workflow_id="agent-1",
+        stage=2,
+        sub_deadline_ms=15_000.0,
+        length=LengthDistribution(levels=(0.5, 0.95), values=(40.0, 160.0)),
+    )
     return {
         # valid
         "gateway": {"priority": p.priority_from_weight(4.0), "vllm_xargs": gateway},
@@ -56,6 +71,7 @@ def bodies(now: float) -> dict[str, dict[str, Any]]:
         "deadline-only": {"vllm_xargs": {p.DEADLINE_MS: 1500, p.TENANT: "  beta "}},
         "future-arrival": {"vllm_xargs": {p.ARRIVAL_UNIX_S: now + 3600}},
         "not-ours": {"vllm_xargs": {"session_id": "s1", "tiergate_unknown": 3, "k": [1, "a"]}},
+        "workflow-call": {"vllm_xargs": workflow},
         # missing
         "none": {},
         "priority-only": {"priority": 2},
@@ -110,7 +126,18 @@ def _emulated_engine() -> types.ModuleType:
 
 
 def _view(request: Request) -> dict[str, Any]:
-    fields = ("slo", "weight", "tier", "tenant", "prompt_tokens", "max_output_tokens")
+    fields = (
+        "slo",
+        "weight",
+        "tier",
+        "tenant",
+        "prompt_tokens",
+        "max_output_tokens",
+        "kind",
+        "workflow_id",
+        "stage",
+        "length",
+    )
     return {name: getattr(request, name) for name in fields}
 
 

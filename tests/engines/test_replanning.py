@@ -15,6 +15,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from priority.estimator import BatchLatencyEstimator
@@ -26,6 +27,7 @@ from priority.policies.base import (
     StepPlan,
     cdiv,
 )
+from priority.policies.lengthaware import KindColumns
 from priority.profiles import load_profile
 from priority.request import SLO, Request, RequestStatus
 
@@ -39,6 +41,10 @@ TRANSIENT = {
     "_last_executed": "RR-SJF's last plan reported (fast-forward repeats its report)",
     "_columns": "SlideBatching's static per-request columns (a memo keyed by request id)",
     "lengths": "the oracle policies' noisy-length draws (seeded by request id, memoised)",
+    "columns": "GMAX's and Tempo's per-request column table (a memo keyed by request id)",
+    "_boundary_plan": "GMAX's plan at a frame boundary (the frame restarts only if it ran)",
+    "_charges": "GMAX-fair's per-plan tenant charges awaiting on_step_end (only the plan that ran)",
+    "_proposed_counters": "GMAX-fair's counters as the plan being built would leave them",
 }
 
 
@@ -137,8 +143,10 @@ def _plain(value: Any) -> Any:
         return [_plain(v) for v in value]
     if isinstance(value, set | frozenset):
         return sorted(value)
-    if isinstance(value, BatchLatencyEstimator):
+    if isinstance(value, BatchLatencyEstimator | KindColumns):
         return _plain(vars(value))
+    if isinstance(value, np.ndarray):  # by bytes: unused rows of a column table may hold NaN
+        return (value.dtype.str, value.shape, value.tobytes())
     if callable(value):
         return repr(value)
     return value

@@ -19,7 +19,8 @@ from gateway.db.session import make_engine, make_session_factory
 from priority.profiles import load_profile
 
 INITIAL_TABLES = {"tiers", "tenants", "api_keys", "backends", "usage_records", "audit_log"}
-TABLES = INITIAL_TABLES | {"latency_profiles"}  # 0002
+TABLES_0002 = INITIAL_TABLES | {"latency_profiles"}
+TABLES = TABLES_0002 | {"operator_credentials", "operator_sessions"}  # at head (0008)
 
 
 def _schema_diff(url: str) -> list[object]:
@@ -79,7 +80,7 @@ def test_each_revision_upgrades_and_downgrades_by_one_step(db_url: str) -> None:
     assert migrate.current_revisions(db_url) == ("0001",)
     assert _tables(db_url) == INITIAL_TABLES
     migrate.upgrade(db_url, "0002")
-    assert _tables(db_url) == TABLES
+    assert _tables(db_url) == TABLES_0002
     migrate.downgrade("0001", db_url)
     assert migrate.current_revisions(db_url) == ("0001",)
     assert _tables(db_url) == INITIAL_TABLES
@@ -112,7 +113,7 @@ def test_downgrade_below_0002_refuses_while_backends_use_stored_profiles(db_url:
     with pytest.raises(InUse, match=r"backend\(s\) b1 \(site-a100\) use stored latency"):
         migrate.downgrade("0001", db_url)
     assert migrate.current_revisions(db_url) == ("0002",)
-    assert _tables(db_url) == TABLES  # nothing dropped
+    assert _tables(db_url) == TABLES_0002  # nothing dropped
     engine = make_engine(db_url)
     try:
         with engine.begin() as conn:
@@ -261,3 +262,36 @@ def test_0003_clamps_rows_out_of_bounds_and_keeps_every_reference(db_url: str) -
     assert _rows(db_url, "SELECT COUNT(*) FROM api_keys") == [(1,)]
     assert _rows(db_url, "SELECT tenant_id, api_key_id FROM usage_records") == usage_before
     assert _checks(db_url, "tenants") == {"ck_tenants_status"}
+
+
+def _tier_columns(url: str) -> set[str]:
+    engine = make_engine(url)
+    try:
+        return {str(c["name"]) for c in inspect(engine).get_columns("tiers")}
+    finally:
+        engine.dispose()
+
+
+def test_0009_adds_the_default_kind_and_existing_tiers_stay_latency(db_url: str) -> None:
+    migrate.upgrade(db_url, "0008")
+    assert "default_kind" not in _tier_columns(db_url)
+    engine = make_engine(db_url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(
+                text(
+                    "INSERT INTO tiers (name, weight, ttft_ms, tpot_ms, best_effort_allowed, "
+                    "shed_slack, created_at, updated_at) VALUES ('old', 1, 500, 50, false, 0, "
+                    "CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)"
+                )
+            )
+        migrate.upgrade(db_url, "0009")
+        with engine.connect() as conn:
+            kind = conn.execute(text("SELECT default_kind FROM tiers WHERE name = 'old'"))
+            assert kind.scalar_one() == "latency"
+        migrate.downgrade("0008", db_url)
+        assert "default_kind" not in _tier_columns(db_url)
+        with engine.connect() as conn:  # the tier itself survives the downgrade
+            assert conn.execute(text("SELECT count(*) FROM tiers")).scalar_one() == 1
+    finally:
+        engine.dispose()

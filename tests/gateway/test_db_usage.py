@@ -95,6 +95,23 @@ def _wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 60.0)
         time.sleep(0.01)
 
 
+def test_records_are_written_by_their_interval_or_a_full_batch_without_a_flush(
+    session_factory: sessionmaker[Session],
+) -> None:
+    """A submit does not wake the writer's thread (a wake-up per request cost the event loop
+    CPU); it still writes a record within its interval, and a full batch at once."""
+    with UsageWriter(session_factory, batch_size=10, flush_interval_s=0.2) as writer:
+        writer.submit(_event("alone"))
+        _wait_for(lambda: writer.written == 1, "the interval's write")
+    with UsageWriter(session_factory, batch_size=10, flush_interval_s=3600) as writer:
+        for i in range(9):
+            writer.submit(_event(f"batch-{i}"))
+        assert writer.buffered == 9
+        writer.submit(_event("batch-9"))  # the batch is full: written now, not in an hour
+        _wait_for(lambda: writer.written == 10, "the full batch")
+    assert _count(session_factory) == (11, 11)
+
+
 FAST_BACKOFF_S = 0.01  # retries every 10-50 ms: the tests wait for the writer, not a clock
 
 

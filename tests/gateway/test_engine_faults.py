@@ -270,6 +270,23 @@ def test_every_backend_failing_is_a_503_with_retry_after(
     assert _usage(factory) == [("error", None)]
 
 
+def test_no_healthy_backend_is_a_503_with_retry_after(
+    factory: sessionmaker[Session], engines: list[RunningEngine], key: str, tmp_path: Path
+) -> None:
+    with _gateway(factory, engines, tmp_path) as gateway:
+        for engine in engines:
+            _inject(engine, mode="crash")  # /health answers 503: every breaker opens
+        _wait_for(lambda: not any(b.view.healthy for b in gateway.state.pool.backends))
+        response = httpx.post(
+            f"{gateway.base_url}/chat/completions",
+            json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}]},
+            headers={"authorization": f"Bearer {key}"},
+            timeout=60,
+        )
+    assert response.status_code == 503 and response.headers["retry-after"] == "1"
+    assert response.json()["error"]["code"] == "no_healthy_backend"
+
+
 # ---- after the first token: a clean error event ----------------------------------------------
 
 

@@ -28,10 +28,11 @@ from sqlalchemy import select, update
 from typer.testing import CliRunner
 
 from gateway.app import create_app
-from gateway.app.admin import deps
+from gateway.app.admin import credentials
 from gateway.app.admin.deps import AdminRoute
 from gateway.app.http_limits import http_options
 from gateway.app.server import GatewayThread
+from gateway.app.ui.deps import UiRoute
 from gateway.cli import register
 from gateway.db import crud
 from gateway.db.models import ApiKey, AuditLog, utcnow
@@ -115,7 +116,7 @@ def test_the_admin_guard_compares_digests_in_constant_time(
         compared.append((a, b))
         return original(a, b)
 
-    monkeypatch.setattr(deps.hmac, "compare_digest", spy)
+    monkeypatch.setattr(credentials.hmac, "compare_digest", spy)
     cases = {
         None: 401,
         "Bearer wrong": 401,
@@ -141,6 +142,8 @@ def test_the_admin_guard_compares_digests_in_constant_time(
 
 PUBLIC = {"/health/liveliness", "/health/readiness", "/metrics"}
 DOCS = {"/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
+SIGN_IN = {"/", "/ui/login"}
+"""Dashboard routes anyone may reach: the redirect to it and its sign-in form."""
 
 
 def endpoints(app: FastAPI) -> list[tuple[str, str, type]]:
@@ -168,13 +171,17 @@ def test_every_route_is_guarded_and_no_tenant_sees_another(gateway: Gateway) -> 
     documented = set(gateway.client.get("/openapi.json").json()["paths"])
     assert documented <= paths  # nothing the walk missed
     unclassified = {
-        p for p in paths if not p.startswith(("/admin/v1/", "/v1/")) and p not in PUBLIC | DOCS
+        p
+        for p in paths
+        if not p.startswith(("/admin/v1/", "/v1/", "/ui/")) and p not in PUBLIC | DOCS | SIGN_IN
     }
     assert not unclassified, (
         f"new routes: decide who may call them, then list them here: {unclassified}"
     )
     admin_routes = [r for r in routes if r[1].startswith("/admin/v1/")]
     assert len(admin_routes) >= 30 and all(kind is AdminRoute for *_, kind in admin_routes)
+    ui_routes = [r for r in routes if r[1].startswith("/ui/") and r[1] not in SIGN_IN]
+    assert len(ui_routes) >= 20 and all(kind is UiRoute for *_, kind in ui_routes)
 
     acme, globex = gateway.keys["acme"], gateway.keys["globex"]
     globex_prefix = globex.split("-")[1]
@@ -196,6 +203,16 @@ def test_every_route_is_guarded_and_no_tenant_sees_another(gateway: Gateway) -> 
             response = gateway.client.request(method, url, json=body, headers=bearer(acme))
             assert response.status_code < 500, (method, url, response.text)
             assert not any(s in response.text for s in secrets_of_globex), (method, url)
+        elif path.startswith("/ui/") and path not in SIGN_IN:
+            # no session: a key (a tenant's, or even the admin key) is no dashboard sign-in
+            for headers in (bearer(acme), ADMIN):
+                response = gateway.client.request(
+                    method, url, headers=headers, follow_redirects=False
+                )
+                if response.status_code != 403:  # a POST may also be refused for its CSRF token
+                    assert response.status_code == 303, (method, url, response.status_code)
+                    assert response.headers["location"].startswith("/ui/login"), url
+                assert not any(s in response.text for s in secrets_of_globex), (method, url)
         else:
             response = gateway.client.request(method, url)
             assert response.status_code != 500, (method, url)

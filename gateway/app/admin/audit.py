@@ -4,10 +4,18 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Response
 
 from gateway.app.admin.deps import AdminRoute, SessionDep
-from gateway.app.admin.schemas import MAX_AUDIT_ROWS, AuditOut, ListOut, Since
+from gateway.app.admin.schemas import (
+    MAX_AUDIT_ROWS,
+    TOTAL_HEADER,
+    AuditOut,
+    ListOut,
+    PageOffset,
+    Since,
+    Until,
+)
 from gateway.db import crud
 
 router = APIRouter(route_class=AdminRoute, tags=["audit"])
@@ -22,15 +30,26 @@ def list_audit(
     entity_id: Annotated[str | None, Query(description="the entity's id")] = None,
     actor: Annotated[str | None, Query(description="e.g. admin-api:10.0.0.7")] = None,
     since: Since = None,
+    until: Until = None,
     limit: Annotated[int, Query(ge=1, le=MAX_AUDIT_ROWS)] = 100,
+    offset: PageOffset = 0,
+    *,
+    response: Response,
 ) -> ListOut[AuditOut]:
-    """Audit entries, newest first, with each change's before and after."""
+    """Audit entries in ``[since, until)``, newest first, with each change's before and after;
+    the total is in ``x-total-count``."""
     rows = crud.list_audit(
         session,
         entity_type=entity_type,
         entity_id=entity_id,
         actor=actor,
         since=since,
+        until=until,
         limit=limit,
+        offset=offset,
     )
+    total = crud.count_audit(
+        session, entity_type=entity_type, entity_id=entity_id, actor=actor, since=since, until=until
+    )
+    response.headers[TOTAL_HEADER] = str(total)
     return ListOut(data=[AuditOut.model_validate(r) for r in rows])

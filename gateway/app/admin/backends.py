@@ -6,33 +6,57 @@ thread pool, like the sync routes', so it never blocks the event loop.
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Response
 from starlette.concurrency import run_in_threadpool
 
 from gateway.app.admin.deps import ActorDep, AdminRoute, SessionDep, StateDep
 from gateway.app.admin.helpers import delete_row, patch_row, resolve
 from gateway.app.admin.schemas import (
+    TOTAL_HEADER,
     BackendCreate,
     BackendOut,
     BackendUpdate,
     DeletedOut,
     ListOut,
+    LiveBackendOut,
+    PageLimit,
+    PageOffset,
 )
+from gateway.app.fleet import fleet_view
 from gateway.db import crud
 
 router = APIRouter(route_class=AdminRoute, tags=["backends"])
 
 
 @router.get("/backends")
-def list_backends(
-    session: SessionDep,
+async def list_backends(
+    state: StateDep,
     enabled: Annotated[bool | None, Query()] = None,
     model: Annotated[str | None, Query()] = None,
-) -> ListOut[BackendOut]:
-    rows = crud.list_backends(session, enabled=enabled, model=model)
-    return ListOut(data=[BackendOut.model_validate(b) for b in rows])
+    source: Annotated[
+        Literal["database", "embedded", "config"] | None,
+        Query(description="only backends from this source (`database`: the table's rows)"),
+    ] = None,
+    *,
+    response: Response,
+    limit: PageLimit = None,
+    offset: PageOffset = 0,
+) -> ListOut[LiveBackendOut]:
+    """Every backend this gateway routes to (the emulated engines `tiergate serve` starts
+    included) and every row of the backends table, by name, with health, breaker state and
+    live load (:mod:`gateway.app.fleet`); the total is in ``x-total-count``."""
+    shown = [
+        b
+        for b in await fleet_view(state.pool, state.session_factory)
+        if (enabled is None or b.enabled is enabled)
+        and (model is None or b.model == model)
+        and (source is None or b.source == source)
+    ]
+    response.headers[TOTAL_HEADER] = str(len(shown))
+    page = shown[offset:] if limit is None else shown[offset : offset + limit]
+    return ListOut(data=[LiveBackendOut.model_validate(b) for b in page])
 
 
 @router.post("/backends", status_code=201)

@@ -16,8 +16,7 @@ PostgreSQL's text refuses and SQLite would store: both databases answer alike.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
+import asyncio
 from collections.abc import Callable, Coroutine, Iterator
 from typing import Annotated, Any
 
@@ -29,6 +28,13 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 from starlette.exceptions import HTTPException
 
+from gateway.app.admin.credentials import (
+    admin_key_configured,
+    credential_exists,
+    identify,
+    is_admin_key,
+    looks_like_credential,
+)
 from gateway.app.state import StateDep, get_state
 from gateway.db.errors import DomainError
 from gateway.errors import (
@@ -53,33 +59,44 @@ admin_bearer = HTTPBearer(auto_error=False, scheme_name="admin key")
 it."""
 
 
-def _digest(value: str) -> bytes:
-    # Comparing fixed-length digests keeps even the key's length out of the timing.
-    return hashlib.sha256(value.encode()).digest()
+async def check_admin_key(request: Request) -> ApiError | None:
+    """None if the request's bearer is ``TIERGATE_ADMIN_KEY`` or a stored operator credential
+    (:mod:`gateway.app.admin.credentials`); the 401/403 error otherwise.
 
-
-def check_admin_key(request: Request) -> ApiError | None:
-    """None if the request carries the admin key; the 401/403 error otherwise."""
-    configured = get_state(request).settings.admin_key
-    expected = configured.get_secret_value() if configured is not None else ""
-    if not expected:
-        return ApiError(
-            403,
-            "the admin API is disabled: no admin key is configured; set the TIERGATE_ADMIN_KEY "
-            "environment variable and restart the gateway",
-            code="admin_api_disabled",
-        )
+    403 only while nothing could be accepted: no admin key configured and no operator
+    credential stored. A credential is looked up in the database (in a thread), read-only.
+    """
+    state = get_state(request)
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(
-        _digest(token.strip()), _digest(expected)
-    ):
-        return ApiError(
-            401,
-            "missing or invalid admin key: send 'Authorization: Bearer <TIERGATE_ADMIN_KEY>'",
-            code="invalid_admin_key",
-            headers={"www-authenticate": "Bearer"},
-        )
-    return None
+    token = token.strip()
+    try:
+        if scheme.lower() == "bearer" and token:
+            found = is_admin_key(state.settings, token)
+            if not found and looks_like_credential(token):
+                who = await asyncio.to_thread(identify, state, token, record_use=False)
+                found = who is not None
+            if found:
+                return None
+        if not admin_key_configured(state.settings) and not await asyncio.to_thread(
+            credential_exists, state
+        ):
+            return ApiError(
+                403,
+                "the admin API is disabled: no admin key is configured and no operator "
+                "credential exists; set the TIERGATE_ADMIN_KEY environment variable and restart "
+                "the gateway, or create a credential with `tiergate admin reset-credential`",
+                code="admin_api_disabled",
+            )
+    except SQLAlchemyError as exc:  # the credential could not be checked: say why, never 500
+        return database_error(exc)
+    return ApiError(
+        401,
+        "missing or invalid admin key: send 'Authorization: Bearer <TIERGATE_ADMIN_KEY>' or "
+        "'Authorization: Bearer <operator credential>' (printed once by `tiergate serve`; "
+        "`tiergate admin reset-credential` issues a new one)",
+        code="invalid_admin_key",
+        headers={"www-authenticate": "Bearer"},
+    )
 
 
 class AdminRoute(APIRoute):
@@ -89,7 +106,7 @@ class AdminRoute(APIRoute):
         handler = super().get_route_handler()
 
         async def guarded(request: Request) -> Response:
-            denied = check_admin_key(request)
+            denied = await check_admin_key(request)
             if denied is not None:
                 return denied.response()
             try:

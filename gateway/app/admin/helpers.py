@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 
 from gateway.app.admin.schemas import INT32_MAX, DeletedOut
 from gateway.app.state import GatewayState
+from gateway.db import crud
 from gateway.db.errors import InvalidInput, NotFound
 from gateway.db.models import ApiKey, Tenant, utcnow
 
@@ -116,6 +117,23 @@ def change_and_invalidate(
         out, touched = present(row), list(prefixes(row))
     invalidate(state, touched)
     return out
+
+
+def update_tenant(s: Session, ref: str, changes: dict[str, Any], actor: str) -> Tenant:
+    """A tenant's partial update, where ``tier`` names a tier or its id (and cannot be null);
+    the caller owns the transaction (the admin API's PATCH and the dashboard's edit form)."""
+    tenant = resolve(crud.get_tenant, s, ref)
+    if "tier" in changes:
+        if changes["tier"] is None:
+            raise InvalidInput("a tenant must have a tier; tier cannot be null", param="tier")
+        changes["tier"] = resolve(crud.get_tier, s, changes["tier"]).id
+    return crud.update_tenant(s, tenant.id, changes, actor=actor)
+
+
+def set_tenant_status(s: Session, ref: str, actor: str, *, active: bool) -> Tenant:
+    """Suspend (its keys stop authenticating) or activate the tenant ``ref`` names."""
+    set_status = crud.activate_tenant if active else crud.suspend_tenant
+    return set_status(s, resolve(crud.get_tenant, s, ref).id, actor=actor)
 
 
 def usage_window(

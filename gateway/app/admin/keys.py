@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Response
 from sqlalchemy.orm import Session
 
 from gateway.app.admin.deps import ActorDep, AdminRoute, SessionDep, StateDep
@@ -23,6 +23,7 @@ from gateway.app.admin.helpers import (
     resolve,
 )
 from gateway.app.admin.schemas import (
+    TOTAL_HEADER,
     CreatedKeyOut,
     DeletedOut,
     KeyCreate,
@@ -30,6 +31,8 @@ from gateway.app.admin.schemas import (
     KeyRotate,
     KeyUpdate,
     ListOut,
+    PageLimit,
+    PageOffset,
     RotatedKeyOut,
     SecretStatusOut,
 )
@@ -45,10 +48,19 @@ def list_keys(
     session: SessionDep,
     tenant: Annotated[str | None, Query(description="tenant name or id")] = None,
     active_only: Annotated[bool, Query(description="hide revoked and expired keys")] = False,
+    *,
+    response: Response,
+    limit: PageLimit = None,
+    offset: PageOffset = 0,
 ) -> ListOut[KeyOut]:
+    """Keys, newest first; the total is in ``x-total-count``."""
     tenant_id = resolve(crud.get_tenant, session, tenant).id if tenant is not None else None
     now = utcnow()
-    rows = crud.list_keys(session, tenant=tenant_id, active_only=active_only, now=now)
+    rows = crud.list_keys(
+        session, tenant=tenant_id, active_only=active_only, now=now, limit=limit, offset=offset
+    )
+    total = crud.count_keys(session, tenant=tenant_id, active_only=active_only, now=now)
+    response.headers[TOTAL_HEADER] = str(total)
     return ListOut(data=[KeyOut.of(k, now) for k in rows])
 
 

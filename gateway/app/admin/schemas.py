@@ -47,6 +47,7 @@ from gateway.bounds import (
 from gateway.db import crud
 from gateway.db.crud._common import NAME_PATTERN
 from gateway.db.crud.keys import DEFAULT_GRACE_S, MAX_GRACE_S
+from gateway.db.crud.tiers import TIER_KINDS
 from gateway.db.identity import EffectivePolicy, effective_policy
 from gateway.db.models import BACKEND_KINDS, TENANT_STATUSES, ApiKey, Tenant, utcnow
 from gateway.db.security import display_prefix
@@ -138,6 +139,8 @@ ProfileName = Annotated[
     ),
 ]
 Kind = Annotated[StrictStr, OneOf(*BACKEND_KINDS)]
+TierKind = Annotated[StrictStr, OneOf(*TIER_KINDS)]
+"""A tier's default request kind (``deadline`` and ``best-effort`` need its ``deadline_ms``)."""
 Status = Annotated[StrictStr, OneOf(*TENANT_STATUSES)]
 
 
@@ -178,6 +181,7 @@ class TierUpdate(_Input):
     max_concurrency: Limit | None = None
     best_effort_allowed: bool | None = None
     shed_slack: ShedSlack | None = None
+    default_kind: TierKind | None = None
 
 
 class TierCreate(TierUpdate):
@@ -187,6 +191,7 @@ class TierCreate(TierUpdate):
     tpot_ms: SloMs
     best_effort_allowed: bool = False
     shed_slack: ShedSlack = 0.0
+    default_kind: TierKind = "latency"
 
 
 class TierOut(_Output):
@@ -206,6 +211,7 @@ class TierOut(_Output):
     max_concurrency: int | None
     best_effort_allowed: bool
     shed_slack: float
+    default_kind: str
     created_at: datetime
     updated_at: datetime
 
@@ -388,6 +394,40 @@ class BackendOut(_Output):
     updated_at: datetime
 
 
+class LiveBackendOut(_Output):
+    """A backend in ``GET /backends``: :class:`BackendOut`'s fields (``id`` and the times null
+    for a backend that is no database row), then where it comes from and its live state in
+    this gateway process (null where it is not routed to). See :mod:`gateway.app.fleet`."""
+
+    object: Literal["backend"] = "backend"
+    id: int | None
+    name: str
+    base_url: str
+    model: str
+    profile: str
+    kind: str
+    enabled: bool
+    created_at: datetime | None
+    updated_at: datetime | None
+    source: Literal["database", "embedded", "config"] = Field(
+        description="`database`: a row of the backends table; `embedded`: an emulated engine "
+        "`tiergate serve` started in-process; `config`: another fixed backend the app was given"
+    )
+    routed: bool = Field(description="this gateway routes requests for its model there now")
+    healthy: bool | None = Field(description="routable now: breaker closed or half-open")
+    breaker: Literal["closed", "half-open", "open"] | None
+    breaker_reason: Literal["unreachable", "unresponsive"] | None
+    failures: int | None = Field(description="request failures in a row since the last success")
+    running: int | None = Field(description="requests running on the engine, last scrape")
+    waiting: int | None = Field(description="requests waiting on the engine, last scrape")
+    kv_cache_usage: float | None = Field(description="KV cache use, 0 to 1, last scrape")
+    in_flight: int | None = Field(
+        description="this gateway's requests there: awaiting their first token, or decoding"
+    )
+    last_health_check: datetime | None = Field(description="the last liveness probe's verdict")
+    last_health_check_ok: bool | None
+
+
 class ProfileImport(_Input):
     """A profile document (as ``tiergate profile fit`` writes it), stored under ``name`` or,
     when that is absent, under the document's own ``name``."""
@@ -497,6 +537,56 @@ class UsageReportOut(BaseModel, Generic[ItemT]):
     data: list[ItemT]
 
 
+class SeriesGroupOut(BaseModel):
+    group: str | None  # tenant or tier name; None: deleted tenants, or ungrouped
+    group_id: int | None  # the tenant's id when grouped by tenant
+
+
+class SeriesPointOut(UsageOut, SeriesGroupOut):
+    """One bucket of one group: the usage summary's fields, and the TTFT/TPOT percentiles
+    (ms) of its finished requests (null when none finished)."""
+
+    start: datetime
+    ttft_p50_ms: float | None
+    ttft_p95_ms: float | None
+    ttft_p99_ms: float | None
+    tpot_p50_ms: float | None
+    tpot_p95_ms: float | None
+    tpot_p99_ms: float | None
+
+    @classmethod
+    def of(cls, point: crud.SeriesPoint) -> SeriesPointOut:
+        s = point.summary
+        t50, t95, t99 = point.ttft_ms
+        p50, p95, p99 = point.tpot_ms
+        return cls(
+            start=point.start,
+            group=s.group,
+            group_id=s.group_id,
+            **UsageOut.fields_of(s),
+            ttft_p50_ms=t50,
+            ttft_p95_ms=t95,
+            ttft_p99_ms=t99,
+            tpot_p50_ms=p50,
+            tpot_p95_ms=p95,
+            tpot_p99_ms=p99,
+        )
+
+
+class UsageSeriesOut(BaseModel):
+    """Usage per time bucket (UTC-aligned, ``bucket_seconds`` wide) and per group: the
+    groups most requests first, the points that have records by time, then group."""
+
+    object: Literal["usage_series"] = "usage_series"
+    since: datetime
+    until: datetime
+    bucket: Literal["minute", "hour", "day"]
+    bucket_seconds: int
+    group_by: Literal["none", "tenant", "tier"]
+    groups: list[SeriesGroupOut]
+    data: list[SeriesPointOut]
+
+
 class AuditOut(_Output):
     object: Literal["audit_entry"] = "audit_entry"
     id: int
@@ -515,4 +605,16 @@ Until = Annotated[AwareDatetime | None, Query(description="ISO 8601 with offset 
 Hours = Annotated[
     float | None,
     Query(gt=0, le=MAX_USAGE_HOURS, description="window length, back from until (or now)"),
+]
+
+# Pagination of the list routes: without ``limit`` a list is whole, as before pagination; the
+# total of every page is in the ``x-total-count`` header (the bodies keep their shape).
+MAX_PAGE = 200
+TOTAL_HEADER = "x-total-count"
+PageLimit = Annotated[
+    int | None,
+    Query(ge=1, le=MAX_PAGE, description="page size (1-200); the whole list when absent"),
+]
+PageOffset = Annotated[
+    int, Query(ge=0, le=INT32_MAX, description="rows to skip (with limit: the page's start)")
 ]

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Response
 from sqlalchemy.orm import Session
 
+from gateway.app.admin import helpers
 from gateway.app.admin.deps import ActorDep, AdminRoute, SessionDep, StateDep
 from gateway.app.admin.helpers import (
     change_and_invalidate,
@@ -20,10 +21,18 @@ from gateway.app.admin.helpers import (
     key_prefixes,
     resolve,
 )
-from gateway.app.admin.schemas import DeletedOut, ListOut, TenantCreate, TenantOut, TenantUpdate
+from gateway.app.admin.schemas import (
+    TOTAL_HEADER,
+    DeletedOut,
+    ListOut,
+    PageLimit,
+    PageOffset,
+    TenantCreate,
+    TenantOut,
+    TenantUpdate,
+)
 from gateway.app.state import GatewayState
 from gateway.db import crud
-from gateway.db.errors import InvalidInput
 from gateway.db.models import Tenant
 
 router = APIRouter(route_class=AdminRoute, tags=["tenants"])
@@ -34,9 +43,16 @@ def list_tenants(
     session: SessionDep,
     tier: Annotated[str | None, Query(description="tier name or id")] = None,
     status: Annotated[str | None, Query(description="active | suspended")] = None,
+    *,
+    response: Response,
+    limit: PageLimit = None,
+    offset: PageOffset = 0,
 ) -> ListOut[TenantOut]:
+    """Tenants by name; the total is in ``x-total-count``."""
     tier_id = resolve(crud.get_tier, session, tier).id if tier is not None else None
-    rows = crud.list_tenants(session, tier=tier_id, status=status)
+    rows = crud.list_tenants(session, tier=tier_id, status=status, limit=limit, offset=offset)
+    total = crud.count_tenants(session, tier=tier_id, status=status)
+    response.headers[TOTAL_HEADER] = str(total)
     return ListOut(data=[TenantOut.of(t) for t in rows])
 
 
@@ -58,13 +74,7 @@ def update_tenant(
     ref: str, body: TenantUpdate, session: SessionDep, actor: ActorDep, state: StateDep
 ) -> TenantOut:
     def change(s: Session) -> Tenant:
-        tenant = resolve(crud.get_tenant, s, ref)
-        changes = changes_of(body)
-        if "tier" in changes:
-            if changes["tier"] is None:
-                raise InvalidInput("a tenant must have a tier; tier cannot be null", param="tier")
-            changes["tier"] = resolve(crud.get_tier, s, changes["tier"]).id
-        return crud.update_tenant(s, tenant.id, changes, actor=actor)
+        return helpers.update_tenant(s, ref, changes_of(body), actor)
 
     return change_and_invalidate(state, session, change, TenantOut.of, key_prefixes)
 
@@ -72,10 +82,8 @@ def update_tenant(
 def _set_status(
     ref: str, session: Session, actor: str, state: GatewayState, *, active: bool
 ) -> TenantOut:
-    set_status = crud.activate_tenant if active else crud.suspend_tenant
-
     def change(s: Session) -> Tenant:
-        return set_status(s, resolve(crud.get_tenant, s, ref).id, actor=actor)
+        return helpers.set_tenant_status(s, ref, actor, active=active)
 
     return change_and_invalidate(state, session, change, TenantOut.of, key_prefixes)
 

@@ -5,8 +5,9 @@ transaction (``with factory.begin() as session:``), so a change and its audit ro
 back together. They raise :mod:`gateway.db.errors` on bad input.
 """
 
-from gateway.db.crud.audit import list_audit
+from gateway.db.crud.audit import count_audit, list_audit
 from gateway.db.crud.backends import (
+    count_backends,
     create_backend,
     delete_backend,
     get_backend,
@@ -18,6 +19,7 @@ from gateway.db.crud.keys import (
     CreatedKey,
     SecretStatus,
     authenticate,
+    count_keys,
     create_key,
     delete_key,
     get_key,
@@ -42,6 +44,7 @@ from gateway.db.crud.profiles import (
 )
 from gateway.db.crud.tenants import (
     activate_tenant,
+    count_tenants,
     create_tenant,
     delete_tenant,
     get_tenant,
@@ -49,16 +52,31 @@ from gateway.db.crud.tenants import (
     suspend_tenant,
     update_tenant,
 )
-from gateway.db.crud.tiers import create_tier, delete_tier, get_tier, list_tiers, update_tier
+from gateway.db.crud.tiers import (
+    count_tiers,
+    create_tier,
+    delete_tier,
+    get_tier,
+    list_tiers,
+    update_tier,
+)
 from gateway.db.crud.usage import UsageSummary, usage_by_tenant, usage_by_tier
+from gateway.db.crud.usage_series import SeriesPoint, UsageSeries, usage_series, usage_totals
 
 __all__ = [
     "CreatedKey",
     "ProfileEntry",
     "SecretStatus",
+    "SeriesPoint",
+    "UsageSeries",
     "UsageSummary",
     "activate_tenant",
     "authenticate",
+    "count_audit",
+    "count_backends",
+    "count_keys",
+    "count_tenants",
+    "count_tiers",
     "create_backend",
     "create_key",
     "create_tenant",
@@ -97,4 +115,6 @@ __all__ = [
     "update_tier",
     "usage_by_tenant",
     "usage_by_tier",
+    "usage_series",
+    "usage_totals",
 ]

@@ -11,7 +11,7 @@ from functools import partial
 from typing import Any
 from urllib.parse import urlsplit
 
-from sqlalchemy import select
+from sqlalchemy import Select, select
 from sqlalchemy.orm import Session
 
 from gateway.db.crud._common import (
@@ -26,6 +26,7 @@ from gateway.db.crud._common import (
     lock,
     update_named,
 )
+from gateway.db.crud.pages import count_rows, page
 from gateway.db.crud.profiles import is_known_profile, stored_profile_names
 from gateway.db.errors import InvalidInput
 from gateway.db.models import BACKEND_KINDS, Backend
@@ -89,15 +90,33 @@ def find_backend(session: Session, name: str) -> Backend | None:
     return find_named(session, Backend, name)
 
 
-def list_backends(
-    session: Session, *, enabled: bool | None = None, model: str | None = None
-) -> list[Backend]:
-    query = select(Backend).order_by(Backend.name)
+def _backend_query(enabled: bool | None, model: str | None) -> Select[Any]:
+    query = select(Backend)
     if enabled is not None:
         query = query.where(Backend.enabled.is_(enabled))
     if model is not None:
         query = query.where(Backend.model == model)
-    return list(session.scalars(query))
+    return query
+
+
+def list_backends(
+    session: Session,
+    *,
+    enabled: bool | None = None,
+    model: str | None = None,
+    limit: int | None = None,
+    offset: int = 0,
+) -> list[Backend]:
+    """Backends by name (unique: stable pages)."""
+    query = _backend_query(enabled, model).order_by(Backend.name)
+    return list(session.scalars(page(query, limit, offset)))
+
+
+def count_backends(
+    session: Session, *, enabled: bool | None = None, model: str | None = None
+) -> int:
+    """How many backends :func:`list_backends` lists with the same filters."""
+    return count_rows(session, _backend_query(enabled, model))
 
 
 def create_backend(

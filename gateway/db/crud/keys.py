@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import Select, func, select, update
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, joinedload, sessionmaker
 from sqlalchemy.orm.attributes import set_committed_value
@@ -31,6 +31,7 @@ from gateway.db.crud._common import (
     record_change,
     snapshot,
 )
+from gateway.db.crud.pages import count_rows, page
 from gateway.db.crud.tenants import get_tenant
 from gateway.db.errors import AlreadyExists, Conflict, InvalidInput, NotFound, describe
 from gateway.db.identity import KeyIdentity
@@ -83,19 +84,10 @@ def get_key(session: Session, ref: int | str) -> ApiKey:
     return key
 
 
-def list_keys(
-    session: Session,
-    *,
-    tenant: int | str | None = None,
-    active_only: bool = False,
-    now: datetime | None = None,
-) -> list[ApiKey]:
-    """Keys (newest first), optionally of one tenant and only the usable ones."""
-    query = (
-        select(ApiKey)
-        .options(joinedload(ApiKey.tenant))
-        .order_by(ApiKey.created_at.desc(), ApiKey.id.desc())
-    )
+def _key_query(
+    session: Session, tenant: int | str | None, active_only: bool, now: datetime | None
+) -> Select[Any]:
+    query = select(ApiKey)
     if tenant is not None:
         query = query.where(ApiKey.tenant_id == get_tenant(session, tenant).id)
     if active_only:
@@ -103,7 +95,36 @@ def list_keys(
         query = query.where(ApiKey.revoked_at.is_(None)).where(
             (ApiKey.expires_at.is_(None)) | (ApiKey.expires_at > now)
         )
-    return list(session.scalars(query))
+    return query
+
+
+def list_keys(
+    session: Session,
+    *,
+    tenant: int | str | None = None,
+    active_only: bool = False,
+    now: datetime | None = None,
+    limit: int | None = None,
+    offset: int = 0,
+) -> list[ApiKey]:
+    """Keys, newest first (id breaks ties: stable pages), optionally of one tenant and only
+    the usable ones."""
+    query = _key_query(session, tenant, active_only, now)
+    query = query.options(joinedload(ApiKey.tenant)).order_by(
+        ApiKey.created_at.desc(), ApiKey.id.desc()
+    )
+    return list(session.scalars(page(query, limit, offset)))
+
+
+def count_keys(
+    session: Session,
+    *,
+    tenant: int | str | None = None,
+    active_only: bool = False,
+    now: datetime | None = None,
+) -> int:
+    """How many keys :func:`list_keys` lists with the same filters."""
+    return count_rows(session, _key_query(session, tenant, active_only, now))
 
 
 def create_key(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import Select, select
 from sqlalchemy.orm import Session, joinedload
 
 from gateway.db.crud._common import (
@@ -21,6 +21,7 @@ from gateway.db.crud._common import (
     name_taken,
     update_named,
 )
+from gateway.db.crud.pages import count_rows, page
 from gateway.db.crud.tiers import get_tier
 from gateway.db.errors import InvalidInput, NotFound
 from gateway.db.models import TENANT_STATUSES, Tenant, Tier
@@ -70,15 +71,44 @@ def find_tenant(session: Session, name: str) -> Tenant | None:
     return session.scalar(select(Tenant).where(Tenant.name == name))
 
 
-def list_tenants(
-    session: Session, *, tier: int | str | None = None, status: str | None = None
-) -> list[Tenant]:
-    query = select(Tenant).options(joinedload(Tenant.tier)).order_by(Tenant.name)
+def _tenant_query(
+    session: Session, tier: int | str | None, status: str | None, search: str | None = None
+) -> Select[Any]:
+    query = select(Tenant)
+    if search:  # the dashboard's name search: case-insensitive, '%' and '_' taken literally
+        query = query.where(Tenant.name.icontains(search, autoescape=True))
     if tier is not None:
         query = query.where(Tenant.tier_id == get_tier(session, tier).id)
     if status is not None:
         query = query.where(Tenant.status == check_choice(status, "status", TENANT_STATUSES))
-    return list(session.scalars(query))
+    return query
+
+
+def list_tenants(
+    session: Session,
+    *,
+    tier: int | str | None = None,
+    status: str | None = None,
+    search: str | None = None,
+    limit: int | None = None,
+    offset: int = 0,
+) -> list[Tenant]:
+    """Tenants by name (unique: stable pages), each with its tier loaded; ``search``: names
+    containing it, in any case."""
+    query = _tenant_query(session, tier, status, search)
+    query = query.options(joinedload(Tenant.tier)).order_by(Tenant.name)
+    return list(session.scalars(page(query, limit, offset)))
+
+
+def count_tenants(
+    session: Session,
+    *,
+    tier: int | str | None = None,
+    status: str | None = None,
+    search: str | None = None,
+) -> int:
+    """How many tenants :func:`list_tenants` lists with the same filters."""
+    return count_rows(session, _tenant_query(session, tier, status, search))
 
 
 def create_tenant(

@@ -24,6 +24,7 @@ from gateway.db.crud._common import (
     lock,
     update_named,
 )
+from gateway.db.crud.pages import count_rows, page
 from gateway.db.errors import InUse, InvalidInput
 from gateway.db.models import Tenant, Tier
 
@@ -43,7 +44,11 @@ UPDATABLE = (
     "max_concurrency",
     "best_effort_allowed",
     "shed_slack",
+    "default_kind",
 )
+TIER_KINDS = ("latency", "deadline", "best-effort")
+"""A tier's possible default kinds: every request kind but ``compound``, which only a workflow
+header makes (:data:`priority.request.REQUEST_KINDS`)."""
 # (minimum, the default SLO it bounds): the tier's own defaults must respect its minimums.
 _MIN_OF = (
     ("min_ttft_ms", "ttft_ms"),
@@ -78,7 +83,24 @@ def validate_tier(state: Mapping[str, Any]) -> dict[str, Any]:
     for limit in ("rpm_limit", "tpm_limit", "max_concurrency"):
         out[limit] = check_limit(state.get(limit), limit)
     out["shed_slack"] = check_shed_slack(state.get("shed_slack", 0.0))
+    out["default_kind"] = check_default_kind(state.get("default_kind", "latency"), out)
     return out
+
+
+def check_default_kind(value: Any, tier: Mapping[str, Any]) -> str:
+    """One of :data:`TIER_KINDS`; ``deadline`` and ``best-effort`` schedule a request to the
+    tier's default deadline, so they need ``deadline_ms``."""
+    if value not in TIER_KINDS:
+        raise InvalidInput(
+            f"default_kind must be one of {', '.join(TIER_KINDS)}, got {value!r}",
+            param="default_kind",
+        )
+    if value != "latency" and tier.get("deadline_ms") is None:
+        raise InvalidInput(
+            f"default_kind {value!r} needs the tier's default deadline: set deadline_ms",
+            param="default_kind",
+        )
+    return str(value)
 
 
 def check_shed_slack(value: Any) -> float:
@@ -107,9 +129,14 @@ def find_tier(session: Session, name: str) -> Tier | None:
     return find_named(session, Tier, name)
 
 
-def list_tiers(session: Session) -> list[Tier]:
-    """All tiers, most important first."""
-    return list(session.scalars(select(Tier).order_by(Tier.weight.desc(), Tier.name)))
+def list_tiers(session: Session, *, limit: int | None = None, offset: int = 0) -> list[Tier]:
+    """Tiers, most important first (the unique name breaks ties: stable pages)."""
+    query = select(Tier).order_by(Tier.weight.desc(), Tier.name)
+    return list(session.scalars(page(query, limit, offset)))
+
+
+def count_tiers(session: Session) -> int:
+    return count_rows(session, select(Tier))
 
 
 def create_tier(
@@ -130,6 +157,7 @@ def create_tier(
     best_effort_allowed: bool = False,
     shed_slack: float = 0.0,
     description: str | None = None,
+    default_kind: str = "latency",
 ) -> Tier:
     values = validate_tier(
         {
@@ -147,6 +175,7 @@ def create_tier(
             "max_concurrency": max_concurrency,
             "best_effort_allowed": best_effort_allowed,
             "shed_slack": shed_slack,
+            "default_kind": default_kind,
         }
     )
     return add_named(session, Tier(**values), name, find_tier, actor=actor, entity=ENTITY)

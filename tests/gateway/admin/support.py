@@ -38,10 +38,13 @@ class FakeAuthCache:
 
 
 class FakeBackendPool:
-    """Counts ``reload`` calls."""
+    """Counts ``reload`` calls; routes to nothing (``GET /backends`` lists the table's rows)."""
+
+    reads_database = True
 
     def __init__(self) -> None:
         self.reloads = 0
+        self.backends: list[Any] = []
 
     async def reload(self) -> None:
         self.reloads += 1

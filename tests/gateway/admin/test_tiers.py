@@ -201,3 +201,27 @@ def test_shed_slack_is_set_bounded_and_in_the_effective_policy(admin: Admin) -> 
 
 
 _TIER = {"weight": 3.0, "ttft_ms": 800.0, "tpot_ms": 40.0}
+
+
+def test_a_tiers_default_kind_is_set_checked_and_shown(admin: Admin) -> None:
+    """Issue 14: ``default_kind`` (latency by default); deadline and best-effort need the
+    tier's default deadline, and the tenants' effective policy carries it."""
+    gold = admin.tier()
+    assert gold["default_kind"] == "latency"
+    err = error(admin.call("PATCH", "/tiers/gold", {"default_kind": "deadline"}), 400)
+    assert err["code"] == "invalid_value" and err["param"] == "default_kind"
+    assert "deadline_ms" in err["message"]
+    patched = admin.ok(
+        "PATCH", "/tiers/gold", {"default_kind": "best-effort", "deadline_ms": 60000}
+    )
+    assert patched["default_kind"] == "best-effort"
+    assert admin.tenant()["effective"]["default_kind"] == "best-effort"
+    err = error(admin.call("PATCH", "/tiers/gold", {"deadline_ms": None}), 400)
+    assert err["param"] == "default_kind"  # the deadline the kind schedules to stays
+    for bad in ("compound", "urgent"):
+        err = error(admin.call("PATCH", "/tiers/gold", {"default_kind": bad}), 400)
+        assert err["code"] == "invalid_value" and err["param"] == "default_kind"
+    err = error(admin.call("PATCH", "/tiers/gold", {"default_kind": 3}), 400)
+    assert err["code"] == "invalid_type"
+    created = admin.tier("batch", weight=1.0, deadline_ms=600000, default_kind="deadline")
+    assert created["default_kind"] == "deadline"

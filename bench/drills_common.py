@@ -1,0 +1,199 @@
+"""What the drill scripts and ``bench/gateway_overhead.py`` share: child servers and their end.
+
+Each of those scripts runs its servers (emulated engines, the gateway) as child processes of
+the script itself in a server role, so that the load generator, the servers and the faults it
+injects never share an event loop. The helpers here start such a child, wait for it, stop it,
+read its CPU time and summarise what it wrote to stderr. A script imports them after putting
+its own directory on ``sys.path`` (``bench/`` is no package), and keeps its old private names
+as aliases where tests or sibling scripts use them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import IO, Any, TypeVar
+
+T = TypeVar("T")
+
+
+def free_port() -> int:
+    """A port free now on 127.0.0.1."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def run_on_uvloop(coro: Coroutine[Any, Any, T]) -> T:
+    """Run on uvloop when installed (uvicorn's own choice for the servers)."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(coro)
+
+
+def spawn_ready(
+    script: str,
+    args: list[str],
+    env: dict[str, str],
+    log: IO[bytes],
+    *,
+    marker: str,
+    timeout_s: float,
+    stop: Callable[[subprocess.Popen[bytes]], None],
+) -> tuple[subprocess.Popen[bytes], str]:
+    """``script`` in a server role, reading its stdout until it prints ``<marker> <value>``
+    (once it accepts connections); returns the child and the value. Closing the child's stdin
+    asks it to stop, so it also stops if this process dies; ``stop`` ends one that failed."""
+    proc = subprocess.Popen(
+        [sys.executable, str(Path(script).resolve()), *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=log,
+        env=env,
+    )
+    assert proc.stdout is not None
+    prefix = f"{marker} "
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([proc.stdout], [], [], 0.1)
+        if ready:
+            line = proc.stdout.readline().decode().strip()
+            if line.startswith(prefix):
+                return proc, line[len(prefix) :]
+            if not line and proc.poll() is not None:
+                break
+        elif proc.poll() is not None:
+            break
+    stop(proc)
+    raise RuntimeError(f"server {args[:2]} did not start (exit code {proc.poll()})")
+
+
+def stop_child(
+    proc: subprocess.Popen[bytes], *, timeout_s: float = 15.0, resume: bool = False
+) -> None:
+    """Close the child's stdin (its signal to stop), wait, then kill it. ``resume``: send it
+    SIGCONT first (a frozen child cannot read its stdin)."""
+    if resume:
+        with contextlib.suppress(OSError):
+            os.kill(proc.pid, signal.SIGCONT)
+    if proc.stdin is not None:
+        with contextlib.suppress(OSError):
+            proc.stdin.close()
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def spawn_session(
+    script: str, args: list[str], env: dict[str, str], log: Any
+) -> subprocess.Popen[bytes]:
+    """``script`` in a server role in a session of its own (its stdout and stderr to ``log``),
+    so that :func:`terminate` can end its whole process group (a supervisor's workers too)."""
+    return subprocess.Popen(
+        [sys.executable, str(Path(script).resolve()), *args],
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=log,
+        env=env,
+        start_new_session=True,
+    )
+
+
+def wait_up(
+    url: str,
+    proc: subprocess.Popen[bytes],
+    *,
+    up: Callable[[int], bool],
+    timeout_s: float,
+) -> None:
+    """Poll ``url`` until its status satisfies ``up``; fails if ``proc`` exits first."""
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"a server exited at start-up (code {proc.returncode})")
+        with contextlib.suppress(httpx.HTTPError):
+            if up(httpx.get(url, timeout=2).status_code):
+                return
+        time.sleep(0.1)
+    raise RuntimeError(f"{url} did not come up")
+
+
+def terminate(proc: subprocess.Popen[bytes], timeout_s: float) -> None:
+    """SIGTERM (a graceful stop: the gateway's usage writer flushes), then SIGKILL to the whole
+    process group (a supervisor's workers too)."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def report_server_log(path: Path, tail: int) -> None:
+    """The servers' stderr, summarised: an overload can make them log thousands of tracebacks."""
+    lines = path.read_text(errors="replace").splitlines()
+    if not lines:
+        return
+    tracebacks = sum(line.startswith("Traceback") for line in lines)
+    print(
+        f"servers wrote {len(lines)} lines to stderr ({tracebacks} tracebacks); the last:",
+        *lines[-tail:],
+        sep="\n  ",
+        file=sys.stderr,
+    )
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (the gateway's workers), from ``/proc``."""
+    tree, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        tree.append(current)
+        with contextlib.suppress(OSError, ValueError):
+            for task in Path(f"/proc/{current}/task").iterdir():
+                todo.extend(int(c) for c in (task / "children").read_text().split())
+    return tree
+
+
+def process_cpu_seconds(pid: int, *, user: bool = True) -> float:
+    """User plus system CPU time of ``pid`` (system time only when not ``user``); NaN where
+    ``/proc`` cannot be read."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return math.nan
+    # after the command name: state is field 3, utime and stime fields 14 and 15 (man 5 proc)
+    ticks = int(fields[12]) + (int(fields[11]) if user else 0)
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def has_content(event: bytes) -> bool:
+    """Whether an SSE event (or ``data:`` line) carries generated text."""
+    if not event.startswith(b"data: {"):
+        return False
+    try:
+        data = json.loads(event[6:])
+    except ValueError:
+        return False
+    return any((c.get("delta") or {}).get("content") for c in data.get("choices") or ())

@@ -1,0 +1,289 @@
+"""A request's kind — latency, deadline, compound or best-effort — from its headers and tier.
+
+Issue 14's four kinds (:data:`priority.request.REQUEST_KINDS`; gains in :mod:`priority.gain`):
+
+* ``x-tiergate-workflow-id: ID`` makes the request **compound**: one call of an agent workflow
+  whose calls share one deadline. The workflow's first call sets that deadline with
+  ``x-tiergate-workflow-deadline-ms`` (from its arrival); later calls of the same id inherit it
+  (the header is then ignored) and get the next stage. An unknown id without a deadline header
+  is 400 ``unknown_workflow``, a workflow past its deadline 409 ``workflow_expired``, never a new
+  workflow (state and Redis: :mod:`gateway.app.workflows`).
+* else ``x-slo-deadline-ms`` makes it a **deadline** request;
+* else the tier's ``default_kind``: ``latency`` (TTFT/TPOT, every tier's until issue 14),
+  ``deadline`` or ``best-effort`` (both scheduled to the tier's default deadline).
+
+**Sub-deadlines.** Each workflow call is given D_s, its share of the time left to the workflow's
+deadline (``tiergate_sub_deadline_ms``; the deadline its engine schedules for). The share comes
+from :attr:`RequestKinds.sub_deadline`, a hook: ``hook(call) -> ms`` (or None: cold start).
+Without history the **cold start** gives a call all the time left (:func:`cold_start`): an
+agent's next step is unknown, and any fixed share would make the last calls of a long workflow
+look late when the workflow as a whole is on time. The historical φ(s)·D of JITServe's pattern
+graphs plugs in here. Whatever the hook says is clipped to (0, time left], and an explicit
+``x-slo-deadline-ms`` on the call caps it.
+
+Header values are checked like the SLO headers: a workflow id is 1–128 of ``A-Z a-z 0-9 . _ :
+-``, a workflow deadline a number of milliseconds from :data:`~gateway.bounds.MIN_SLO_MS` to
+:data:`~gateway.bounds.MAX_SLO_MS` and no tighter than the tier's deadline floor; anything else
+is 400 ``invalid_value`` naming the header.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import math
+import re
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
+
+from gateway.app.schemas import ChatBody, CompletionBody
+from gateway.app.slo import DEADLINE_HEADER, RequestSLO, _floor, _floor_check
+from gateway.app.workflows import (
+    MemoryWorkflowStore,
+    WorkflowCall,
+    WorkflowExpired,
+    WorkflowStore,
+    WorkflowUnavailable,
+    WorkflowUnknown,
+)
+from gateway.bounds import MAX_SLO_MS, MIN_SLO_MS
+from gateway.db.identity import EffectivePolicy
+from gateway.errors import INVALID_VALUE, ApiError
+from priority.lengths.distribution import LengthDistribution
+
+if TYPE_CHECKING:  # the predictor loads only with TIERGATE_LENGTH_MODEL (imported when used)
+    from priority.lengths.features import RequestFeatures
+    from priority.lengths.serving import PredictorHandle
+
+log = logging.getLogger(__name__)
+
+WORKFLOW_ID_HEADER = "x-tiergate-workflow-id"
+WORKFLOW_DEADLINE_HEADER = "x-tiergate-workflow-deadline-ms"
+WORKFLOW_ID_PATTERN = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+UNKNOWN_WORKFLOW = "unknown_workflow"
+WORKFLOW_EXPIRED = "workflow_expired"
+
+LENGTH_BUDGET_S = 0.005
+"""The most a length prediction may take by default (issue 14's p99 target;
+``TIERGATE_LENGTH_BUDGET_MS``); later, none is sent."""
+
+SubDeadlineHook = Callable[[WorkflowCall], float | None]
+"""``hook(call)``: the call's sub-deadline in ms from its arrival, or None for the cold start."""
+
+
+def cold_start(call: WorkflowCall) -> float:
+    """A call of a workflow without history: all the time left (module docstring)."""
+    return call.remaining_ms
+
+
+class RequestKinds:
+    """The gateway's request-kind state: the workflow store and the sub-deadline hook."""
+
+    def __init__(
+        self,
+        store: WorkflowStore | None = None,
+        *,
+        sub_deadline: SubDeadlineHook | None = None,
+        lengths: PredictorHandle | None = None,
+        length_budget_s: float = LENGTH_BUDGET_S,
+    ) -> None:
+        self.store: WorkflowStore = store if store is not None else MemoryWorkflowStore()
+        self.sub_deadline: SubDeadlineHook | None = sub_deadline
+        self.lengths = lengths
+        """The output-length model (``TIERGATE_LENGTH_MODEL``); None: no distribution is sent."""
+        self.length_budget_s = length_budget_s
+        self.served_without_workflow = 0
+        """Workflow calls served as their tier's default kind: Redis away, workflow unseen."""
+
+    async def resolve(
+        self,
+        headers: Mapping[str, str],
+        slo: RequestSLO,
+        policy: EffectivePolicy,
+        *,
+        tier: str,
+        tenant_key: str,
+    ) -> RequestSLO:
+        """``slo`` (from :func:`~gateway.app.slo.resolve_slo`) with its kind, and for a
+        workflow call its stage and deadlines; :class:`ApiError` 400/409 as documented."""
+        workflow_id = _workflow_id(headers)
+        total = _milliseconds(headers, WORKFLOW_DEADLINE_HEADER)
+        if workflow_id is None:
+            if total is not None:
+                raise ApiError(
+                    400,
+                    f"header {WORKFLOW_DEADLINE_HEADER} needs {WORKFLOW_ID_HEADER}: it sets the "
+                    "deadline of the workflow that id names",
+                    code=INVALID_VALUE,
+                    param=WORKFLOW_DEADLINE_HEADER,
+                )
+            return dataclasses.replace(slo, kind=_single_kind(headers, policy))
+        if total is not None:
+            default = policy.deadline_ms if policy.deadline_ms is not None else policy.ttft_ms
+            floor, source = _floor(policy.min_deadline_ms, default)
+            _floor_check(WORKFLOW_DEADLINE_HEADER, total, floor, tier, source)
+        try:
+            call = await self.store.join(f"{tenant_key}:{workflow_id}", total)
+        except WorkflowUnavailable:
+            self.served_without_workflow += 1
+            log.warning("workflow call served as its tier's default kind: Redis unreachable")
+            return dataclasses.replace(slo, kind=_single_kind(headers, policy))
+        except WorkflowUnknown:
+            raise ApiError(
+                400,
+                f"unknown workflow {workflow_id!r}: its first call must set "
+                f"{WORKFLOW_DEADLINE_HEADER} (a workflow is kept until its deadline, and a "
+                "while after it)",
+                code=UNKNOWN_WORKFLOW,
+                param=WORKFLOW_ID_HEADER,
+            ) from None
+        except WorkflowExpired as exc:
+            raise ApiError(
+                409,
+                f"workflow {workflow_id!r} expired {exc.late_ms:.0f} ms ago: its deadline has "
+                "passed; start a new workflow under a new id",
+                code=WORKFLOW_EXPIRED,
+                param=WORKFLOW_ID_HEADER,
+            ) from None
+        share = self._share(call)
+        if DEADLINE_HEADER in headers and slo.deadline_ms is not None:
+            share = min(share, slo.deadline_ms)  # the call's own deadline, when it names one
+        return dataclasses.replace(
+            slo,
+            kind="compound",
+            workflow_id=workflow_id,
+            stage=call.stage,
+            deadline_ms=call.remaining_ms,
+            sub_deadline_ms=share,
+        )
+
+    def _share(self, call: WorkflowCall) -> float:
+        share: float | None = None
+        if self.sub_deadline is not None:
+            try:
+                share = self.sub_deadline(call)
+            except Exception:  # a policy bug must not fail the request: cold start instead
+                log.exception("sub-deadline hook failed; cold start for this call")
+        if share is None or not (math.isfinite(share) and share > 0):
+            share = cold_start(call)
+        return min(share, call.remaining_ms)
+
+    def predict_length(
+        self, body: ChatBody | CompletionBody, *, tenant: str, prompt_tokens: int
+    ) -> LengthPrediction | None:
+        """Start predicting the request's output length *beside* admission (None: no model).
+
+        The prediction runs in :mod:`priority.lengths.serving`'s pool, bounded by
+        ``length_budget_s`` from here, while the request waits for its turn; dispatch waits
+        for what is left of that budget (:meth:`LengthPrediction.ready`), if anything, and sends
+        the distribution, or none when the model failed or ran late. Admission never waits.
+        """
+        if self.lengths is None or self.lengths.current is None:
+            return None
+        from priority.lengths.features import RequestFeatures
+
+        features = RequestFeatures(
+            prompt=prompt_text(body),
+            model=body.model,
+            prompt_tokens=prompt_tokens,
+            max_tokens=body.expected_output(),
+            tenant=tenant,
+        )
+        return LengthPrediction(
+            self.lengths, features, body.expected_output(), self.length_budget_s
+        )
+
+    async def aclose(self) -> None:
+        await self.store.aclose()
+
+
+class LengthPrediction:
+    """One request's length prediction, under way in the background."""
+
+    _NONE = LengthDistribution.point(1)
+    """The fallback :func:`apredict_with_budget` returns when it has nothing: sent as nothing."""
+
+    def __init__(
+        self,
+        handle: PredictorHandle,
+        features: RequestFeatures,
+        max_tokens: int | None,
+        budget_s: float = LENGTH_BUDGET_S,
+    ) -> None:
+        from priority.lengths.serving import apredict_with_budget
+
+        self.max_tokens = max_tokens
+        coro = apredict_with_budget(handle, features, budget_s, self._NONE)
+        self._task = asyncio.get_running_loop().create_task(coro)
+
+    async def ready(self) -> None:
+        """Wait for the prediction: at most what is left of its budget (it runs under
+        :data:`LENGTH_BUDGET_S` from admission, overlapping the queue wait)."""
+        await asyncio.wait({self._task})
+
+    def now(self) -> LengthDistribution | None:
+        """The distribution if it is ready (capped by ``max_tokens``), else None (and the
+        prediction is abandoned)."""
+        if not self._task.done():
+            self._task.cancel()
+            return None
+        if self._task.cancelled() or self._task.exception() is not None:
+            return None
+        result = self._task.result()
+        if result is self._NONE:
+            return None
+        return dataclasses.replace(result, max_tokens=self.max_tokens)
+
+
+def prompt_text(body: ChatBody | CompletionBody) -> str:
+    """The prompt's text for the length features (token-id prompts have none: their count
+    still goes in ``prompt_tokens``). Hashed into features, never stored or logged."""
+    if isinstance(body, ChatBody):
+        return "\n".join(m.text() for m in body.messages)
+    prompt = body.prompt
+    if isinstance(prompt, str):
+        return prompt
+    return "\n".join(p for p in prompt if isinstance(p, str))
+
+
+def _single_kind(headers: Mapping[str, str], policy: EffectivePolicy) -> str:
+    if DEADLINE_HEADER in headers:
+        return "deadline"
+    if policy.default_kind != "latency" and policy.deadline_ms is None:
+        return "latency"  # defensive: the CRUD layer requires the deadline these kinds use
+    return policy.default_kind
+
+
+def _workflow_id(headers: Mapping[str, str]) -> str | None:
+    raw = headers.get(WORKFLOW_ID_HEADER)
+    if raw is None:
+        return None
+    if WORKFLOW_ID_PATTERN.fullmatch(raw) is None:
+        raise ApiError(
+            400,
+            f"header {WORKFLOW_ID_HEADER} must be 1 to 128 letters, digits, '.', '_', ':' or "
+            f"'-', got {raw[:40]!r}",
+            code=INVALID_VALUE,
+            param=WORKFLOW_ID_HEADER,
+        )
+    return raw
+
+
+def _milliseconds(headers: Mapping[str, str], name: str) -> float | None:
+    raw = headers.get(name)
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and MIN_SLO_MS <= value <= MAX_SLO_MS):
+        raise ApiError(
+            400,
+            f"header {name} must be a number of milliseconds from {MIN_SLO_MS:g} up to "
+            f"{MAX_SLO_MS:g} (a day), got {raw[:40]!r}",
+            code=INVALID_VALUE,
+            param=name,
+        )
+    return value

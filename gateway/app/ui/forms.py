@@ -1,0 +1,133 @@
+"""HTML forms in, the admin API's request models out, its errors back beside the field.
+
+A form sends text; the admin API takes JSON. :func:`convert` turns each field into the JSON
+value a person meant (``"3"`` → 3, ``""`` → absent or null, a checkbox → a boolean) and leaves
+what is not a number as text, so the API's own model refuses it in the API's own words
+(:func:`validate` → :func:`gateway.errors.invalid_body`). The data layer's refusals come back
+as :class:`~gateway.db.errors.DomainError` and are worded by
+:func:`gateway.errors.domain_error`. Either way the form is shown again with what was typed
+and the message beside the field it names (``id="error-<field>"``), status 400 (409 for a
+taken name, 404 for a reference to nothing, as the API answers).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Literal, TypeVar
+
+from fastapi import Request
+from pydantic import BaseModel, ValidationError
+from sqlalchemy.exc import SQLAlchemyError
+
+from gateway.db.errors import DomainError
+from gateway.errors import ApiError, database_error, domain_error, invalid_body, nul_character
+
+Kind = Literal["text", "number", "bool", "datetime", "ref"]
+ModelT = TypeVar("ModelT", bound=BaseModel)
+ResultT = TypeVar("ResultT")
+
+FORM_ERROR = "__form__"
+"""The key of an error that names no field of the form (shown above it)."""
+
+_INTEGER = re.compile(r"[+-]?\d{1,30}")
+
+
+async def read_form(request: Request) -> dict[str, str]:
+    """The submitted fields as text (the CSRF token left out; for a repeated name, e.g. a
+    checkbox after its hidden "false", the last). A NUL character is refused as the API
+    refuses it."""
+    form = await request.form()
+    values: dict[str, str] = {}
+    for name, value in form.multi_items():
+        if name == "csrf_token" or not isinstance(value, str):
+            continue
+        if "\x00" in value or "\x00" in name:
+            raise nul_character(name.replace("\x00", "\\u0000"))
+        values[name] = value
+    return values
+
+
+def _number(text: str) -> Any:
+    if _INTEGER.fullmatch(text):
+        return int(text)
+    try:
+        value = float(text)
+    except ValueError:
+        return text  # the model says "should be a valid number"
+    return value if math.isfinite(value) else text
+
+
+def _datetime(text: str) -> str:
+    """A ``datetime-local`` value is the operator's wall clock without an offset; the form says
+    it is UTC, so it is read as UTC. A value with an offset is kept."""
+    if re.fullmatch(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}(:\d{2})?", text):
+        return f"{text if len(text) > 16 else text + ':00'}+00:00"
+    return text
+
+
+def convert(
+    values: Mapping[str, str],
+    fields: Mapping[str, Kind],
+    *,
+    blank_is_null: bool,
+    required: Iterable[str] = (),
+) -> dict[str, Any]:
+    """The JSON body the admin API would get for this form.
+
+    A blank field is absent (creating: the API's default applies) or, with ``blank_is_null``,
+    null (editing: clears an optional value). A blank ``required`` field stays "", so the
+    API's model names it. Fields the form does not declare are ignored.
+    """
+    must = set(required)
+    body: dict[str, Any] = {}
+    for name, kind in fields.items():
+        if kind == "bool":
+            body[name] = values.get(name, "false").strip().lower() in ("true", "on", "1", "yes")
+            continue
+        if name not in values:
+            continue
+        text = values[name].strip()
+        if not text:
+            if name in must:
+                body[name] = ""
+            elif blank_is_null:
+                body[name] = None
+            continue
+        if kind == "number":
+            body[name] = _number(text)
+        elif kind == "datetime":
+            body[name] = _datetime(text)
+        elif kind == "ref":
+            body[name] = text
+        else:
+            body[name] = values[name] if name == "description" else text
+    return body
+
+
+def validate(model: type[ModelT], body: Mapping[str, Any]) -> ModelT:
+    """``body`` as the admin API's request ``model``, or the API's 400 for it."""
+    try:
+        return model.model_validate(dict(body))
+    except ValidationError as exc:
+        raise invalid_body(exc) from None
+
+
+def field_errors(error: ApiError, fields: Iterable[str]) -> dict[str, str]:
+    """``{field: message}`` for the form: beside the field the error names, else above it."""
+    names = set(fields)
+    key = error.param if error.param in names else FORM_ERROR
+    return {str(key): error.message}
+
+
+def attempt(change: Callable[[], ResultT]) -> ResultT | ApiError:
+    """Run a change; a refusal comes back as the API's error instead of being raised."""
+    try:
+        return change()
+    except ApiError as exc:
+        return exc
+    except DomainError as exc:
+        return domain_error(exc)
+    except SQLAlchemyError as exc:
+        return database_error(exc)

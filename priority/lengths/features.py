@@ -1,0 +1,174 @@
+"""What the length predictor sees of a request, as a small dense vector.
+
+The gateway calls the predictor once per request, so features must be cheap (well under a
+millisecond) and stable across processes: text goes through hashed word and character n-grams
+(no vocabulary to fit or ship, and hashing keeps no prompt text in the model), the model and
+tenant names through a keyed-free but process-stable hash (:func:`stable_bucket`, not Python's
+randomised ``hash``), sizes through ``log1p`` so trees split on orders of magnitude.
+
+Prompt tokens, when the caller does not know them, come from :func:`approx_tokens`: the same
+~4-characters-per-token stand-in the gateway uses (``gateway/tokens.py``, which the core must
+not import), so a model trained on files from ``scripts/lengths_dataset.py`` sees at serving
+time the same counts it was trained on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from numpy.typing import NDArray
+
+__all__ = [
+    "CHARS_PER_TOKEN",
+    "FeatureConfig",
+    "Featurizer",
+    "RequestFeatures",
+    "approx_tokens",
+    "stable_bucket",
+]
+
+CHARS_PER_TOKEN = 4
+"""The gateway's stand-in tokenizer: about four characters per token (OpenAI's rule of thumb)."""
+
+
+def approx_tokens(text: str) -> int:
+    """Tokens of ``text`` under the ~4-characters-per-token stand-in (at least 1)."""
+    return max(1, -(-len(text) // CHARS_PER_TOKEN))
+
+
+def stable_bucket(name: str, buckets: int) -> int:
+    """``name``'s bucket in ``[0, buckets)``: the same in every process (BLAKE2b, not ``hash``)."""
+    digest = hashlib.blake2b(name.encode("utf-8"), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % buckets
+
+
+@dataclass(frozen=True, slots=True)
+class RequestFeatures:
+    """One request as the predictor sees it (the gateway has all of this at admission)."""
+
+    prompt: str
+    model: str
+    prompt_tokens: int | None = None
+    max_tokens: int | None = None
+    tenant: str | None = None
+
+    def tokens(self) -> int:
+        """Prompt tokens: the caller's count, else the stand-in's."""
+        return self.prompt_tokens if self.prompt_tokens is not None else approx_tokens(self.prompt)
+
+
+@dataclass(frozen=True, slots=True)
+class FeatureConfig:
+    """The feature layout; saved in the model's manifest, so a loaded model featurizes exactly
+    as it was trained. Defaults give 128 + 128 + 6 + 8 + 8 = 278 dense columns."""
+
+    word_dims: int = 128
+    char_dims: int = 128
+    word_ngrams: tuple[int, int] = (1, 2)
+    char_ngrams: tuple[int, int] = (3, 4)
+    model_buckets: int = 8
+    tenant_buckets: int = 8
+    version: int = 1
+
+    NUMERIC = (
+        "log_prompt_tokens",
+        "log_max_tokens",
+        "has_max_tokens",
+        "log_lines",
+        "questions",
+        "log_chars",
+    )
+    """Numeric columns after the hashed text."""
+
+    @property
+    def width(self) -> int:
+        """Columns of the dense feature vector."""
+        return (
+            self.word_dims
+            + self.char_dims
+            + len(self.NUMERIC)
+            + self.model_buckets
+            + self.tenant_buckets
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["word_ngrams"] = list(self.word_ngrams)
+        data["char_ngrams"] = list(self.char_ngrams)
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> FeatureConfig:
+        """Inverse of :meth:`to_json`; ``ValueError`` on an unknown layout version."""
+        if data.get("version") != 1:
+            raise ValueError(f"unknown feature layout version {data.get('version')!r}")
+        return cls(
+            word_dims=int(data["word_dims"]),
+            char_dims=int(data["char_dims"]),
+            word_ngrams=(int(data["word_ngrams"][0]), int(data["word_ngrams"][1])),
+            char_ngrams=(int(data["char_ngrams"][0]), int(data["char_ngrams"][1])),
+            model_buckets=int(data["model_buckets"]),
+            tenant_buckets=int(data["tenant_buckets"]),
+        )
+
+
+class Featurizer:
+    """Turns :class:`RequestFeatures` into rows of a dense ``float32`` matrix.
+
+    scikit-learn's ``HashingVectorizer`` is stateless (nothing to fit), so a featurizer is fully
+    described by its :class:`FeatureConfig`; it is imported here, lazily, because only the
+    predictor (never the engines) needs scikit-learn.
+    """
+
+    def __init__(self, config: FeatureConfig | None = None) -> None:
+        from sklearn.feature_extraction.text import HashingVectorizer
+
+        self.config = config or FeatureConfig()
+        c = self.config
+        self._words = HashingVectorizer(
+            n_features=c.word_dims,
+            ngram_range=c.word_ngrams,
+            alternate_sign=False,
+            norm="l2",
+            lowercase=True,
+        )
+        self._chars = HashingVectorizer(
+            n_features=c.char_dims,
+            analyzer="char_wb",
+            ngram_range=c.char_ngrams,
+            alternate_sign=False,
+            norm="l2",
+            lowercase=True,
+        )
+
+    def transform(self, requests: Sequence[RequestFeatures]) -> NDArray[np.float32]:
+        """One row per request, :attr:`FeatureConfig.width` columns."""
+        c = self.config
+        texts = [r.prompt for r in requests]
+        out = np.zeros((len(requests), c.width), dtype=np.float32)
+        if not requests:
+            return out
+        out[:, : c.word_dims] = self._words.transform(texts).toarray()
+        col = c.word_dims
+        out[:, col : col + c.char_dims] = self._chars.transform(texts).toarray()
+        col += c.char_dims
+        for i, r in enumerate(requests):
+            row = out[i]
+            row[col] = math.log1p(r.tokens())
+            row[col + 1] = math.log1p(r.max_tokens or 0)
+            row[col + 2] = 1.0 if r.max_tokens else 0.0
+            row[col + 3] = math.log1p(r.prompt.count("\n"))
+            row[col + 4] = min(r.prompt.count("?"), 16)
+            row[col + 5] = math.log1p(len(r.prompt))
+            base = col + 6
+            row[base + stable_bucket(r.model, c.model_buckets)] = 1.0
+            if r.tenant is not None:
+                row[base + c.model_buckets + stable_bucket(r.tenant, c.tenant_buckets)] = 1.0
+        return out

@@ -1,0 +1,505 @@
+"""GMAX — JITServe's goodput-maximising scheduler, with fairness (``gmax-fair``) and oracle twins.
+
+Per step, for every running and waiting request (quantities from
+:class:`~priority.policies.lengthaware.GoodputView`: length bound, estimator-based finish time,
+goodput at stake, generation time):
+
+* **eligibility** — it can still finish in time: ``need_s ≤ left_s``. The others are *hopeless*:
+  demoted behind every eligible request (served only with spare capacity) and reported in
+  :attr:`StepPlan.hopeless` with a reason (``deadline_unreachable``; ``wait_timeout`` for a
+  request still unscheduled after ``wait_timeout_s``, JITServe's 5 s admission drop), so an
+  executor or the gateway can drop them and tell the client;
+* **priority** — goodput ÷ generation time (JITServe: margin goodput per unit of bandwidth). The
+  goodput is one request (``objective="requests"``, the request-goodput target; tier weight
+  applied) or its tokens ``R = w_in·L_in + w_out·L_out`` (``objective="tokens"``);
+* **aging** — a waiting request's goodput grows by ``aging`` per frame it waited;
+* **slack-aware term** (the digest's caution: the published rule is slack-blind, so "just in
+  time" was only the feasibility filter) — priority × ``(1 − slack_weight) + slack_weight · u``,
+  with urgency ``u = need_s / left_s`` in (0, 1] (for a streaming request: the next token's need
+  over the time to its due time). A request that could wait yields to one that cannot;
+* **batch window** — of the waiting candidates, ``C = {r : prio ≥ cutoff · B-th highest}`` with B
+  the free seats; C sorted by prompt length; the B consecutive ones with the largest total
+  priority are admitted first (similar lengths batch faster);
+* **frame-based preemption** — only every ``frame_steps`` executed steps (JITServe Δ = 50): the
+  best waiting candidate that finds no room preempts the lowest-priority running request only if
+  its goodput exceeds what the victim loses while recomputing (stall time × the victim's token
+  rate × its goodput per token) *and* its priority exceeds the victim's by ``1 + preempt_margin``;
+  at most ``max_preempt_per_frame`` victims per frame. Outside frames, KV shortage preempts as in
+  vLLM (lowest priority first), and admissions leave ``kv_reserve_tokens`` of growth for every
+  running request (SlideBatching's lesson: admitting into a full cache thrashes).
+
+``gmax-fair`` blends in per-tenant virtual-time counters (VTC): every executed step charges each
+tenant its service (prefill tokens × 1 + decode tokens × 2, VTC's weights); a tenant that becomes
+backlogged is lifted to the smallest counter of the others; and the score becomes
+``(1 − f) · p / (p + median p) + f · (1 − (c − c_min) / (c_max − c_min))`` (``f = fairness``;
+f = 1 behaves like VTC).
+
+The ``*-oracle`` variants read the true output length (simulator only), for upper bounds.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import ClassVar, Literal
+
+import numpy as np
+
+from priority.estimator import BatchLatencyEstimator
+from priority.gain import DEFAULT_BEST_EFFORT_DEADLINE_S, GoodputWeights
+from priority.policies.base import BatchBuilder, SchedulerInput, SchedulingPolicy, StepPlan, cdiv
+from priority.policies.lengthaware import (
+    ARRIVAL,
+    KIND,
+    PRICING_WEIGHTS,
+    PROMPT,
+    STREAMING_KIND,
+    TENANT,
+    TPOT,
+    TTFT,
+    WEIGHT,
+    BoolArray,
+    FloatArray,
+    GoodputView,
+    IntArray,
+    LengthAwarePolicyMixin,
+    continue_running,
+)
+from priority.policies.ordering import all_decode_repeatable, room_for_new
+from priority.request import Request
+
+Objective = Literal["requests", "tokens"]
+
+
+class GmaxPolicy(LengthAwarePolicyMixin, SchedulingPolicy):
+    """JITServe's GMAX on the shared batch latency estimator, with a slack-aware term."""
+
+    name: ClassVar[str] = "gmax"
+
+    def __init__(
+        self,
+        estimator: BatchLatencyEstimator,
+        *,
+        quantile: float = 0.95,
+        refine_every: int = 16,
+        objective: Objective = "requests",
+        goodput_weights: GoodputWeights = PRICING_WEIGHTS,
+        cutoff: float = 0.95,
+        frame_steps: int = 50,
+        preempt_margin: float = 0.1,
+        max_preempt_per_frame: int = 4,
+        aging: float = 0.05,
+        slack_weight: float = 0.5,
+        wait_timeout_s: float = 5.0,
+        kv_reserve_tokens: int = 32,
+        best_effort_deadline_s: float = DEFAULT_BEST_EFFORT_DEADLINE_S,
+        fairness: float = 0.0,
+        tpot_share: float = 0.9,
+        min_chunk_tokens: int = 64,
+    ) -> None:
+        """``quantile``: the length bound's level (JITServe 0.95); ``refine_every``: tokens
+        between bound refreshes; ``objective``/``goodput_weights``: what a request is worth;
+        ``cutoff``: the window's p; ``frame_steps``/``preempt_margin``/``max_preempt_per_frame``:
+        the preemption rule; ``aging``: goodput growth per frame waited; ``slack_weight``: the
+        just-in-time term (0 = the published rule); ``wait_timeout_s``: when an unscheduled
+        request is reported for dropping; ``kv_reserve_tokens``: growth kept free per running
+        request at admission; ``fairness``: the VTC blend f (``gmax-fair`` sets it);
+        ``tpot_share``: a step lasts at most this share of the tightest running stream's TPOT
+        (estimator); ``min_chunk_tokens``: smallest prefill chunk that does not end a prompt."""
+        super().__init__(estimator)
+        self._init_lengths(
+            quantile=quantile,
+            refine_every=refine_every,
+            goodput_weights=goodput_weights,
+            best_effort_deadline_s=best_effort_deadline_s,
+        )
+        for label, value in (
+            ("cutoff", cutoff),
+            ("slack_weight", slack_weight),
+            ("fairness", fairness),
+        ):
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"{label} must be in [0, 1], got {value}")
+        if frame_steps < 1 or max_preempt_per_frame < 0 or kv_reserve_tokens < 0:
+            raise ValueError("frame_steps >= 1, max_preempt_per_frame >= 0, kv_reserve >= 0")
+        for label, value in (
+            ("preempt_margin", preempt_margin),
+            ("aging", aging),
+            ("wait_timeout_s", wait_timeout_s),
+        ):
+            if not (value >= 0 and math.isfinite(value)):
+                raise ValueError(f"{label} must be finite and >= 0, got {value}")
+        self.objective = objective
+        self.cutoff = cutoff
+        self.frame_steps = frame_steps
+        self.preempt_margin = preempt_margin
+        self.max_preempt_per_frame = max_preempt_per_frame
+        self.aging = aging
+        self.slack_weight = slack_weight
+        self.wait_timeout_s = wait_timeout_s
+        self.kv_reserve_tokens = kv_reserve_tokens
+        self.fairness = fairness
+        if not 0.0 < tpot_share <= 1.0 or min_chunk_tokens < 1:
+            raise ValueError("tpot_share must be in (0, 1], min_chunk_tokens >= 1")
+        self.tpot_share = tpot_share
+        self.min_chunk_tokens = min_chunk_tokens
+        self._steps_in_frame = frame_steps  # the first step is a frame boundary
+        self._boundary_plan: StepPlan | None = None
+        self._vtc = np.zeros(16)
+        self._active = np.zeros(16, dtype=bool)
+        self._charges: dict[int, tuple[IntArray, FloatArray, FloatArray, BoolArray]] = {}
+        self._proposed_counters: tuple[FloatArray, BoolArray] | None = None
+        self._last_charged: StepPlan | None = None
+
+    # ---- scoring ------------------------------------------------------------------------
+
+    def score(self, view: GoodputView, now: float) -> tuple[FloatArray, BoolArray]:
+        """(score, eligible) of every request in ``view`` (higher score first)."""
+        static = view.static
+        eligible = view.need_s <= view.left_s
+        worth = view.value if self.objective == "tokens" else static[:, WEIGHT]
+        waited = np.zeros(len(view.requests))
+        if self.aging > 0:
+            frame_s = self.frame_steps * view.step_s
+            fresh = view.outputs[view.num_running :] == 0
+            waited[view.num_running :] = np.where(
+                fresh, np.maximum(now - static[view.num_running :, ARRIVAL], 0.0) / frame_s, 0.0
+            )
+        prio = worth * (1.0 + self.aging * waited) / view.cost_s
+        if self.slack_weight > 0:
+            streaming = (static[:, KIND] == STREAMING_KIND) & np.isfinite(static[:, TTFT])
+            need = np.where(streaming, view.next_need_s, view.need_s)
+            left = np.where(streaming, view.next_left_s, view.left_s)
+            urgency = np.where(left > 0, np.clip(need / np.maximum(left, 1e-9), 0.0, 1.0), 1.0)
+            prio = prio * ((1.0 - self.slack_weight) + self.slack_weight * urgency)
+        if self.fairness > 0:
+            prio = self._fair_blend(prio, static[:, TENANT].astype(np.int64))
+        return prio, eligible
+
+    def _fair_blend(self, prio: FloatArray, tenants: IntArray) -> FloatArray:
+        """Blend in the tenants' virtual-time counters. Pure: the counters a plan would leave
+        (new tenants lifted to the lowest active one) are kept as its proposal
+        (``_proposed_counters``) and committed by :meth:`on_step_end` only if that plan ran."""
+        vtc, known = self._vtc, self._active
+        size = len(self.columns.tenants)
+        if size > vtc.size:
+            grow = max(size, 2 * vtc.size) - vtc.size
+            vtc = np.concatenate([vtc, np.zeros(grow)])
+            known = np.concatenate([known, np.zeros(grow, dtype=bool)])
+        active = np.zeros(vtc.size, dtype=bool)
+        active[tenants] = True
+        still = active & known
+        newly = active & ~known
+        if newly.any() and still.any():  # VTC's lift: no banking of idle time
+            floor = float(vtc[still].min())
+            vtc = vtc.copy()
+            vtc[newly] = np.maximum(vtc[newly], floor)
+        self._proposed_counters = (vtc, active)
+        counters = vtc[tenants]
+        lo, hi = float(counters.min()), float(counters.max())
+        fair = 1.0 - (counters - lo) / (hi - lo) if hi > lo else np.ones_like(counters)
+        scale = float(np.median(prio)) or 1.0
+        return (1.0 - self.fairness) * prio / (prio + scale) + self.fairness * fair
+
+    # ---- the step -----------------------------------------------------------------------
+
+    def schedule(self, inp: SchedulerInput) -> StepPlan:
+        if not inp.running and not inp.waiting:
+            return StepPlan()
+        view = self.view(inp)
+        nr = view.num_running
+        builder = BatchBuilder(
+            inp,
+            estimator=self.estimator,
+            time_budget_s=self._step_budget(view),
+            min_prefill_chunk=self.min_chunk_tokens,
+        )
+        plan = builder.plan
+        score, eligible = self.score(view, inp.now)
+        requests = view.requests
+        run_idx = np.lexsort((-score[:nr], ~eligible[:nr]))
+        running = [requests[i] for i in run_idx.tolist()]
+        at_boundary = self._steps_in_frame >= self.frame_steps
+        if at_boundary:
+            self._boundary_plan = plan
+        admit_order: list[int] = []
+        if inp.waiting:
+            admit_order = self._admission_order(view, score, eligible, builder)
+            self._report_hopeless(view, eligible, plan, inp.now)
+            if at_boundary and nr and self.max_preempt_per_frame:
+                self._frame_preempt(builder, view, score, eligible, admit_order, run_idx)
+        before = len(plan.preempted)
+        victims = (r for r in reversed(running) if r.num_kv_blocks > 0)
+        continue_running(
+            builder, running, view.computed[run_idx], view.uncomputed[run_idx], victims
+        )
+        if admit_order and len(plan.preempted) == before:
+            self._admit(builder, view, admit_order, inp)
+        if not plan.scheduled:
+            self._ensure_progress(builder, running, [view.requests[i] for i in admit_order])
+        if self.fairness > 0:
+            self._stash_charges(plan)
+        plan.repeatable = all_decode_repeatable(inp, plan)
+        return plan
+
+    def _step_budget(self, view: GoodputView) -> float | None:
+        """The step's latency budget: ``tpot_share`` of the tightest TPOT among the running
+        streaming requests (a step longer than that makes every stream late), at least what
+        their decodes alone take plus the batch overhead; None without running streams."""
+        tpot = view.static[: view.num_running, TPOT]
+        streams = tpot[tpot > 0]
+        if not streams.size:
+            return None
+        floor = view.step_s * 1.05
+        return max(self.tpot_share * float(streams.min()), floor)
+
+    def _ensure_progress(
+        self, builder: BatchBuilder, running: list[Request], waiting: list[Request]
+    ) -> None:
+        """Nothing fit the budget: give the first request that can run one minimal piece."""
+        builder.time_budget_s = None
+        for request in [*running, *waiting]:
+            if builder.is_scheduled(request):
+                continue
+            want = 1 if request.num_uncomputed_tokens == 1 else self.min_chunk_tokens
+            if builder.add(request, max(1, min(want, request.num_uncomputed_tokens))):
+                return
+
+    def _admission_order(
+        self, view: GoodputView, score: FloatArray, eligible: BoolArray, builder: BatchBuilder
+    ) -> list[int]:
+        """Waiting requests (indices into the view) in admission order: the window, the other
+        eligible ones by score, then the hopeless ones by score."""
+        nr = view.num_running
+        waiting = np.arange(nr, len(view.requests))
+        ok = eligible[nr:]
+        cands = waiting[ok]
+        cands = cands[np.argsort(-score[cands], kind="stable")]
+        rest = waiting[~ok]
+        rest = rest[np.argsort(-score[rest], kind="stable")]
+        seats = max(1, builder.max_num_seqs - builder.num_seqs)
+        if cands.size > seats:
+            window = self.window(score[cands], view.static[cands, PROMPT], seats)
+            chosen = cands[window]
+            mask = np.ones(cands.size, dtype=bool)
+            mask[window] = False
+            cands = np.concatenate([chosen, cands[mask]])
+        return np.concatenate([cands, rest]).tolist()
+
+    def window(self, prio: FloatArray, lengths: FloatArray, size: int) -> IntArray:
+        """Positions (into ``prio``, sorted by priority descending) of the batch window.
+
+        ``C = {r : prio ≥ cutoff · size-th highest}``; C sorted by ``lengths``; of every ``size``
+        consecutive members the run with the largest total priority, returned by priority.
+        """
+        n = prio.size
+        if n <= size:
+            return np.arange(n)
+        kth = float(np.partition(prio, n - size)[n - size])
+        members = np.flatnonzero(prio >= self.cutoff * kth)
+        if members.size <= size:
+            return members
+        by_length = members[np.argsort(lengths[members], kind="stable")]
+        sums = np.cumsum(np.concatenate(([0.0], prio[by_length])))
+        totals = sums[size:] - sums[:-size]
+        start = int(np.argmax(totals))
+        picked = by_length[start : start + size]
+        return np.sort(picked)  # positions are in priority order already
+
+    def _frame_preempt(
+        self,
+        builder: BatchBuilder,
+        view: GoodputView,
+        score: FloatArray,
+        eligible: BoolArray,
+        admit_order: list[int],
+        run_idx: IntArray,
+    ) -> None:
+        """JITServe's frame rule: preempt only when the newcomer's goodput beats the victim's
+        stall cost and its priority beats the victim's by 1 + margin."""
+        block_size = builder.block_size
+        reserve = self._kv_reserve(view, block_size)
+        victims = run_idx[::-1].tolist()  # lowest score first (hopeless ones first)
+        worth = view.value if self.objective == "tokens" else view.static[:, WEIGHT]
+        est = self.estimator
+        taken = 0
+        v = 0
+        for c in admit_order[: self.max_preempt_per_frame]:
+            if not eligible[c]:
+                break
+            request = view.requests[c]
+            need_blocks = cdiv(request.num_tokens, block_size)
+            while not self._room(builder, need_blocks, reserve):
+                if taken >= self.max_preempt_per_frame or v >= len(victims):
+                    return
+                victim_i = victims[v]
+                victim = view.requests[victim_i]
+                if victim.num_kv_blocks == 0 or builder.is_scheduled(victim):
+                    v += 1
+                    continue
+                stall_s = est.prefill_time(float(view.computed[victim_i]), 0.0)
+                per_token = worth[victim_i] / view.remaining[victim_i]
+                stall_loss = stall_s / view.step_s * per_token
+                if not (
+                    worth[c] > stall_loss
+                    and score[c] > (1.0 + self.preempt_margin) * score[victim_i]
+                ):
+                    return  # victims only get stronger from here
+                builder.preempt(victim)
+                reserve = max(0, reserve - self._reserve_of(victim, block_size))
+                taken += 1
+                v += 1
+            # room for c now; it is admitted in order after the running requests continue
+            reserve += cdiv(self.kv_reserve_tokens, block_size) if self.kv_reserve_tokens else 0
+
+    def _room(self, builder: BatchBuilder, need_blocks: int, reserve: int) -> bool:
+        return (
+            builder.num_seqs < builder.max_num_seqs and builder.free_blocks - need_blocks >= reserve
+        )
+
+    def _reserve_of(self, request: Request, block_size: int) -> int:
+        need = cdiv(request.num_computed_tokens + self.kv_reserve_tokens, block_size)
+        return max(0, need - request.num_kv_blocks)
+
+    def _kv_reserve(self, view: GoodputView, block_size: int) -> int:
+        if not self.kv_reserve_tokens or not view.num_running:
+            return 0
+        computed = view.computed[: view.num_running]
+        held = -(-computed // block_size)
+        need = -(-(computed + self.kv_reserve_tokens) // block_size) - held
+        return int(need.clip(min=0).sum())
+
+    def _admit(
+        self, builder: BatchBuilder, view: GoodputView, order: list[int], inp: SchedulerInput
+    ) -> None:
+        """Admit waiting requests in ``order`` while seats, tokens and KV (with the growth
+        reserve of the running requests) allow; gives up after a few that do not fit."""
+        block_size = builder.block_size
+        reserve = self._kv_reserve(view, block_size)
+        misses = 0
+        for i in order:
+            if not room_for_new(builder) or misses >= 8:
+                return
+            request = view.requests[i]
+            if builder.free_blocks - cdiv(request.num_tokens, block_size) < reserve:
+                misses += 1
+                continue
+            if builder.add(request) > 0:
+                reserve += cdiv(self.kv_reserve_tokens, block_size) if self.kv_reserve_tokens else 0
+            else:
+                misses += 1
+        if not builder.plan.scheduled and not inp.running and order:
+            builder.add(view.requests[order[0]])  # an idle engine always starts something
+
+    def _report_hopeless(
+        self, view: GoodputView, eligible: BoolArray, plan: StepPlan, now: float
+    ) -> None:
+        nr = view.num_running
+        requests = view.requests
+        late = np.flatnonzero(~eligible[nr:]) + nr
+        hopeless = [(requests[i].request_id, "deadline_unreachable") for i in late.tolist()]
+        if self.wait_timeout_s > 0:
+            waited = now - view.static[nr:, ARRIVAL]
+            stuck = (waited > self.wait_timeout_s) & (view.outputs[nr:] == 0) & eligible[nr:]
+            hopeless += [
+                (requests[i].request_id, "wait_timeout")
+                for i in (np.flatnonzero(stuck) + nr).tolist()
+            ]
+        plan.hopeless = hopeless
+
+    # ---- fairness accounting (VTC) ------------------------------------------------------
+
+    def _stash_charges(self, plan: StepPlan) -> None:
+        requests = [r for r, _ in plan.scheduled]
+        rows = self.columns.rows(requests)
+        tenants = self.columns.data[rows, TENANT].astype(np.int64)
+        service = np.array(
+            [
+                2.0 * tokens if r.num_uncomputed_tokens == 1 else float(tokens)
+                for r, tokens in plan.scheduled
+            ]
+        )
+        if len(self._charges) > 64:
+            self._charges.clear()
+        counters, active = self._proposed_counters or (self._vtc, self._active)
+        self._charges[id(plan)] = (tenants, service, counters, active)
+
+    def on_step_end(self, plan: StepPlan, now: float) -> None:
+        """Count executed steps (frames) and charge tenants their service (gmax-fair)."""
+        self._steps_in_frame += 1
+        if plan is self._boundary_plan:
+            self._steps_in_frame = 1
+            self._boundary_plan = None
+        if self.fairness > 0:
+            charge = self._charges.pop(id(plan), None)
+            if charge is not None:
+                tenants, service, self._vtc, self._active = charge
+                self._vtc = self._vtc.copy()
+                if tenants.size and int(tenants.max()) >= self._vtc.size:
+                    grow = int(tenants.max()) + 1 - self._vtc.size
+                    self._vtc = np.concatenate([self._vtc, np.zeros(grow)])
+                    self._active = np.concatenate([self._active, np.zeros(grow, dtype=bool)])
+                np.add.at(self._vtc, tenants, service)
+
+
+class GmaxFairPolicy(GmaxPolicy):
+    """GMAX with per-tenant virtual-time counters blended in (VTC-style fairness)."""
+
+    name: ClassVar[str] = "gmax-fair"
+
+    def __init__(
+        self,
+        estimator: BatchLatencyEstimator,
+        *,
+        fairness: float = 0.3,
+        quantile: float = 0.95,
+        refine_every: int = 16,
+        objective: Objective = "requests",
+        goodput_weights: GoodputWeights = PRICING_WEIGHTS,
+        cutoff: float = 0.95,
+        frame_steps: int = 50,
+        preempt_margin: float = 0.1,
+        max_preempt_per_frame: int = 4,
+        aging: float = 0.05,
+        slack_weight: float = 0.5,
+        wait_timeout_s: float = 5.0,
+        kv_reserve_tokens: int = 32,
+        best_effort_deadline_s: float = DEFAULT_BEST_EFFORT_DEADLINE_S,
+        tpot_share: float = 0.9,
+        min_chunk_tokens: int = 64,
+    ) -> None:
+        """As :class:`GmaxPolicy`; ``fairness`` (f, default 0.3) weighs the VTC term."""
+        super().__init__(
+            estimator,
+            quantile=quantile,
+            refine_every=refine_every,
+            objective=objective,
+            goodput_weights=goodput_weights,
+            cutoff=cutoff,
+            frame_steps=frame_steps,
+            preempt_margin=preempt_margin,
+            max_preempt_per_frame=max_preempt_per_frame,
+            aging=aging,
+            slack_weight=slack_weight,
+            wait_timeout_s=wait_timeout_s,
+            kv_reserve_tokens=kv_reserve_tokens,
+            best_effort_deadline_s=best_effort_deadline_s,
+            fairness=fairness,
+            tpot_share=tpot_share,
+            min_chunk_tokens=min_chunk_tokens,
+        )
+
+
+class GmaxOraclePolicy(GmaxPolicy):
+    """GMAX with the true output lengths (simulation only: an upper bound)."""
+
+    name: ClassVar[str] = "gmax-oracle"
+    uses_oracle_length: ClassVar[bool] = True
+    oracle = True
+
+
+class GmaxFairOraclePolicy(GmaxFairPolicy):
+    """gmax-fair with the true output lengths (simulation only: an upper bound)."""
+
+    name: ClassVar[str] = "gmax-fair-oracle"
+    uses_oracle_length: ClassVar[bool] = True
+    oracle = True

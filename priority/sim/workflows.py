@@ -1,0 +1,99 @@
+"""Compound workflows and length bounds in the simulator (issue 14).
+
+**Sub-deadlines, cold start.** A workflow of S calls has an end-to-end deadline D from stage 0's
+arrival; call s gets the absolute sub-deadline ``start + think(1..s) + φ(s) · (D − think(all))``
+with ``φ(s)`` the share of the workflow's expected tokens (prompt + expected output) in stages
+0..s. Think times are not compute, so they are taken out of D first and added back where they
+fall. This is JITServe's ``D_s = φ(s)·D`` with φ from token shares — the rule for a workflow
+without history. JITServe's *historical pattern graphs* (match the partial call graph against
+past workflows, Gaussian-kernel similarity on token counts) are not implemented here: the
+simulator has no history to match, so every workflow is a cold start.
+
+**Length bounds** (``--lengths``): ``oracle`` gives each request its true length as a point
+distribution; ``max-tokens`` gives none (policies fall back to the cap); ``predicted`` gives a
+lognormal distribution around the truth standing in for the predictor's held-out error until
+the real predictor's measured error is wired in: the median is ``true · exp(σ·Z)``, Z ~ N(0, 1)
+per request, and the stored quantiles are ``median · exp(σ · Φ⁻¹(level))`` — so the q-quantile
+covers the true length with probability q (a calibrated predictor whose log-error has
+standard deviation σ; ``DEFAULT_LENGTH_SIGMA``). The cap (``max_tokens``) of every request
+becomes ``max(DEFAULT_MAX_TOKENS, true)`` in these modes, so a cap never reveals the length.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from statistics import NormalDist
+
+import numpy as np
+
+from priority.lengths.distribution import DEFAULT_LEVELS, LengthDistribution
+
+LENGTH_MODES: tuple[str, ...] = ("oracle", "predicted", "max-tokens")
+DEFAULT_LENGTH_SIGMA = 0.6
+"""Log-space std-dev of the stand-in predictor's error (about ×1.8 at one sigma)."""
+DEFAULT_MAX_TOKENS = 4096
+"""The ``max_tokens`` a simulated client sends (the trace holds none)."""
+MIN_SUB_DEADLINE_S = 1e-3
+"""A call arriving after its sub-deadline still gets a positive (already missed) deadline."""
+
+_Z = tuple(NormalDist().inv_cdf(level) for level in DEFAULT_LEVELS)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowCall:
+    """Where one call sits in its workflow (what the simulator needs to release it)."""
+
+    workflow_id: str
+    stage: int
+    previous: str | None
+    """Request id of the stage before (None for stage 0)."""
+    think_s: float
+    """Delay after the previous stage finishes."""
+    offset_s: float
+    """Its absolute sub-deadline minus the workflow's start."""
+    deadline_s: float
+    """The workflow's end-to-end deadline D."""
+
+    def sub_deadline_s(self, start_s: float, arrival_s: float) -> float:
+        """The call's ``slo.deadline_s`` (relative to its own arrival)."""
+        return max(start_s + self.offset_s - arrival_s, MIN_SUB_DEADLINE_S)
+
+
+def cold_start_offsets(
+    expected_tokens: Sequence[float], think_s: Sequence[float], deadline_s: float
+) -> list[float]:
+    """Sub-deadline of each stage relative to the workflow start (the module's cold-start rule).
+
+    ``think_s[k]`` is stage k's delay after stage k − 1 (``think_s[0]`` is ignored).
+    """
+    total = float(sum(expected_tokens)) or 1.0
+    thinks = [0.0, *map(float, think_s[1:])]
+    compute = max(deadline_s - sum(thinks), 0.0)
+    offsets = []
+    share = think = 0.0
+    for tokens, gap in zip(expected_tokens, thinks, strict=True):
+        share += float(tokens) / total
+        think += gap
+        offsets.append(think + min(share, 1.0) * compute)
+    return offsets
+
+
+def length_for(
+    mode: str,
+    true_tokens: int,
+    cap: int,
+    rng: np.random.Generator,
+    sigma: float = DEFAULT_LENGTH_SIGMA,
+) -> LengthDistribution | None:
+    """The ``Request.length`` of one simulated request under ``mode`` (see the module doc)."""
+    if mode == "oracle":
+        return LengthDistribution.point(true_tokens, max_tokens=cap)
+    if mode == "max-tokens":
+        return None
+    if mode != "predicted":
+        raise ValueError(f"unknown lengths mode {mode!r}; known: {', '.join(LENGTH_MODES)}")
+    median = true_tokens * math.exp(sigma * float(rng.standard_normal()))
+    values = [min(max(1.0, median * math.exp(sigma * z)), float(cap)) for z in _Z]
+    return LengthDistribution(levels=DEFAULT_LEVELS, values=tuple(values), max_tokens=cap)

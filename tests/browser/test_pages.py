@@ -1,0 +1,125 @@
+"""Every dashboard page renders in a real browser, cleanly; ``/docs`` works without internet.
+
+"Cleanly" is what a person would notice in the browser's developer tools: no console error, no
+uncaught script error, no request that failed (a missing vendored file, a CDN that cannot be
+reached). The pages are reached through the navigation, as a person would, so a wrong link is a
+failure too.
+"""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import urlsplit
+
+import pytest
+from playwright.sync_api import Locator, Page, Route, expect
+
+from tests.browser.helpers import PageProblems, sign_in
+from tests.browser.stack import UiStack
+
+pytestmark = pytest.mark.slow
+
+NAV = (
+    ("Overview", "/ui/"),
+    ("Usage", "/ui/usage"),
+    ("Tiers", "/ui/tiers"),
+    ("Tenants", "/ui/tenants"),
+    ("Keys", "/ui/keys"),
+    ("Backends", "/ui/backends"),
+    ("Profiles", "/ui/profiles"),
+    ("Audit", "/ui/audit"),
+)
+"""The navigation's pages, in its order (the contract), each with its ``<h1>``."""
+LOCAL_HOSTS = ("127.0.0.1", "localhost")
+
+
+def _nav(page: Page) -> Locator:
+    return page.get_by_role("navigation", name="Main")
+
+
+def test_the_navigation_lists_every_page_in_order(signed_in: Page) -> None:
+    links = _nav(signed_in).get_by_role("link")
+    names = [name.strip() for name in links.all_inner_texts()]
+    expected = [label for label, _ in NAV] + ["API reference"]
+    found = [n for n in names if n in expected]
+    assert found == expected, names
+    expect(_nav(signed_in).get_by_role("link", name="API reference")).to_have_attribute(
+        "href", "/docs"
+    )
+
+
+@pytest.mark.parametrize(("label", "path"), NAV, ids=[label for label, _ in NAV])
+def test_each_page_renders_without_errors(
+    signed_in: Page, page_problems: PageProblems, label: str, path: str
+) -> None:
+    _nav(signed_in).get_by_role("link", name=label, exact=True).click()
+    signed_in.wait_for_url(re.compile(re.escape(path) + r"(\?.*)?$"))
+    signed_in.wait_for_load_state("networkidle")
+    expect(signed_in.get_by_role("heading", level=1)).to_have_text(re.compile(f"^{label}"))
+    response = signed_in.request.get(path)
+    assert response.status == 200, (path, response.status)
+    assert page_problems.all() == []
+
+
+def _assert_icon_loads(page: Page) -> None:
+    icon = page.locator('link[rel~="icon"]')
+    assert icon.count() >= 1, f"{page.url} names no icon: the browser fetches /favicon.ico"
+    href = icon.first.get_attribute("href") or ""
+    if not href.startswith("data:"):
+        assert page.request.get(href).status == 200, href
+
+
+def test_the_pages_name_an_icon_that_loads(page: Page, stack: UiStack) -> None:
+    """Without ``<link rel="icon">`` the browser asks for ``/favicon.ico`` on its own, and its
+    404 is an error in the console of the first page a person opens."""
+    page.goto("/ui/login")
+    _assert_icon_loads(page)
+    sign_in(page, stack.operator_credential)
+    page.wait_for_url("**/ui/")
+    _assert_icon_loads(page)
+
+
+def test_api_reference_renders_offline(
+    stack: UiStack, page: Page, page_problems: PageProblems
+) -> None:
+    """Swagger UI from the gateway's own files: every request stays on 127.0.0.1."""
+    blocked: list[str] = []
+
+    def only_local(route: Route) -> None:
+        host = urlsplit(route.request.url).hostname or ""
+        if host in LOCAL_HOSTS or route.request.url.startswith(("data:", "blob:")):
+            route.continue_()
+        else:
+            blocked.append(route.request.url)
+            route.abort("internetdisconnected")
+
+    page.context.route("**/*", only_local)
+    requested: list[str] = []
+    page.on("request", lambda request: requested.append(request.url))
+    page.goto("/docs")
+    # the operations list is drawn by Swagger UI's script from /openapi.json: it really ran
+    expect(page.locator(".swagger-ui .opblock").first).to_be_visible(timeout=15_000)
+    expect(page.locator(".swagger-ui")).to_contain_text("/v1/chat/completions")
+    page.wait_for_load_state("networkidle")
+    assert blocked == [], f"/docs reached outside 127.0.0.1: {blocked}"
+    assert any(url.endswith("/openapi.json") for url in requested), requested
+    assert all(urlsplit(url).hostname in LOCAL_HOSTS for url in requested if "://" in url)
+    assert page_problems.all() == []
+
+
+def test_usage_charts_fit_their_panels(signed_in: Page) -> None:
+    """Each uPlot chart (canvas and legend) is drawn inside its own panel, none cut off."""
+    signed_in.goto("/ui/usage")
+    expect(signed_in.locator("#usage-charts")).to_have_attribute("data-drawn", "true")
+    figures = signed_in.locator("#usage-charts figure.chart")
+    assert figures.count() >= 1
+    for i in range(figures.count()):
+        figure = figures.nth(i)
+        box = figure.bounding_box()
+        assert box is not None
+        for part in (figure.locator("canvas").first, figure.locator(".u-legend").first):
+            inner = part.bounding_box()
+            assert inner is not None
+            name = figure.get_attribute("id")
+            assert inner["x"] >= box["x"] - 1, (name, inner, box)
+            assert inner["x"] + inner["width"] <= box["x"] + box["width"] + 1, (name, inner, box)

@@ -1,0 +1,334 @@
+"""Request kinds and agent workflows through the official ``openai`` client (issue 14).
+
+Two gateways (uvicorn in threads, as two replicas) share one SQLite database and one Redis (a
+fresh key prefix) in front of one emulated engine, which records the core request it builds from
+each body's ``vllm_xargs`` — the same reader the vLLM plugins use. A workflow started on one
+gateway is joined on the other: its state lives in Redis, not in either process.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+import redis
+from openai.types.chat import ChatCompletionMessageParam
+from pydantic import SecretStr
+from sqlalchemy.orm import Session, sessionmaker
+
+from gateway.app import BackendSpec, create_app
+from gateway.app.kinds import WORKFLOW_DEADLINE_HEADER, WORKFLOW_ID_HEADER
+from gateway.app.server import GatewayThread
+from gateway.db import crud
+from gateway.db.models import Base
+from gateway.db.seed import seed_defaults
+from gateway.db.session import make_engine, make_session_factory
+from gateway.engine_sim import EngineSpec, EngineThread
+from gateway.settings import Settings
+from priority.request import Request as CoreRequest
+
+MODEL = "qwen2-7b"
+SECRET = "kinds-test-secret"
+REDIS_URL = os.environ.get("TIERGATE_REDIS_URL") or "redis://127.0.0.1:6379/0"
+CHAT: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Plan the next step."}]
+
+
+def _redis_or_skip() -> None:
+    try:
+        client = redis.Redis.from_url(REDIS_URL, socket_connect_timeout=0.5, socket_timeout=0.5)
+        try:
+            client.ping()
+        finally:
+            client.close()
+    except redis.RedisError as exc:
+        reason = f"Redis unreachable at {REDIS_URL}: {exc}"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{reason} (CI=true: the shared-workflow tests must run)")
+        pytest.skip(reason)
+
+
+@dataclass
+class Env:
+    gateways: list[GatewayThread]
+    keys: dict[str, str]
+    factory: sessionmaker[Session]
+    prefix: str
+    submitted: list[CoreRequest] = field(default_factory=list)
+
+    def client(self, tenant: str = "agents", gateway: int = 0) -> openai.OpenAI:
+        return openai.OpenAI(
+            base_url=self.gateways[gateway].base_url, api_key=self.keys[tenant], max_retries=0
+        )
+
+    def chat(self, tenant: str = "agents", gateway: int = 0, **headers: str) -> Any:
+        return self.client(tenant, gateway).chat.completions.create(
+            model=MODEL, messages=CHAT, max_tokens=2, extra_headers=headers
+        )
+
+    def last(self, tenant: str = "agents") -> CoreRequest:
+        seen = [r for r in self.submitted if r.tenant == f"t-{tenant}"]
+        assert seen, f"no request of {tenant} reached the engine"
+        return seen[-1]
+
+
+def _seed(factory: sessionmaker[Session]) -> dict[str, str]:
+    keys = {}
+    with factory.begin() as session:
+        seed_defaults(session)
+        crud.create_tier(  # workflows may be short here: a 1 ms deadline floor
+            session,
+            actor="test",
+            name="agents",
+            weight=2.0,
+            ttft_ms=500.0,
+            tpot_ms=50.0,
+            min_deadline_ms=1.0,
+            best_effort_allowed=True,
+        )
+        crud.create_tier(
+            session,
+            actor="test",
+            name="nightly",
+            weight=1.0,
+            ttft_ms=5000.0,
+            tpot_ms=200.0,
+            deadline_ms=600_000.0,
+            default_kind="best-effort",
+        )
+        for tenant, tier in (("agents", "agents"), ("other", "agents"), ("nightly", "nightly")):
+            crud.create_tenant(session, actor="test", name=f"t-{tenant}", tier=tier)
+            keys[tenant] = crud.create_key(
+                session, actor="test", tenant=f"t-{tenant}", secret=SECRET
+            ).plaintext
+    return keys
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    _redis_or_skip()
+    root: Path = tmp_path_factory.mktemp("kinds")
+    url = f"sqlite:///{root / 'tiergate.db'}"
+    engine = make_engine(url)
+    Base.metadata.create_all(engine)
+    factory = make_session_factory(engine)
+    keys = _seed(factory)
+    prefix = f"tg-kinds-{uuid.uuid4().hex[:8]}"
+    settings = Settings(
+        database_url=url,
+        secret=SecretStr(SECRET),
+        data_dir=root,
+        redis_url=REDIS_URL,
+        redis_prefix=prefix,
+        metrics_addr="127.0.0.1:0",
+    )
+    with EngineThread([EngineSpec("a100-qwen2-7b", "vllm-v1-priority", MODEL)]) as engines:
+        submitted: list[CoreRequest] = []
+        loop = engines[0].sim.engine
+        original = loop.submit
+
+        def spy(request: CoreRequest, reason: str) -> Any:
+            submitted.append(request)
+            return original(request, reason)
+
+        loop.submit = spy  # type: ignore[method-assign,assignment]
+        backends = [BackendSpec("engine-0", engines[0].url, MODEL, engines[0].spec.profile)]
+        with (
+            GatewayThread(create_app(settings, backends=backends)) as first,
+            GatewayThread(create_app(settings, backends=backends)) as second,
+        ):
+            yield Env([first, second], keys, factory, prefix, submitted)
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        stale = list(client.scan_iter(match=f"{prefix}:*"))
+        if stale:
+            client.delete(*stale)
+    finally:
+        client.close()
+    engine.dispose()
+
+
+def _workflow() -> str:
+    return f"wf-{uuid.uuid4().hex[:12]}"
+
+
+def _bad_request(call: Any) -> openai.BadRequestError:
+    with pytest.raises(openai.BadRequestError) as info:
+        call()
+    return info.value
+
+
+def _code(error: openai.APIStatusError) -> tuple[str | None, str | None]:
+    body = error.body if isinstance(error.body, dict) else {}
+    return body.get("code"), body.get("param")
+
+
+# ---- single requests ---------------------------------------------------------------------------
+
+
+def test_a_request_without_kind_headers_is_a_latency_request(env: Env) -> None:
+    env.chat()
+    seen = env.last()
+    assert (seen.kind, seen.workflow_id, seen.stage) == ("latency", None, 0)
+    assert seen.slo.ttft_s == pytest.approx(0.5) and seen.slo.deadline_s is None
+
+
+def test_a_deadline_header_makes_a_deadline_request(env: Env) -> None:
+    env.chat(**{"x-slo-deadline-ms": "9000"})
+    seen = env.last()
+    assert seen.kind == "deadline" and seen.slo.deadline_s == pytest.approx(9.0)
+
+
+def test_a_tiers_default_kind_and_deadline_reach_the_engine(env: Env) -> None:
+    env.chat("nightly")
+    seen = env.last("nightly")
+    assert seen.kind == "best-effort" and seen.slo.deadline_s == pytest.approx(600.0)
+    env.chat("nightly", **{"x-slo-deadline-ms": "700000"})
+    assert env.last("nightly").kind == "deadline"  # the header wins over the tier's default
+
+
+# ---- workflows ---------------------------------------------------------------------------------
+
+
+def test_a_workflow_is_inherited_across_calls_and_gateways(env: Env) -> None:
+    workflow = _workflow()
+    env.chat(**{WORKFLOW_ID_HEADER: workflow, WORKFLOW_DEADLINE_HEADER: "120000"})
+    first = env.last()
+    assert (first.kind, first.workflow_id, first.stage) == ("compound", workflow, 0)
+    assert 0 < first.slo.deadline_s <= 120.0  # the cold start: the time left, all of it
+    env.chat(gateway=1, **{WORKFLOW_ID_HEADER: workflow})  # the other replica: Redis has it
+    second = env.last()
+    assert (second.kind, second.workflow_id, second.stage) == ("compound", workflow, 1)
+    assert second.slo.deadline_s <= first.slo.deadline_s  # the same deadline, less time left
+    # a later deadline header does not move the workflow's deadline
+    env.chat(**{WORKFLOW_ID_HEADER: workflow, WORKFLOW_DEADLINE_HEADER: "900000"})
+    third = env.last()
+    assert third.stage == 2 and third.slo.deadline_s <= second.slo.deadline_s
+
+
+def test_a_calls_own_deadline_caps_its_share(env: Env) -> None:
+    workflow = _workflow()
+    headers = {WORKFLOW_ID_HEADER: workflow, WORKFLOW_DEADLINE_HEADER: "300000"}
+    env.chat(**headers, **{"x-slo-deadline-ms": "20000"})
+    seen = env.last()
+    assert seen.kind == "compound" and seen.slo.deadline_s == pytest.approx(20.0)
+
+
+def test_an_unknown_workflow_is_a_clear_400_not_a_new_workflow(env: Env) -> None:
+    workflow = _workflow()
+    error = _bad_request(lambda: env.chat(**{WORKFLOW_ID_HEADER: workflow}))
+    assert _code(error) == ("unknown_workflow", WORKFLOW_ID_HEADER)
+    assert workflow in error.message and WORKFLOW_DEADLINE_HEADER in error.message
+    again = _bad_request(lambda: env.chat(gateway=1, **{WORKFLOW_ID_HEADER: workflow}))
+    assert _code(again)[0] == "unknown_workflow"  # the refusal created nothing
+
+
+def test_workflows_are_per_tenant(env: Env) -> None:
+    workflow = _workflow()
+    env.chat(**{WORKFLOW_ID_HEADER: workflow, WORKFLOW_DEADLINE_HEADER: "60000"})
+    error = _bad_request(lambda: env.chat("other", **{WORKFLOW_ID_HEADER: workflow}))
+    assert _code(error)[0] == "unknown_workflow"
+
+
+def test_an_expired_workflow_is_409(env: Env) -> None:
+    workflow = _workflow()
+    headers = {WORKFLOW_ID_HEADER: workflow, WORKFLOW_DEADLINE_HEADER: "200"}
+    try:  # served or shed (200 ms is tight): either way the workflow now exists
+        env.chat(**headers)
+    except openai.APIStatusError as exc:
+        assert exc.status_code == 503, exc
+    time.sleep(0.3)  # past the workflow's deadline (waiting, not a timed assertion)
+    with pytest.raises(openai.ConflictError) as info:
+        env.chat(gateway=1, **{WORKFLOW_ID_HEADER: workflow})
+    assert _code(info.value) == ("workflow_expired", WORKFLOW_ID_HEADER)
+    assert "expired" in info.value.message
+
+
+@pytest.mark.parametrize(
+    ("headers", "param"),
+    [
+        ({WORKFLOW_ID_HEADER: "has space"}, WORKFLOW_ID_HEADER),
+        ({WORKFLOW_ID_HEADER: "x" * 129}, WORKFLOW_ID_HEADER),
+        ({WORKFLOW_ID_HEADER: "{tag}"}, WORKFLOW_ID_HEADER),
+        ({WORKFLOW_ID_HEADER: "ok", WORKFLOW_DEADLINE_HEADER: "soon"}, WORKFLOW_DEADLINE_HEADER),
+        ({WORKFLOW_ID_HEADER: "ok", WORKFLOW_DEADLINE_HEADER: "0"}, WORKFLOW_DEADLINE_HEADER),
+        ({WORKFLOW_ID_HEADER: "ok", WORKFLOW_DEADLINE_HEADER: "nan"}, WORKFLOW_DEADLINE_HEADER),
+        ({WORKFLOW_ID_HEADER: "ok", WORKFLOW_DEADLINE_HEADER: "1e12"}, WORKFLOW_DEADLINE_HEADER),
+        ({WORKFLOW_DEADLINE_HEADER: "60000"}, WORKFLOW_DEADLINE_HEADER),  # no id to name
+    ],
+)
+def test_bad_workflow_headers_are_400_invalid_value(
+    env: Env, headers: dict[str, str], param: str
+) -> None:
+    error = _bad_request(lambda: env.chat(**headers))
+    assert _code(error) == ("invalid_value", param)
+    assert param in error.message
+
+
+def test_a_workflow_deadline_tighter_than_the_tier_allows_is_400(env: Env) -> None:
+    # the nightly tier sets no minimum: its 600 s default deadline is the floor
+    headers = {WORKFLOW_ID_HEADER: _workflow(), WORKFLOW_DEADLINE_HEADER: "60000"}
+    error = _bad_request(lambda: env.chat("nightly", **headers))
+    assert _code(error)[1] == WORKFLOW_DEADLINE_HEADER and "nightly" in error.message
+
+
+# ---- the length distribution (TIERGATE_LENGTH_MODEL) -------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def length_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    """One gateway (no Redis) with a small trained length model, in front of one engine."""
+    from priority.lengths.features import RequestFeatures
+    from priority.lengths.model import ForestParams, LengthPredictor
+
+    root: Path = tmp_path_factory.mktemp("lengths")
+    words = ("list", "explain", "summarise", "name", "describe")
+    requests = [
+        RequestFeatures(prompt=f"{words[i % 5]} item {i}", model=MODEL, max_tokens=64)
+        for i in range(60)
+    ]
+    lengths = [8 + 6 * (i % 5) for i in range(60)]
+    params = ForestParams(n_estimators=5, min_samples_leaf=3)
+    LengthPredictor.fit(requests, lengths, params=params).save(root / "model")
+    url = f"sqlite:///{root / 'tiergate.db'}"
+    engine = make_engine(url)
+    Base.metadata.create_all(engine)
+    factory = make_session_factory(engine)
+    keys = _seed(factory)
+    settings = Settings(
+        database_url=url,
+        secret=SecretStr(SECRET),
+        data_dir=root,
+        redis_url=None,
+        metrics_addr="127.0.0.1:0",
+        length_model=root / "model",
+        length_budget_ms=1000.0,  # a loaded test machine: the point is the wiring, not speed
+    )
+    with EngineThread([EngineSpec("a100-qwen2-7b", "vllm-v1-priority", MODEL)]) as engines:
+        submitted: list[CoreRequest] = []
+        loop = engines[0].sim.engine
+        original = loop.submit
+
+        def spy(request: CoreRequest, reason: str) -> Any:
+            submitted.append(request)
+            return original(request, reason)
+
+        loop.submit = spy  # type: ignore[method-assign,assignment]
+        backends = [BackendSpec("engine-0", engines[0].url, MODEL, engines[0].spec.profile)]
+        with GatewayThread(create_app(settings, backends=backends)) as gateway:
+            yield Env([gateway], keys, factory, "", submitted)
+    engine.dispose()
+
+
+def test_a_loaded_length_model_sends_each_request_its_distribution(length_env: Env) -> None:
+    length_env.chat()  # max_tokens=2: the distribution is capped by it
+    seen = length_env.last()
+    assert seen.length is not None and seen.length.max_tokens == 2
+    assert seen.length.bound(0.95) <= 2
+    assert list(seen.length.levels) == sorted(seen.length.levels)  # what the model predicted

@@ -1,0 +1,150 @@
+"""GMAX's window and preemption rules, Tempo's order, on worked examples (issue 14)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from priority.estimator import BatchLatencyEstimator, LatencyCoefficients
+from priority.lengths.distribution import LengthDistribution
+from priority.policies import make_policy
+from priority.policies.base import EngineLimits, SchedulerInput, cdiv
+from priority.policies.gmax import GmaxPolicy
+from priority.request import SLO, Request, RequestStatus
+
+COEFFICIENTS = LatencyCoefficients(a_p=1e-8, b_p=2e-9, c_p=5e-5, a_d=2e-7, b_d=2e-4, t_c=5e-3)
+LAX = SLO(deadline_s=1000.0)
+
+
+def _estimator() -> BatchLatencyEstimator:
+    return BatchLatencyEstimator(COEFFICIENTS)
+
+
+def _running(rid: str, prompt: int, outputs: int, length: int, block_size: int = 16) -> Request:
+    r = Request(rid, 0.0, prompt, LAX, length=LengthDistribution.point(length))
+    r.status = RequestStatus.RUNNING
+    r.num_output_tokens = outputs
+    r.num_computed_tokens = r.num_tokens - 1
+    r.num_kv_blocks = cdiv(r.num_computed_tokens, block_size)
+    return r
+
+
+def _waiting(rid: str, prompt: int, length: int, slo: SLO = LAX, arrival: float = 1.0) -> Request:
+    return Request(rid, arrival, prompt, slo, length=LengthDistribution.point(length))
+
+
+def test_window_groups_similar_lengths() -> None:
+    """prio 10, 9.6, 9.9, 9.7 with prompt lengths 100, 500, 2000, 110 and two seats.
+
+    B-th highest = 9.9, cut-off 0.95 · 9.9 = 9.405: all four are candidates. By length:
+    100 (10), 110 (9.7), 500 (9.6), 2000 (9.9); pairs sum to 19.7, 19.3, 19.5, so the window is
+    the 100- and 110-token prompts — not the top two by priority (10 and 9.9, 100 vs 2000).
+    """
+    policy = GmaxPolicy(_estimator(), cutoff=0.95)
+    prio = np.array([10.0, 9.6, 9.9, 9.7])
+    lengths = np.array([100.0, 500.0, 2000.0, 110.0])
+    assert policy.window(prio, lengths, 2).tolist() == [0, 3]
+    # a strict cut-off (p = 1) keeps only the top two: the window is exactly them
+    assert GmaxPolicy(_estimator(), cutoff=1.0).window(prio, lengths, 2).tolist() == [0, 2]
+    # fewer candidates than seats: all of them
+    assert policy.window(prio[:2], lengths[:2], 3).tolist() == [0, 1]
+
+
+def _one_seat_state() -> SchedulerInput:
+    victim = _running("long", prompt=100, outputs=10, length=1000)
+    fresh = _waiting("short", prompt=50, length=5)
+    limits = EngineLimits(token_budget=512, max_num_seqs=1, block_size=16, num_free_blocks=100)
+    return SchedulerInput(now=2.0, running=[victim], waiting=[fresh], limits=limits)
+
+
+def test_frame_boundary_preempts_a_much_worse_victim_once_per_frame() -> None:
+    """One seat; the runner has ~990 tokens to go, the newcomer 5. At the frame boundary the
+    newcomer's goodput (1 request) beats the victim's stall loss (recompute time ÷ step time ×
+    1/990 per token) and its priority is far above 1.1× the victim's: preempt and admit.
+    Inside the frame (after one executed step) the same state preempts nothing."""
+    policy = GmaxPolicy(_estimator(), slack_weight=0.0, aging=0.0, frame_steps=50)
+    inp = _one_seat_state()
+    plan = policy.schedule(inp)
+    assert [r.request_id for r in plan.preempted] == ["long"]
+    assert [r.request_id for r, _ in plan.scheduled] == ["short"]
+    policy.on_step_end(plan, 2.1)  # a frame starts with the executed boundary step
+    again = policy.schedule(_one_seat_state())
+    assert not again.preempted
+    assert [r.request_id for r, _ in again.scheduled] == ["long"]
+
+
+def test_preemption_needs_the_priority_margin() -> None:
+    policy = GmaxPolicy(_estimator(), slack_weight=0.0, aging=0.0, preempt_margin=1e6)
+    plan = policy.schedule(_one_seat_state())
+    assert not plan.preempted
+    assert [r.request_id for r, _ in plan.scheduled] == ["long"]
+
+
+def test_hopeless_requests_are_demoted_and_reported() -> None:
+    """Two waiting, one seat: the one that cannot finish in 10 ms yields to the feasible one
+    even though it is shorter, and is reported with its reason."""
+    doomed = _waiting("doomed", prompt=400, length=50, slo=SLO(deadline_s=0.01), arrival=2.0)
+    fine = _waiting("fine", prompt=400, length=200, arrival=2.0)
+    limits = EngineLimits(token_budget=2048, max_num_seqs=1, block_size=16, num_free_blocks=100)
+    inp = SchedulerInput(now=2.0, running=[], waiting=[doomed, fine], limits=limits)
+    plan = GmaxPolicy(_estimator()).schedule(inp)
+    assert [r.request_id for r, _ in plan.scheduled] == ["fine"]
+    assert plan.hopeless == [("doomed", "deadline_unreachable")]
+
+
+def test_slack_term_serves_the_tight_request_first() -> None:
+    """Same length and value; one has 1000 s of slack, the other little: with the slack-aware
+    term the tight one takes the only seat, without it (the published rule) arrival order does."""
+    lax = _waiting("lax", prompt=100, length=100, arrival=1.0)
+    tight = _waiting("tight", prompt=100, length=100, slo=SLO(deadline_s=2.0), arrival=1.0)
+    limits = EngineLimits(token_budget=2048, max_num_seqs=1, block_size=16, num_free_blocks=100)
+    inp = SchedulerInput(now=1.0, running=[], waiting=[lax, tight], limits=limits)
+    aware = GmaxPolicy(_estimator()).schedule(inp)
+    assert [r.request_id for r, _ in aware.scheduled] == ["tight"]
+    blind = GmaxPolicy(_estimator(), slack_weight=0.0).schedule(inp)
+    assert [r.request_id for r, _ in blind.scheduled] == ["lax"]
+
+
+def test_gmax_fair_prefers_the_tenant_with_less_service() -> None:
+    """Tenant a is served 100 decode steps while tenant b waits (one seat). With f = 1 (pure
+    VTC) b then goes first, although a's new request is ten times shorter; b was backlogged all
+    along, so VTC's lift does not erase its credit."""
+    policy = make_policy("gmax-fair", _estimator(), fairness=1.0)
+    served = _running("a-run", prompt=20, outputs=1, length=500)
+    served.tenant = "a"
+    b = _waiting("b-new", prompt=10, length=50)
+    b.tenant = "b"
+    limits = EngineLimits(token_budget=64, max_num_seqs=1, block_size=16, num_free_blocks=100)
+    first = SchedulerInput(now=1.0, running=[served], waiting=[b], limits=limits)
+    plan = policy.schedule(first)
+    assert [r.request_id for r, _ in plan.scheduled] == ["a-run"]
+    for k in range(100):
+        policy.on_step_end(plan, 1.0 + k)
+    a = _waiting("a-new", prompt=10, length=5)
+    a.tenant = "a"
+    inp = SchedulerInput(now=200.0, running=[], waiting=[a, b], limits=limits)
+    assert [r.request_id for r, _ in policy.schedule(inp).scheduled] == ["b-new"]
+    # without fairness the shorter request of tenant a goes first
+    plain = make_policy("gmax", _estimator())
+    assert [r.request_id for r, _ in plain.schedule(inp).scheduled] == ["a-new"]
+
+
+@pytest.mark.parametrize("name", ["gmax-oracle", "tempo-oracle", "gmax-fair-oracle"])
+def test_oracle_variants_read_the_true_length(name: str) -> None:
+    from priority.policies import policy_class
+
+    assert policy_class(name).uses_oracle_length
+    assert not policy_class(name.removesuffix("-oracle")).uses_oracle_length
+
+
+def test_tempo_graded_decay_changes_the_order() -> None:
+    """Tempo's value is tokens (w_in : w_out = 1 : 2). Short (20 + 2·5 = 30 over ~0.027 s) beats
+    long (20 + 2·250 = 520 over ~1.3 s) on density — unless short is ten times past its
+    deadline: decay (0.1 / 1.03) cuts it below long. No eligibility cut: it keeps that value."""
+    limits = EngineLimits(token_budget=256, max_num_seqs=1, block_size=16, num_free_blocks=100)
+    long = _waiting("long", prompt=20, length=250, arrival=0.0)
+    for deadline, first in ((100.0, "short"), (0.1, "long")):
+        short = _waiting("short", prompt=20, length=5, slo=SLO(deadline_s=deadline), arrival=0.0)
+        inp = SchedulerInput(now=1.0, running=[], waiting=[long, short], limits=limits)
+        plan = make_policy("tempo", _estimator()).schedule(inp)
+        assert [r.request_id for r, _ in plan.scheduled] == [first]
