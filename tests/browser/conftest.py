@@ -34,15 +34,17 @@ def _unavailable(reason: str) -> None:
     pytest.skip(reason)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def playwright() -> Iterator[Playwright]:
+    """Per module, not per session: the sync API runs an event loop in this thread until it
+    stops, and the asyncio tests that follow in the same run need the thread free of it."""
     if chromium_path() is None:
         _unavailable("chromium is not installed (bash .ci/browser.sh)")
     with sync_playwright() as driver:
         yield driver
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser(playwright: Playwright) -> Iterator[Browser]:
     args = ["--no-sandbox"] if os.geteuid() == 0 else []  # Chromium refuses root otherwise
     browser = playwright.chromium.launch(executable_path=chromium_path(), headless=True, args=args)

@@ -9,7 +9,9 @@ cannot disagree. Templates and static files (vendored htmx with its licence, no 
 are in the data package :mod:`admin_ui`.
 
 A page module exposes ``router`` (an ``APIRouter(route_class=UiRoute)``); adding a page is one
-line in :data:`PAGES` (its link is already in ``base.html``'s navigation).
+line in :data:`PAGES` (its link is already in ``base.html``'s navigation). A table's
+create / edit / delete flow is a declared :class:`~gateway.app.ui.resource.Resource`, not
+written again per page.
 """
 
 from __future__ import annotations

@@ -40,6 +40,8 @@ from gateway.db.models import utcnow
 from gateway.errors import ApiError, database_error, domain_error, http_error, invalid_request
 
 __all__ = [
+    "Change",
+    "ChangeDep",
     "CsrfDep",
     "CsrfRefused",
     "Operator",
@@ -245,3 +247,25 @@ SessionDep = Annotated[Session, Depends(_session)]
 """A database session; a change runs in ``with session.begin():``."""
 
 PageDep = Annotated[Page, Depends(_page)]
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """What a POST that changes something needs, as one parameter: every such handler took the
+    same four (and the CSRF check), and the change flow (:mod:`gateway.app.ui.resource`) takes
+    them together."""
+
+    request: Request
+    operator: Operator
+    session: Session
+    state: GatewayState
+
+
+async def _change(
+    request: Request, operator: OperatorDep, _: CsrfDep, session: SessionDep, state: StateDep
+) -> Change:
+    return Change(request, operator, session, state)
+
+
+ChangeDep = Annotated[Change, Depends(_change)]
+"""A signed-in, CSRF-checked POST's request, operator, database session and gateway state."""

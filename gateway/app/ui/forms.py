@@ -31,6 +31,11 @@ ResultT = TypeVar("ResultT")
 FORM_ERROR = "__form__"
 """The key of an error that names no field of the form (shown above it)."""
 
+POLICY_FIELDS: dict[str, Kind] = dict.fromkeys(
+    ("ttft_ms", "tpot_ms", "deadline_ms", "rpm_limit", "tpm_limit", "max_concurrency"), "number"
+)
+"""The SLOs and limits a tier sets and a tenant may override: one list, so the two forms agree."""
+
 _INTEGER = re.compile(r"[+-]?\d{1,30}")
 
 
@@ -104,6 +109,17 @@ def convert(
         else:
             body[name] = values[name] if name == "description" else text
     return body
+
+
+def input_text(value: Any) -> Any:
+    """A stored value as a form shows it: exact numbers without a trailing ``.0``."""
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return str(int(value)) if value.is_integer() and abs(value) < 1e15 else repr(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    return value
 
 
 def validate(model: type[ModelT], body: Mapping[str, Any]) -> ModelT:

@@ -9,6 +9,7 @@ gives the old key a grace period. Changes go through the same crud calls and sid
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
@@ -16,22 +17,21 @@ from fastapi.responses import Response
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
-from gateway.app.admin.helpers import change_and_invalidate, invalidate, own_prefix, resolve
+from gateway.app.admin.helpers import invalidate, own_prefix, resolve
 from gateway.app.admin.schemas import KeyCreate, KeyOut, KeyRotate
-from gateway.app.state import GatewayState
 from gateway.app.ui.deps import (
     DEFAULT_PAGE,
-    CsrfDep,
-    Operator,
+    Change,
+    ChangeDep,
     OperatorDep,
     Page,
     PageDep,
     SessionDep,
-    StateDep,
     UiRoute,
 )
-from gateway.app.ui.forms import Kind, attempt, convert, field_errors, read_form, validate
+from gateway.app.ui.forms import Kind, field_errors
 from gateway.app.ui.render import pager, redirect, render
+from gateway.app.ui.resource import commit_and_invalidate, submit
 from gateway.db import crud
 from gateway.db.crud.keys import DEFAULT_GRACE_S
 from gateway.db.models import utcnow
@@ -80,63 +80,61 @@ def list_keys(
     return render(request, "keys.html", active="keys", title="Keys", values=values, **context)
 
 
-def _create(session: Session, state: GatewayState, operator: Operator, body: KeyCreate) -> Any:
+def _create(change: Change, body: KeyCreate) -> tuple[str, KeyOut]:
+    session = change.session
     with session.begin():
         created = crud.create_key(
             session,
-            actor=operator.actor,
+            actor=change.operator.actor,
             tenant=resolve(crud.get_tenant, session, body.tenant).id,
-            secret=state.secret,
+            secret=change.state.secret,
             name=body.name,
             expires_at=body.expires_at,
         )
         return created.plaintext, KeyOut.of(created.api_key)
 
 
-@router.post("/keys/new")
-async def create_key(
-    request: Request,
-    operator: OperatorDep,
-    _: CsrfDep,
-    session: SessionDep,
-    state: StateDep,
+def _created(
+    request: Request, title: str, plaintext: str, key: KeyOut, replaces: KeyOut | None
 ) -> Response:
-    values = await read_form(request)
-    body = convert(values, CREATE_FIELDS, blank_is_null=False, required=("tenant",))
+    """The only page that ever shows a key's plaintext: the answer to the POST that made it."""
+    context: dict[str, Any] = {"secret": plaintext, "key": key, "replaces": replaces}
+    return render(
+        request, "key_created.html", status_code=201, active="keys", title=title, **context
+    )
 
-    def change() -> Any:
-        return _create(session, state, operator, validate(KeyCreate, body))
 
-    result = await run_in_threadpool(attempt, change)
+@router.post("/keys/new")
+async def create_key(change: ChangeDep) -> Response:
+    values, result = await submit(
+        change,
+        CREATE_FIELDS,
+        KeyCreate,
+        lambda body: _create(change, body),
+        blank_is_null=False,
+        required=("tenant",),
+    )
     if isinstance(result, ApiError):
         error = result
 
         def again() -> Response:
             page = Page(DEFAULT_PAGE, 0)
-            context = _list_context(session, request, page, None, False)
+            context = _list_context(change.session, change.request, page, None, False)
+            errors = field_errors(error, CREATE_FIELDS)
             return render(
-                request,
+                change.request,
                 "keys.html",
                 status_code=error.status,
                 active="keys",
                 title="Keys",
                 values=values,
-                errors=field_errors(error, CREATE_FIELDS),
+                errors=errors,
                 **context,
             )
 
         return await run_in_threadpool(again)
     plaintext, key = result
-    return render(
-        request,
-        "key_created.html",
-        status_code=201,
-        active="keys",
-        title="Key created",
-        secret=plaintext,
-        key=key,
-        replaces=None,
-    )
+    return _created(change.request, "Key created", plaintext, key, None)
 
 
 @router.get("/keys/{prefix}")
@@ -155,91 +153,50 @@ def _detail(
     errors: dict[str, str] | None = None,
     status_code: int = 200,
 ) -> Response:
+    title = f"Key {key.prefix}"
+    context: dict[str, Any] = {"key": key, "values": values, "errors": errors or {}}
     return render(
-        request,
-        "key_detail.html",
-        status_code=status_code,
-        active="keys",
-        title=f"Key {key.prefix}",
-        key=key,
-        values=values,
-        errors=errors or {},
+        request, "key_detail.html", status_code=status_code, active="keys", title=title, **context
     )
 
 
 @router.post("/keys/{prefix}/revoke")
-async def revoke_key(
-    request: Request,
-    prefix: str,
-    operator: OperatorDep,
-    _: CsrfDep,
-    session: SessionDep,
-    state: StateDep,
-) -> Response:
-    def change() -> KeyOut:
-        return change_and_invalidate(
-            state,
-            session,
-            lambda s: crud.revoke_key(s, prefix, actor=operator.actor),
-            KeyOut.of,
-            own_prefix,
-        )
-
-    key = await run_in_threadpool(change)
-    return redirect(
-        request, f"/ui/keys/{key.prefix}", flash=f"Key {key.prefix} revoked: it stops working now."
+async def revoke_key(prefix: str, change: ChangeDep) -> Response:
+    actor = change.operator.actor
+    key = await commit_and_invalidate(
+        change, lambda s: crud.revoke_key(s, prefix, actor=actor), KeyOut.of, own_prefix
     )
+    flash = f"Key {key.prefix} revoked: it stops working now."
+    return redirect(change.request, f"/ui/keys/{key.prefix}", flash=flash)
 
 
-def _rotate(
-    session: Session, state: GatewayState, operator: Operator, prefix: str, body: KeyRotate
-) -> tuple[str, KeyOut, KeyOut]:
+def _rotate(change: Change, prefix: str, body: KeyRotate) -> tuple[str, KeyOut, KeyOut]:
+    session = change.session
     with session.begin():
         created = crud.rotate_key(
             session,
             prefix,
-            actor=operator.actor,
-            secret=state.secret,
+            actor=change.operator.actor,
+            secret=change.state.secret,
             grace_s=body.grace_s,
             expires_at=body.expires_at,
         )
         old = crud.get_key(session, prefix)
         out = created.plaintext, KeyOut.of(created.api_key), KeyOut.of(old)
-    invalidate(state, [old.prefix])  # its cached identity outlived the new expiry
+    invalidate(change.state, [old.prefix])  # its cached identity outlived the new expiry
     return out
 
 
 @router.post("/keys/{prefix}/rotate")
-async def rotate_key(
-    request: Request,
-    prefix: str,
-    operator: OperatorDep,
-    _: CsrfDep,
-    session: SessionDep,
-    state: StateDep,
-) -> Response:
-    values = await read_form(request)
-    body = convert(values, ROTATE_FIELDS, blank_is_null=False)
-
-    def change() -> tuple[str, KeyOut, KeyOut]:
-        return _rotate(session, state, operator, prefix, validate(KeyRotate, body))
-
-    result = await run_in_threadpool(attempt, change)
+async def rotate_key(prefix: str, change: ChangeDep) -> Response:
+    rotate = partial(_rotate, change, prefix)
+    values, result = await submit(change, ROTATE_FIELDS, KeyRotate, rotate, blank_is_null=False)
     if isinstance(result, ApiError):
         if result.status == 404:
             raise result
         error = result
-        key = await run_in_threadpool(lambda: KeyOut.of(crud.get_key(session, prefix)))
+        key = await run_in_threadpool(lambda: KeyOut.of(crud.get_key(change.session, prefix)))
         errors = field_errors(error, ROTATE_FIELDS)
-        return _detail(request, key, values=values, errors=errors, status_code=error.status)
+        return _detail(change.request, key, values=values, errors=errors, status_code=error.status)
     plaintext, new, old = result
-    return render(
-        request,
-        "key_created.html",
-        status_code=201,
-        active="keys",
-        title="Key rotated",
-        secret=plaintext,
-        key=new,
-        replaces=old,
-    )
+    return _created(change.request, "Key rotated", plaintext, new, old)

@@ -21,7 +21,15 @@ from starlette.datastructures import UploadFile
 
 from gateway.app.admin.helpers import delete_row, resolve
 from gateway.app.admin.schemas import ProfileImport
-from gateway.app.ui.deps import CsrfDep, Operator, OperatorDep, PageDep, SessionDep, UiRoute
+from gateway.app.ui.deps import (
+    ChangeDep,
+    CsrfDep,
+    Operator,
+    OperatorDep,
+    PageDep,
+    SessionDep,
+    UiRoute,
+)
 from gateway.app.ui.forms import FORM_ERROR, attempt, field_errors, validate
 from gateway.app.ui.render import pager, redirect, render
 from gateway.db import crud
@@ -166,17 +174,18 @@ def view_profile(
 
 
 @router.post("/profiles/{name}/delete")
-async def delete_profile(
-    request: Request, name: str, operator: OperatorDep, _: CsrfDep, session: SessionDep
-) -> Response:
-    def change() -> str:
+async def delete_profile(name: str, change: ChangeDep) -> Response:
+    """A profile in use, shipped, or gone is refused with the API's status and words, on a
+    page (the route turns the refusal into it)."""
+
+    def remove() -> str:
+        session = change.session
         with session.begin():
             row = resolve(crud.get_deletable_profile, session, name)
+            actor = change.operator.actor
             return delete_row(
-                session, operator.actor, crud.delete_profile, "latency_profile", row.id, row.name
+                session, actor, crud.delete_profile, "latency_profile", row.id, row.name
             ).name
 
-    result = await run_in_threadpool(attempt, change)
-    if isinstance(result, ApiError):
-        raise result  # in use, shipped, or gone: the API's status and words, on a page
-    return redirect(request, "/ui/profiles", flash=f"Profile {result} deleted.")
+    deleted = await run_in_threadpool(remove)
+    return redirect(change.request, "/ui/profiles", flash=f"Profile {deleted} deleted.")

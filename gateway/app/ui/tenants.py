@@ -13,11 +13,9 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 from sqlalchemy.orm import Session
-from starlette.concurrency import run_in_threadpool
 
 from gateway.app.admin.helpers import (
-    change_and_invalidate,
-    delete_row,
+    changes_of,
     invalidate,
     key_prefixes,
     resolve,
@@ -25,36 +23,16 @@ from gateway.app.admin.helpers import (
     update_tenant,
 )
 from gateway.app.admin.schemas import TenantCreate, TenantUpdate
-from gateway.app.state import GatewayState
-from gateway.app.ui.deps import (
-    CsrfDep,
-    Operator,
-    OperatorDep,
-    PageDep,
-    SessionDep,
-    StateDep,
-    UiRoute,
-)
-from gateway.app.ui.forms import Kind, attempt, convert, field_errors, read_form, validate
+from gateway.app.ui.deps import Change, ChangeDep, OperatorDep, PageDep, SessionDep, UiRoute
+from gateway.app.ui.forms import POLICY_FIELDS, Kind, input_text
 from gateway.app.ui.render import pager, redirect, render
-from gateway.app.ui.tiers import input_text
+from gateway.app.ui.resource import Resource, Saved, commit_and_invalidate
 from gateway.db import crud
 from gateway.db.models import TENANT_STATUSES, Tenant
-from gateway.errors import ApiError
 
 router = APIRouter(route_class=UiRoute)
 
-FIELDS: dict[str, Kind] = {
-    "name": "text",
-    "tier": "ref",
-    "status": "text",
-    "ttft_ms": "number",
-    "tpot_ms": "number",
-    "deadline_ms": "number",
-    "rpm_limit": "number",
-    "tpm_limit": "number",
-    "max_concurrency": "number",
-}
+FIELDS: dict[str, Kind] = {"name": "text", "tier": "ref", "status": "text", **POLICY_FIELDS}
 EDIT_FIELDS = {k: v for k, v in FIELDS.items() if k != "status"}  # status: its own actions
 REQUIRED = ("name", "tier")
 Filter = Annotated[str | None, Query(max_length=200)]
@@ -67,29 +45,29 @@ def _values(tenant: Tenant) -> dict[str, Any]:
     return values
 
 
-def _form(
-    request: Request,
-    session: Session,
-    *,
-    tenant: Tenant | None,
-    values: dict[str, Any],
-    errors: dict[str, str] | None = None,
-    status_code: int = 200,
-    active_keys: int | None = None,
-) -> Response:
-    return render(
-        request,
-        "tenant_form.html",
-        active_keys=active_keys,
-        status_code=status_code,
-        active="tenants",
-        title=f"Tenant {tenant.name}" if tenant is not None else "New tenant",
-        tenant=tenant,
-        tiers=crud.list_tiers(session),
-        statuses=TENANT_STATUSES,
-        values=values,
-        errors=errors or {},
-    )
+def _create(session: Session, *, actor: str, tier: int | str, **values: Any) -> Tenant:
+    """The form's tier is a name (or an id); the row stores the id."""
+    tier_id = resolve(crud.get_tier, session, tier).id
+    return crud.create_tenant(session, actor=actor, tier=tier_id, **values)
+
+
+def _choices(session: Session) -> dict[str, Any]:
+    # active_keys: shown on the edit page only (None hides it on a form shown again)
+    return {"tiers": crud.list_tiers(session), "statuses": TENANT_STATUSES, "active_keys": None}
+
+
+TENANTS = Resource[Tenant](
+    entity="tenant",
+    fields=FIELDS,
+    edit_fields=EDIT_FIELDS,
+    required=REQUIRED,
+    get=crud.get_tenant,
+    create=_create,
+    delete=crud.delete_tenant,
+    shown=_values,
+    choices=_choices,
+    stale_keys=key_prefixes,
+)
 
 
 @router.get("/tenants")
@@ -125,40 +103,12 @@ def list_tenants(
 
 @router.get("/tenants/new")
 def new_tenant(request: Request, operator: OperatorDep, session: SessionDep) -> Response:
-    return _form(request, session, tenant=None, values={"status": "active"})
-
-
-def _create(session: Session, operator: Operator, body: TenantCreate) -> str:
-    with session.begin():
-        values = body.model_dump()
-        values["tier"] = resolve(crud.get_tier, session, body.tier).id
-        return crud.create_tenant(session, actor=operator.actor, **values).name
+    return TENANTS.form(request, session, None, {"status": "active"})
 
 
 @router.post("/tenants/new")
-async def create_tenant(
-    request: Request, operator: OperatorDep, _: CsrfDep, session: SessionDep
-) -> Response:
-    values = await read_form(request)
-    body = convert(values, FIELDS, blank_is_null=False, required=REQUIRED)
-
-    def change() -> str:
-        return _create(session, operator, validate(TenantCreate, body))
-
-    result = await run_in_threadpool(attempt, change)
-    if isinstance(result, ApiError):
-        errors = field_errors(result, FIELDS)
-        return await run_in_threadpool(
-            lambda: _form(
-                request,
-                session,
-                tenant=None,
-                values=values,
-                errors=errors,
-                status_code=result.status,
-            )
-        )
-    return redirect(request, "/ui/tenants", flash=f"Tenant {result} created.")
+async def create_tenant(change: ChangeDep) -> Response:
+    return await TENANTS.post_new(change, TenantCreate)
 
 
 @router.get("/tenants/{name}")
@@ -167,121 +117,50 @@ def edit_tenant(
 ) -> Response:
     tenant = resolve(crud.get_tenant, session, name)
     keys = crud.count_keys(session, tenant=tenant.id, active_only=True)
-    return _form(request, session, tenant=tenant, values=_values(tenant), active_keys=keys)
+    return TENANTS.form(request, session, tenant, _values(tenant), active_keys=keys)
+
+
+def _save(change: Change, name: str, body: TenantUpdate) -> Saved:
+    """Through the API's own helper (``tier`` by name); every key's cached identity is dropped
+    once committed, as overrides and tier are part of it."""
+    session = change.session
+    with session.begin():
+        before = resolve(crud.get_tenant, session, name).updated_at
+        tenant = update_tenant(session, name, changes_of(body), change.operator.actor)
+        saved, prefixes = Saved(tenant.name, tenant.updated_at != before), key_prefixes(tenant)
+    invalidate(change.state, prefixes)
+    return saved
 
 
 @router.post("/tenants/{name}")
-async def update_tenant_page(
-    request: Request,
-    name: str,
-    operator: OperatorDep,
-    _: CsrfDep,
-    session: SessionDep,
-    state: StateDep,
-) -> Response:
-    values = await read_form(request)
-    body = convert(values, EDIT_FIELDS, blank_is_null=True, required=REQUIRED)
-
-    def change() -> tuple[str, bool]:
-        patch = validate(TenantUpdate, body).model_dump(exclude_unset=True)
-        with session.begin():
-            tenant = resolve(crud.get_tenant, session, name)
-            before = tenant.updated_at
-            tenant = update_tenant(session, name, patch, operator.actor)
-            out = tenant.name, tenant.updated_at != before
-            prefixes = key_prefixes(tenant)
-        invalidate(state, prefixes)
-        return out
-
-    result = await run_in_threadpool(attempt, change)
-    if isinstance(result, ApiError):
-        if result.status == 404 and result.param == "tenant":
-            raise result
-
-        def again(error: ApiError = result) -> Response:
-            tenant = resolve(crud.get_tenant, session, name)
-            values["status"] = tenant.status
-            errors = field_errors(error, EDIT_FIELDS)
-            return _form(
-                request,
-                session,
-                tenant=tenant,
-                values=values,
-                errors=errors,
-                status_code=error.status,
-            )
-
-        return await run_in_threadpool(again)
-    new_name, changed = result
-    flash = f"Tenant {new_name} saved." if changed else f"Tenant {new_name}: nothing changed."
-    return redirect(request, "/ui/tenants", flash=flash)
+async def update_tenant_page(name: str, change: ChangeDep) -> Response:
+    return await TENANTS.post_edit(
+        change, name, TenantUpdate, lambda body: _save(change, name, body)
+    )
 
 
-async def _status(
-    request: Request,
-    name: str,
-    operator: Operator,
-    session: Session,
-    state: GatewayState,
-    *,
-    active: bool,
-) -> Response:
-    def change() -> Tenant:
-        return change_and_invalidate(
-            state,
-            session,
-            lambda s: set_tenant_status(s, name, operator.actor, active=active),
-            lambda t: t,
-            key_prefixes,
-        )
-
-    tenant = await run_in_threadpool(change)
+async def _status(change: Change, name: str, *, active: bool) -> Response:
+    actor = change.operator.actor
+    tenant = await commit_and_invalidate(
+        change,
+        lambda s: set_tenant_status(s, name, actor, active=active),
+        lambda t: t.name,
+        key_prefixes,
+    )
     verb = "activated" if active else "suspended: its keys stop working at once"
-    return redirect(request, f"/ui/tenants/{tenant.name}", flash=f"Tenant {tenant.name} {verb}.")
+    return redirect(change.request, f"/ui/tenants/{tenant}", flash=f"Tenant {tenant} {verb}.")
 
 
 @router.post("/tenants/{name}/suspend")
-async def suspend_tenant(
-    request: Request,
-    name: str,
-    operator: OperatorDep,
-    _: CsrfDep,
-    session: SessionDep,
-    state: StateDep,
-) -> Response:
-    return await _status(request, name, operator, session, state, active=False)
+async def suspend_tenant(name: str, change: ChangeDep) -> Response:
+    return await _status(change, name, active=False)
 
 
 @router.post("/tenants/{name}/activate")
-async def activate_tenant(
-    request: Request,
-    name: str,
-    operator: OperatorDep,
-    _: CsrfDep,
-    session: SessionDep,
-    state: StateDep,
-) -> Response:
-    return await _status(request, name, operator, session, state, active=True)
+async def activate_tenant(name: str, change: ChangeDep) -> Response:
+    return await _status(change, name, active=True)
 
 
 @router.post("/tenants/{name}/delete")
-async def delete_tenant(
-    request: Request,
-    name: str,
-    operator: OperatorDep,
-    _: CsrfDep,
-    session: SessionDep,
-    state: StateDep,
-) -> Response:
-    def change() -> str:
-        with session.begin():
-            tenant = resolve(crud.get_tenant, session, name)
-            prefixes = key_prefixes(tenant)
-            out = delete_row(
-                session, operator.actor, crud.delete_tenant, "tenant", tenant.id, tenant.name
-            )
-        invalidate(state, prefixes)
-        return out.name
-
-    deleted = await run_in_threadpool(change)
-    return redirect(request, "/ui/tenants", flash=f"Tenant {deleted} deleted, with its keys.")
+async def delete_tenant(name: str, change: ChangeDep) -> Response:
+    return await TENANTS.post_delete(change, name, verb="deleted, with its keys")
