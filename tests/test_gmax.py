@@ -148,3 +148,22 @@ def test_tempo_graded_decay_changes_the_order() -> None:
         inp = SchedulerInput(now=1.0, running=[], waiting=[long, short], limits=limits)
         plan = make_policy("tempo", _estimator()).schedule(inp)
         assert [r.request_id for r, _ in plan.scheduled] == [first]
+
+
+@pytest.mark.parametrize("name", ["gmax", "gmax-fair", "tempo"])
+def test_a_prefill_that_misses_the_time_budget_is_not_preempted(name: str) -> None:
+    """One running stream still prefilling 10 tokens, with a step budget (0.9 × its TPOT) too
+    short for any chunk: freeing its KV would not make it fit, so it must not preempt itself
+    (a deadlock hypothesis found: an empty plan with the request preempted). It runs instead."""
+    stream = Request(
+        "r0", 0.0, 11, SLO(ttft_s=1.0, tpot_s=0.005), length=LengthDistribution.point(8)
+    )
+    stream.status = RequestStatus.RUNNING
+    stream.num_computed_tokens = 1
+    stream.num_kv_blocks = 1
+    limits = EngineLimits(token_budget=10, max_num_seqs=1, block_size=1, num_free_blocks=12)
+    plan = make_policy(name, _estimator()).schedule(
+        SchedulerInput(now=0.0, running=[stream], waiting=[], limits=limits)
+    )
+    assert plan.preempted == []
+    assert [(r.request_id, tokens) for r, tokens in plan.scheduled] == [("r0", 10)]

@@ -308,8 +308,13 @@ def continue_running(
             continue
         if builder.add_preempting(request, None, victims) > 0:
             continue
-        if builder.full:
-            return  # out of time: the rest waits for the next step, nobody is preempted
+        kv_blocked = builder.kv_fit_tokens(request) < min(
+            request.num_uncomputed_tokens, builder.tokens_left
+        )
+        if builder.full or not kv_blocked:
+            # out of time (or only a uselessly small chunk fits the time left): the rest waits
+            # for the next step and nobody is preempted — freeing KV would not make it fit
+            return
         if request.num_kv_blocks > 0 and not builder.is_scheduled(request):
             builder.preempt(request)
             return
