@@ -395,56 +395,6 @@ def running_servers(
         log.close()
 
 
-def _serve_role(args: argparse.Namespace) -> int:
-    """Child process: serve the engine, or the gateway, until SIGTERM."""
-    import uvicorn
-
-    if args.role == "engine":
-        from gateway.engine_sim.serve import EngineSpec
-
-        app = EngineSpec(
-            "a100-qwen2-7b", "vllm-v1", MODEL, seed=0, time_scale=args.time_scale
-        ).create_app()
-        uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning", access_log=False)
-        return 0
-    from gateway.app import BackendSpec
-
-    backend = BackendSpec("drill-engine", args.engine_url, MODEL, "a100-qwen2-7b", kind="emulated")
-    if args.workers > 1:
-        from gateway import serve as serving
-        from gateway.settings import get_settings
-
-        @contextlib.asynccontextmanager
-        async def backends() -> Any:
-            yield [backend]
-
-        return int(
-            asyncio.run(
-                serving.run_workers(
-                    get_settings(),
-                    host="127.0.0.1",
-                    port=args.port,
-                    log_level="warning",
-                    workers=args.workers,
-                    backends=backends,
-                )
-            )
-        )
-    from gateway.app import create_app
-
-    app = create_app(backends=[backend])
-    uvicorn.run(
-        app,
-        host="127.0.0.1",
-        port=args.port,
-        log_level="warning",
-        access_log=False,
-        timeout_graceful_shutdown=5,
-        backlog=4096,
-    )
-    return 0
-
-
 def workers_supported() -> bool:
     """Whether this gateway has a worker mode (``gateway.serve.run_workers``)."""
     from gateway import serve as serving
@@ -870,7 +820,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     if args.role is not None:
-        return _serve_role(args)
+        return common.serve_engine_or_gateway(args, MODEL)
     setup = Setup(
         requests=args.requests,
         rps=args.rps,

@@ -10,6 +10,7 @@ as aliases where tests or sibling scripts use them.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import json
@@ -197,3 +198,55 @@ def has_content(event: bytes) -> bool:
     except ValueError:
         return False
     return any((c.get("delta") or {}).get("content") for c in data.get("choices") or ())
+
+
+def serve_engine_or_gateway(args: argparse.Namespace, model: str) -> int:
+    """Child process of the database and Redis drills: serve one emulated A100 engine
+    (``args.role == "engine"``) or the gateway in front of it (``args.workers`` processes),
+    until SIGTERM."""
+    import uvicorn
+
+    if args.role == "engine":
+        from gateway.engine_sim.serve import EngineSpec
+
+        app = EngineSpec(
+            "a100-qwen2-7b", "vllm-v1", model, seed=0, time_scale=args.time_scale
+        ).create_app()
+        uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning", access_log=False)
+        return 0
+    from gateway.app import BackendSpec
+
+    backend = BackendSpec("drill-engine", args.engine_url, model, "a100-qwen2-7b", kind="emulated")
+    if args.workers > 1:
+        from gateway import serve as serving
+        from gateway.settings import get_settings
+
+        @contextlib.asynccontextmanager
+        async def backends() -> Any:
+            yield [backend]
+
+        return int(
+            asyncio.run(
+                serving.run_workers(
+                    get_settings(),
+                    host="127.0.0.1",
+                    port=args.port,
+                    log_level="warning",
+                    workers=args.workers,
+                    backends=backends,
+                )
+            )
+        )
+    from gateway.app import create_app
+
+    app = create_app(backends=[backend])
+    uvicorn.run(
+        app,
+        host="127.0.0.1",
+        port=args.port,
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=5,
+        backlog=4096,
+    )
+    return 0
