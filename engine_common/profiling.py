@@ -19,8 +19,14 @@ Attention, kept simple and honest:
 - each prefill chunk writes its K/V into a per-batch cache tensor and runs one
   ``scaled_dot_product_attention`` call over ``l_kv + l_q`` keys (causal for a fresh prompt,
   an explicit offset-causal mask over a prefix);
-- all decodes run as one padded SDPA call over the longest decode context, with a key-padding
-  mask; padding waste grows with the spread of decode lengths (paged kernels have none).
+- decodes are sorted by context length and run as one padded SDPA call per power-of-two length
+  bucket, with a key-padding mask: padding waste stays under 2x however wide the spread of
+  decode lengths (paged kernels have none; one call over the longest context would pay
+  ``n * max(l_kv)`` where the estimator, like the real kernel, pays ``sum(l_kv)``).
+
+Grids: ``small`` (CI), ``full`` (a profile's fitting table) and ``random`` (seeded batches
+shaped like a chunked-prefill scheduler's steps, held out to measure the fitted estimator on
+batches it was not fitted to).
 
 Timing: ``--warmup`` untimed runs, then the median of ``--repeats`` runs; on CUDA each run is
 bracketed by ``torch.cuda.synchronize()`` and ``time.perf_counter()``; on CPU, perf_counter.
@@ -96,8 +102,52 @@ def cuda_or_cpu(spec: str | None = None) -> Device:
     return Device(spec, spec, wall_timer(), "float32")
 
 
-def batch_grid(kind: str) -> list[Batch]:
-    """Pure prefill (fresh and over a prefix), pure decode, and mixed batches."""
+def random_batches(
+    count: int,
+    *,
+    seed: int = 0,
+    token_budget: int = 8192,
+    max_seqs: int = 256,
+    max_context: int = 4096,
+) -> list[Batch]:
+    """``count`` seeded batches shaped like a chunked-prefill scheduler's steps.
+
+    Each step has 0-256 decodes whose contexts are log-uniform in [16, ``max_context``] (a
+    running batch mixes young and old requests) and 0-3 prefill chunks within the token budget
+    left, half of them over a cached prefix. Held out from :func:`batch_grid`'s regular grid,
+    they measure how a fitted profile predicts batches it never saw.
+    """
+    import random
+
+    rng = random.Random(seed)
+    batches: list[Batch] = []
+    while len(batches) < count:
+        n_dec = rng.choice((0, rng.randint(1, 16), rng.randint(16, max_seqs)))
+        decode = tuple(
+            sorted(
+                round(math.exp(rng.uniform(math.log(16), math.log(max_context))))
+                for _ in range(n_dec)
+            )
+        )
+        left = token_budget - n_dec
+        prefill: list[tuple[int, int]] = []
+        for _ in range(rng.choice((0, 1, 1, 2, 3))):
+            if left < 16 or len(prefill) + n_dec >= max_seqs:
+                break
+            l_q = min(left, round(math.exp(rng.uniform(math.log(16), math.log(token_budget)))))
+            l_kv = 0 if rng.random() < 0.5 else rng.randint(16, max_context)
+            prefill.append((l_q, l_kv))
+            left -= l_q
+        if prefill or decode:
+            batches.append((tuple(prefill), decode))
+    return batches
+
+
+def batch_grid(kind: str, *, count: int = 96, seed: int = 0) -> list[Batch]:
+    """Pure prefill (fresh and over a prefix), pure decode, and mixed batches; ``random``:
+    :func:`random_batches` (``count``, ``seed``)."""
+    if kind == "random":
+        return random_batches(count, seed=seed)
     lq: tuple[int, ...]
     lkv: tuple[int, ...]
     dec_b: tuple[int, ...]
@@ -110,7 +160,7 @@ def batch_grid(kind: str) -> list[Batch]:
         mixed = [(((128, 0),), (256,) * 4), (((64, 256),), (64, 512, 128))]
         multi = [(((64, 0), (128, 0)), ())]
     elif kind == "full":
-        lq, lkv = (16, 64, 128, 256, 512, 1024, 2048, 4096), (0, 512, 2048, 4096)
+        lq, lkv = (16, 64, 128, 256, 512, 1024, 2048, 4096, 8192), (0, 512, 2048, 4096)
         dec_b, dec_kv = (1, 2, 4, 8, 16, 32, 64, 128, 256), (128, 512, 1024, 2048, 4096)
         mixed = [
             (((q, kv),), (d,) * b)
@@ -123,7 +173,7 @@ def batch_grid(kind: str) -> list[Batch]:
         multi = [(((512, 0),) * n, no_decode) for n in (2, 4)]
         multi.append((((1024, 0), (256, 1024)), no_decode))
     else:
-        raise ValueError(f"unknown grid {kind!r} (small or full)")
+        raise ValueError(f"unknown grid {kind!r} (small, full or random)")
     grid: list[Batch] = [(((q, kv),), ()) for q in lq for kv in lkv]
     grid += [((), (kv,) * b) for b in dec_b for kv in dec_kv]
     return grid + mixed + multi
@@ -181,7 +231,7 @@ class Decoder:
         import torch
 
         c, dev = self.cfg, self.device
-        prefill, decode = batch
+        prefill, decode = batch[0], tuple(sorted(batch[1]))
         n_tok = sum(q for q, _ in prefill) + len(decode)
         positions = [torch.arange(kv, kv + q) for q, kv in prefill]
         positions.append(torch.tensor(decode, dtype=torch.long))
@@ -201,11 +251,12 @@ class Decoder:
                 keys = torch.arange(kv + q, device=dev)
                 queries = torch.arange(kv, kv + q, device=dev)
                 masks.append(keys[None, :] <= queries[:, None])
-        dec_mask = None
-        if decode:
-            dec_len = max(decode) + 1
-            lens = torch.tensor(decode, device=dev)
-            dec_mask = (torch.arange(dec_len, device=dev)[None, :] <= lens[:, None])[:, None, None]
+        dec_groups = []
+        for start, stop in _length_buckets(decode):
+            dec_len = decode[stop - 1] + 1
+            lens = torch.tensor(decode[start:stop], device=dev)
+            mask = (torch.arange(dec_len, device=dev)[None, :] <= lens[:, None])[:, None, None]
+            dec_groups.append((start, stop, dec_len, mask))
         ids = torch.randint(0, c.vocab, (n_tok,), device=dev)
         last = torch.tensor(
             [sum(q for q, _ in prefill[: i + 1]) - 1 for i in range(len(prefill))]
@@ -219,9 +270,12 @@ class Decoder:
             "k": k_cache,
             "v": v_cache,
             "masks": masks,
-            "dec_mask": dec_mask,
+            "dec_groups": dec_groups,
+            # Built here, not in forward: a host-to-device copy cannot be captured in a graph.
+            "dec_rows": torch.arange(len(prefill), len(prefill) + len(decode), device=dev),
+            "dec_cols": torch.tensor(decode, dtype=torch.long, device=dev),
             "last": last,
-            "batch": batch,
+            "batch": (prefill, decode),
         }
 
     def forward(self, inp: dict[str, Any]) -> torch.Tensor:
@@ -259,19 +313,18 @@ class Decoder:
                 outs.append(o[0].transpose(0, 1).reshape(l_q, q_dim))
                 start += l_q
             if decode:
-                rows = torch.arange(n_pre, n_pre + len(decode), device=x.device)
-                cols = torch.tensor(decode, device=x.device)
+                rows, cols = inp["dec_rows"], inp["dec_cols"]
                 k_cache[rows, :, cols] = k[start:]
                 v_cache[rows, :, cols] = v[start:]
-                dec_len = max(decode) + 1
-                o = F.scaled_dot_product_attention(
-                    q[start:][:, :, None],
-                    k_cache[n_pre:, :, :dec_len],
-                    v_cache[n_pre:, :, :dec_len],
-                    attn_mask=inp["dec_mask"],
-                    enable_gqa=True,
-                )
-                outs.append(o.reshape(len(decode), q_dim))
+                for a, b, dec_len, mask in inp["dec_groups"]:
+                    o = F.scaled_dot_product_attention(
+                        q[start + a : start + b][:, :, None],
+                        k_cache[n_pre + a : n_pre + b, :, :dec_len],
+                        v_cache[n_pre + a : n_pre + b, :, :dec_len],
+                        attn_mask=mask,
+                        enable_gqa=True,
+                    )
+                    outs.append(o.reshape(b - a, q_dim))
             x = x + F.linear(torch.cat(outs), layer["o"])
             h = self._rms(x, layer["ln2"])
             gate, up = F.linear(h, layer["gate_up"]).chunk(2, dim=-1)
@@ -279,10 +332,50 @@ class Decoder:
         return F.linear(self._rms(x[inp["last"]], self.norm), self.lm_head)
 
 
+def _length_buckets(sorted_lengths: Sequence[int]) -> list[tuple[int, int]]:
+    """``[start, stop)`` runs of ``sorted_lengths`` sharing a power-of-two ceiling of ``l + 1``."""
+    runs: list[tuple[int, int]] = []
+    start = 0
+    for i in range(1, len(sorted_lengths) + 1):
+        if (
+            i == len(sorted_lengths)
+            or (sorted_lengths[i] + 1).bit_length() != (sorted_lengths[start] + 1).bit_length()
+        ):
+            runs.append((start, i))
+            start = i
+    return runs
+
+
+def _cuda_graph_replay(model: Decoder, inp: dict[str, Any]) -> Callable[[], object]:
+    """``forward`` captured once in a CUDA graph; returns its replay.
+
+    vLLM replays captured graphs instead of launching a step's ~800 kernels one by one from
+    Python; eager timing of a small batch measures the host's launch rate, not the GPU.
+    """
+    import torch
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        model.forward(inp)  # allocator and kernel selection settle outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        model.forward(inp)
+    return graph.replay
+
+
 def time_batch(
-    model: Decoder, batch: Batch, *, warmup: int, repeats: int, timer: Timer | None = None
+    model: Decoder,
+    batch: Batch,
+    *,
+    warmup: int,
+    repeats: int,
+    timer: Timer | None = None,
+    cuda_graph: bool = False,
 ) -> float:
-    """Median seconds of one forward pass of ``batch`` (default timer: synchronised on CUDA)."""
+    """Median seconds of one forward pass of ``batch`` (default timer: synchronised on CUDA);
+    ``cuda_graph``: time replays of the pass captured as one CUDA graph, as vLLM runs it."""
     import torch
 
     if timer is None:
@@ -290,8 +383,9 @@ def time_batch(
     inp = model.prepare(batch)
     times = []
     with torch.inference_mode():
+        run = _cuda_graph_replay(model, inp) if cuda_graph else partial(model.forward, inp)
         for i in range(warmup + repeats):
-            seconds = timer(lambda: model.forward(inp))
+            seconds = timer(run)
             if i >= warmup:
                 times.append(seconds)
     return statistics.median(times)
@@ -307,8 +401,10 @@ def profile(
     repeats: int = 5,
     model_name: str = "",
     source: str = SOURCE,
+    cuda_graph: bool = False,
 ) -> list[BatchRow]:
-    """One row per batch of ``grid`` (``dtype`` default: the device's)."""
+    """One row per batch of ``grid`` (``dtype`` default: the device's); ``cuda_graph``: time
+    CUDA-graph replays (:func:`time_batch`)."""
     import torch
 
     dev = cuda_or_cpu(device) if isinstance(device, str) else device
@@ -327,7 +423,9 @@ def profile(
     }
     rows = []
     for batch in grid:
-        seconds = time_batch(model, batch, warmup=warmup, repeats=repeats, timer=dev.timer)
+        seconds = time_batch(
+            model, batch, warmup=warmup, repeats=repeats, timer=dev.timer, cuda_graph=cuda_graph
+        )
         rows.append(BatchRow(batch[0], batch[1], seconds, meta=meta))
     return rows
 
@@ -352,7 +450,9 @@ def main(
         choices=["bfloat16", "float16", "float32"],
         help="default: bfloat16 on an accelerator, float32 on cpu",
     )
-    parser.add_argument("--grid", default="small", choices=["small", "full"])
+    parser.add_argument("--grid", default="small", choices=["small", "full", "random"])
+    parser.add_argument("--count", type=int, default=96, help="batches of the random grid")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random grid")
     parser.add_argument(
         "--layers",
         type=int,
@@ -361,6 +461,12 @@ def main(
     )
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument(
+        "--cuda-graphs",
+        action="store_true",
+        help="time CUDA-graph replays, as vLLM runs a step (CUDA only; eager timing of small "
+        "batches measures the host's kernel-launch rate)",
+    )
     parser.add_argument("-o", "--output", type=Path, required=True)
     args = parser.parse_args(argv)
 
@@ -372,13 +478,14 @@ def main(
         cfg = replace(cfg, layers=args.layers)
     rows = profile(
         cfg,
-        batch_grid(args.grid),
+        batch_grid(args.grid, count=args.count, seed=args.seed),
         device=resolve_device(args.device),
         dtype=args.dtype,
         warmup=args.warmup,
         repeats=args.repeats,
         model_name=args.model,
         source=source,
+        cuda_graph=args.cuda_graphs,
     )
     write_rows(args.output, rows)
     print(f"wrote {len(rows)} rows to {args.output}")

@@ -14,6 +14,7 @@ from priority.profiles.table import COLUMNS, read_rows
 
 torch = pytest.importorskip("torch")
 
+from engine_common.profiling import _length_buckets  # noqa: E402
 from engine_cuda import profile_batches as pb  # noqa: E402
 
 
@@ -82,8 +83,12 @@ def test_prefix_mask_is_offset_causal() -> None:
     # Query i of a 2-token chunk after 3 cached tokens sees keys 0..3+i.
     assert mask.tolist() == [[True] * 4 + [False], [True] * 5]
     assert inp["masks"][1] is None  # fresh prompt: plain causal
-    # Decode request with 1 cached token sees 2 keys (cache + itself) of the padded 7.
-    assert inp["dec_mask"][0, 0, 0].tolist() == [True, True] + [False] * 5
+    # Decodes of 1 and 6 cached tokens fall in different length buckets (2 and 7 keys), so
+    # the short one pads to 2 keys, not to the long one's 7.
+    (a0, b0, len0, mask0), (a1, b1, len1, mask1) = inp["dec_groups"]
+    assert (a0, b0, len0, a1, b1, len1) == (0, 1, 2, 1, 2, 7)
+    assert mask0[0, 0, 0].tolist() == [True, True]
+    assert mask1[0, 0, 0].tolist() == [True] * 7
     logits = model.forward(inp)
     assert logits.shape == (4, TINY.vocab)
     assert torch.isfinite(logits).all()
@@ -93,3 +98,26 @@ def test_cli_rejects_an_unknown_model(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match="not a preset"):
         pb.main(["--model", "no-such-model", "--device", "cpu", "-o", str(tmp_path / "x.csv")])
     assert not (tmp_path / "x.csv").exists()
+
+
+def test_decode_buckets_bound_padding_waste() -> None:
+    lengths = sorted([16, 17, 40, 100, 127, 128, 1000, 4000, 4095])
+    runs = _length_buckets(lengths)
+    assert [i for run in runs for i in range(*run)] == list(range(len(lengths)))
+    for start, stop in runs:
+        padded = (stop - start) * (lengths[stop - 1] + 1)
+        assert padded < 2 * sum(n + 1 for n in lengths[start:stop])
+
+
+def test_random_grid_is_seeded_and_within_the_engine_limits() -> None:
+    grid = pb.batch_grid("random", count=40, seed=3)
+    assert grid == pb.batch_grid("random", count=40, seed=3)
+    assert grid != pb.batch_grid("random", count=40, seed=4)
+    assert len(grid) == 40
+    for prefill, decode in grid:
+        assert prefill or decode
+        assert sum(q for q, _ in prefill) + len(decode) <= 8192
+        assert len(prefill) + len(decode) <= 256
+    # Mixed steps (prefill chunks beside decodes) and prefixes both occur.
+    assert any(p and d for p, d in grid)
+    assert any(kv > 0 for p, _ in grid for _, kv in p)

@@ -14,6 +14,7 @@ EXPECTED = {
     "910b-qwen2-7b",
     "910b-qwen3-32b-tp4",
     "h100-llama3.1-8b",
+    "h100-llama3.1-8b-measured",
 }
 
 
@@ -87,3 +88,52 @@ def test_cli_fit_and_list(tmp_path: Path) -> None:
     assert listed.exit_code == 0, listed.output
     for name in EXPECTED:
         assert name in listed.output
+
+
+MEASURED_TABLES = Path(__file__).resolve().parents[1] / "docs" / "data" / "h100-llama3.1-8b"
+
+
+def test_measured_h100_profile_is_rebuilt_from_its_committed_tables() -> None:
+    """The shipped measured profile is exactly what its tables and build script give."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "build_measured_profile",
+        Path(__file__).resolve().parents[1] / "scripts" / "build_measured_profile.py",
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    rebuilt = module.build(MEASURED_TABLES)
+    shipped = load_profile("h100-llama3.1-8b-measured")
+    assert rebuilt.coefficients == shipped.coefficients
+    assert rebuilt.fit["heldout_mape"] == pytest.approx(shipped.fit["heldout_mape"])
+    # The held-out table was never fitted: its rows are not in the training tables.
+    from priority.profiles.table import read_rows
+
+    train = {(r.prefill, r.decode_kv) for r in read_rows(MEASURED_TABLES / "full.csv")}
+    train |= {(r.prefill, r.decode_kv) for r in read_rows(MEASURED_TABLES / "random.csv")}
+    held = read_rows(MEASURED_TABLES / "heldout.csv")
+    assert not any((r.prefill, r.decode_kv) in train for r in held)
+    assert all(r.meta["device"] == "NVIDIA H100 80GB HBM3" for r in held)
+
+
+def test_cli_eval_reports_a_profile_against_a_measured_table() -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from priority.cli.profile import profile_app
+    from priority.profiles.fit import mape
+    from priority.profiles.table import read_rows
+
+    table = MEASURED_TABLES / "heldout.csv"
+    result = CliRunner().invoke(profile_app, ["eval", "h100-llama3.1-8b", str(table), "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    composed = load_profile("h100-llama3.1-8b")
+    assert report["rows"] == len(read_rows(table))
+    assert report["mape"] == pytest.approx(mape(composed.coefficients, read_rows(table)))
+    assert set(report["mape_by_kind"]) == {"prefill_only", "decode_only", "mixed"}
+    bad = CliRunner().invoke(profile_app, ["eval", "no-such-profile", str(table)])
+    assert bad.exit_code == 2 and "unknown profile" in bad.output

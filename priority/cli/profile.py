@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated
 
@@ -10,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from priority.profiles import EngineConfig, available_profiles, load_profile
-from priority.profiles.fit import fit_profile
+from priority.profiles.fit import fit_profile, mape, mape_by_kind, predict
 from priority.profiles.table import read_rows
 
 profile_app = typer.Typer(
@@ -70,6 +71,42 @@ def fit(
         f"held-out MAPE {held_text}, all-rows MAPE {profile.fit['all_rows_mape']:.2%}"
     )
     console.print(f"wrote {output}")
+
+
+@profile_app.command("eval")
+def evaluate(
+    profile_name: Annotated[str, typer.Argument(metavar="PROFILE", help="name or JSON path")],
+    csv_path: Annotated[
+        Path, typer.Argument(metavar="CSV", exists=True, dir_okay=False, help="measured table")
+    ],
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
+) -> None:
+    """How well a profile predicts a measured table (e.g. a shipped profile on your GPU)."""
+    try:
+        profile = load_profile(profile_name)
+        rows = read_rows(csv_path)
+    except (ValueError, KeyError) as exc:
+        raise typer.BadParameter(str(exc)) from None
+    if not rows:
+        raise typer.BadParameter("the table has no rows", param_hint="CSV")
+    predicted = predict(profile.coefficients, rows)
+    ratios = sorted(float(p / r.latency_s) for p, r in zip(predicted, rows, strict=True))
+    by_kind = mape_by_kind(profile.coefficients, rows)
+    result = {
+        "profile": profile.name,
+        "rows": len(rows),
+        "mape": mape(profile.coefficients, rows),
+        "mape_by_kind": by_kind,
+        "predicted_over_measured_median": ratios[len(ratios) // 2],
+    }
+    if as_json:
+        typer.echo(json.dumps(result))
+        return
+    kinds = ", ".join(f"{k} {v:.2%}" for k, v in by_kind.items())
+    Console().print(
+        f"{profile.name} on {len(rows)} measured rows: MAPE {result['mape']:.2%} ({kinds}); "
+        f"predicted/measured median {ratios[len(ratios) // 2]:.3f}"
+    )
 
 
 @profile_app.command("list")

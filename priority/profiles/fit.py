@@ -83,6 +83,21 @@ def mape(coeffs: LatencyCoefficients, rows: Sequence[BatchRow]) -> float:
     return float(np.mean(np.abs(predict(coeffs, rows) - y) / y))
 
 
+def batch_kind(row: BatchRow) -> str:
+    """``prefill_only``, ``decode_only`` or ``mixed``: where a profile's error usually differs."""
+    if row.prefill and row.decode_kv:
+        return "mixed"
+    return "prefill_only" if row.prefill else "decode_only"
+
+
+def mape_by_kind(coeffs: LatencyCoefficients, rows: Sequence[BatchRow]) -> dict[str, float]:
+    """:func:`mape` of each :func:`batch_kind` present in ``rows``."""
+    kinds: dict[str, list[BatchRow]] = {}
+    for row in rows:
+        kinds.setdefault(batch_kind(row), []).append(row)
+    return {kind: mape(coeffs, group) for kind, group in sorted(kinds.items())}
+
+
 def split_rows(
     rows: Sequence[BatchRow], holdout_fraction: float, seed: int
 ) -> tuple[list[BatchRow], list[BatchRow]]:
