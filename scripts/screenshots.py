@@ -161,7 +161,7 @@ def _show_new_key(page: Page, stack: UiStack) -> None:
 
 def _tier_validation_error(page: Page, stack: UiStack) -> None:
     """A tier form refused beside its field, with the API's message."""
-    page.goto("/ui/tiers/new")
+    page.goto("/ui/tiers/-/new")
     form_field(page, "Name").fill("interactive")
     form_field(page, "Weight").fill("0")
     form_field(page, "TTFT ms").fill("800")
@@ -205,7 +205,7 @@ SHOTS = (
     Shot("usage", "/ui/usage", _usage_by_tier),
     Shot("usage-tenants", "/ui/usage", _usage_by_tenant),
     Shot("tiers", "/ui/tiers"),
-    Shot("tier-error", "/ui/tiers/new", _tier_validation_error),
+    Shot("tier-error", "/ui/tiers/-/new", _tier_validation_error),
     Shot("tenants", "/ui/tenants"),
     Shot("keys", "/ui/keys"),
     Shot("key-created", "/ui/keys", _show_new_key),

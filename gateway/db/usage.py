@@ -508,6 +508,9 @@ class UsageWriter:
         each half is a batch of its own (isolated further), so a bad row costs O(log n)
         transactions and only itself; a single row refused is dropped."""
         if len(rows) == 1:
+            orphan = _orphaned(rows[0]) if isinstance(exc, IntegrityError) else None
+            if orphan is not None:
+                return self._store([orphan], recount=recount)
             self._drop(1, "refused on its own", exc)
             return []
         middle = len(rows) // 2
@@ -644,6 +647,22 @@ class UsageWriter:
         self._dropped += count
         cause = f": {_describe(exc)}" if exc is not None else ""
         log.error("dropping %d usage record(s) %s%s", count, why, cause)
+
+
+def _orphaned(row: Row) -> Row | None:
+    """``row`` as ``ON DELETE SET NULL`` would have left it had it been written before its key
+    (then its tenant) was deleted, or None when there is nothing left to clear.
+
+    A record buffered while its tenant or key is deleted is refused by the foreign key; its
+    tokens were still served, so it is kept with the deleted tenants' records rather than
+    lost. Clearing only the key first keeps the tenant when only the key went away; a record
+    refused for any other reason is refused again once both are clear, and dropped.
+    """
+    if row.get("api_key_id") is not None:
+        return {**row, "api_key_id": None}
+    if row.get("tenant_id") is not None:
+        return {**row, "tenant_id": None}
+    return None
 
 
 def _failure_kind(exc: Exception) -> Failure:

@@ -208,12 +208,12 @@ def test_operator_flow(stack: UiStack, signed_in: Page, page_problems: PageProbl
 def test_a_bad_value_is_shown_beside_its_field(signed_in: Page, stack: UiStack) -> None:
     page = signed_in
     name = _unique("bad")
-    page.goto("/ui/tiers/new")
+    page.goto("/ui/tiers/-/new")
     form_field(page, "Name").fill(name)
     form_field(page, "Weight").fill("-2")
     form_field(page, "TTFT ms").fill("1500")
     form_field(page, "TPOT ms").fill("80")
-    with page.expect_response(lambda r: r.url.endswith("/ui/tiers/new")) as answer:
+    with page.expect_response(lambda r: r.url.endswith("/ui/tiers/-/new")) as answer:
         page.get_by_role("button", name="Create tier").click()
     assert answer.value.status == 400
     error = page.locator("#error-weight")
@@ -234,11 +234,11 @@ def _tier_form(name: str) -> dict[str, str | float | bool]:
 def test_a_post_without_the_csrf_token_is_refused(signed_in: Page, stack: UiStack) -> None:
     page = signed_in
     name = _unique("csrf")
-    refused = page.request.post("/ui/tiers/new", form=_tier_form(name), max_redirects=0)
+    refused = page.request.post("/ui/tiers/-/new", form=_tier_form(name), max_redirects=0)
     assert refused.status == 403
     assert "CSRF" in refused.text()
     wrong = page.request.post(
-        "/ui/tiers/new",
+        "/ui/tiers/-/new",
         form={**_tier_form(name), "csrf_token": "not-the-token"},
         headers={"x-csrf-token": "not-the-token"},
         max_redirects=0,
@@ -252,7 +252,7 @@ def test_a_post_without_the_csrf_token_is_refused(signed_in: Page, stack: UiStac
     token = page.locator('meta[name="csrf-token"]').get_attribute("content")
     assert token
     accepted = page.request.post(
-        "/ui/tiers/new", form={**_tier_form(name), "csrf_token": token}, max_redirects=0
+        "/ui/tiers/-/new", form={**_tier_form(name), "csrf_token": token}, max_redirects=0
     )
     assert accepted.status == 303, accepted.text()
     with stack.session_factory() as session:

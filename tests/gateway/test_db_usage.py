@@ -219,6 +219,55 @@ def test_a_record_stored_twice_is_stored_once(
     assert _count(session_factory) == (15, 15)
 
 
+def test_records_of_a_tenant_or_key_deleted_while_buffered_are_kept(
+    session_factory: sessionmaker[Session],
+) -> None:
+    """Served tokens are never lost to a foreign key: a record whose key (or tenant) was
+    deleted before it was written is stored as ON DELETE SET NULL would have left it, beside
+    the other records of that batch; one refused for another reason is still dropped."""
+    with session_factory.begin() as s:
+        crud.create_tier(s, actor=ACTOR, name="gold", weight=2, ttft_ms=800, tpot_ms=40)
+        kept = crud.create_tenant(s, actor=ACTOR, name="kept", tier="gold")
+        gone = crud.create_tenant(s, actor=ACTOR, name="gone", tier="gold")
+        kept_key = crud.create_key(s, actor=ACTOR, tenant="kept", secret="s" * 32).api_key
+        dropped_key = crud.create_key(s, actor=ACTOR, tenant="kept", secret="s" * 32).api_key
+        gone_key = crud.create_key(s, actor=ACTOR, tenant="gone", secret="s" * 32).api_key
+        ids = (kept.id, gone.id, kept_key.id, dropped_key.id, gone_key.id)
+    kept_id, gone_id, kept_key_id, dropped_key_id, gone_key_id = ids
+    with session_factory.begin() as s:
+        crud.delete_key(s, dropped_key_id, actor=ACTOR)
+        crud.delete_tenant(s, gone_id, actor=ACTOR)
+
+    def event(request_id: str, tenant_id: int, key_id: int, **extra: Any) -> UsageEvent:
+        return UsageEvent(
+            request_id=request_id,
+            status="ok",
+            tier="gold",
+            model="m",
+            tenant_id=tenant_id,
+            api_key_id=key_id,
+            completion_tokens=5,
+            **extra,
+        )
+
+    with UsageWriter(session_factory, batch_size=10, flush_interval_s=60) as writer:
+        writer.submit(event("live", kept_id, kept_key_id))
+        writer.submit(event("key-deleted", kept_id, dropped_key_id))
+        writer.submit(event("tenant-deleted", gone_id, gone_key_id))
+        assert writer.flush(timeout=60)
+    assert (writer.written, writer.dropped) == (3, 0)
+    with session_factory() as s:
+        rows = {
+            r.request_id: (r.tenant_id, r.api_key_id, r.completion_tokens)
+            for r in s.scalars(select(UsageRecord))
+        }
+    assert rows == {
+        "live": (kept_id, kept_key_id, 5),
+        "key-deleted": (kept_id, None, 5),
+        "tenant-deleted": (None, None, 5),
+    }
+
+
 def test_a_full_spool_drops_what_it_cannot_take_counted_and_logged(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

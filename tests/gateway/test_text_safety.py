@@ -303,7 +303,7 @@ def test_a_nul_in_a_path_or_query_parameter_is_invalid_value(
 def test_refused_text_changes_nothing(gateway: Gateway) -> None:
     for raw in (LONE, NUL):
         gateway.admin("POST", "/admin/v1/tiers", _with({**ADMIN_STRINGS[0][2]}, raw))
-    assert _error(gateway.admin("GET", "/admin/v1/tiers/new"), 404)["code"] == "not_found"
+    assert _error(gateway.admin("GET", "/admin/v1/tiers/-/new"), 404)["code"] == "not_found"
     assert gateway.admin("GET", "/admin/v1/tenants/{tenant}").json()["tier"] == TARGET
 
 

@@ -3,7 +3,7 @@
 The table is :func:`gateway.app.fleet.fleet_view`, the same view ``GET /admin/v1/backends``
 answers: every backend this gateway routes to (the emulated engines ``tiergate serve`` starts
 included) with health, breaker state and live load, and every database row. htmx re-fetches
-it every few seconds (``/ui/backends/live``).
+it every few seconds (``/ui/backends/-/live``).
 
 Only database rows can be changed here. A form is validated by the admin API's own models
 (``BackendCreate``/``BackendUpdate``), changed through the same crud calls, and followed by the
@@ -80,7 +80,7 @@ async def list_backends(
     )
 
 
-@router.get("/backends/live")
+@router.get("/backends/-/live")
 async def backends_live(
     request: Request, operator: OperatorDep, state: StateDep, page: PageDep
 ) -> Response:
@@ -115,12 +115,12 @@ BACKENDS = Resource[BackendRow](
 )
 
 
-@router.get("/backends/new")
+@router.get("/backends/-/new")
 def new_backend(request: Request, operator: OperatorDep, session: SessionDep) -> Response:
     return BACKENDS.form(request, session, None, dict(NEW_DEFAULTS))
 
 
-@router.post("/backends/new")
+@router.post("/backends/-/new")
 async def create_backend(change: ChangeDep) -> Response:
     return await BACKENDS.post_new(
         change, BackendCreate, verb="added", after=change.state.pool.reload

@@ -83,7 +83,7 @@ def _import_form(
     )
 
 
-@router.get("/profiles/import")
+@router.get("/profiles/-/import")
 def import_form(request: Request, operator: OperatorDep) -> Response:
     return _import_form(request)
 
@@ -121,7 +121,7 @@ def _import(session: Session, operator: Operator, body: ProfileImport) -> str:
         return row.name
 
 
-@router.post("/profiles/import")
+@router.post("/profiles/-/import")
 async def import_profile(
     request: Request, operator: OperatorDep, _: CsrfDep, session: SessionDep
 ) -> Response:

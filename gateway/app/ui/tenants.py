@@ -101,12 +101,12 @@ def list_tenants(
     )
 
 
-@router.get("/tenants/new")
+@router.get("/tenants/-/new")
 def new_tenant(request: Request, operator: OperatorDep, session: SessionDep) -> Response:
     return TENANTS.form(request, session, None, {"status": "active"})
 
 
-@router.post("/tenants/new")
+@router.post("/tenants/-/new")
 async def create_tenant(change: ChangeDep) -> Response:
     return await TENANTS.post_new(change, TenantCreate)
 

@@ -67,12 +67,12 @@ def list_tiers(
     )
 
 
-@router.get("/tiers/new")
+@router.get("/tiers/-/new")
 def new_tier(request: Request, operator: OperatorDep, session: SessionDep) -> Response:
     return TIERS.form(request, session, None, dict(NEW_DEFAULTS))
 
 
-@router.post("/tiers/new")
+@router.post("/tiers/-/new")
 async def create_tier(change: ChangeDep) -> Response:
     return await TIERS.post_new(change, TierCreate)
 

@@ -116,11 +116,11 @@ def test_signed_out_is_sent_to_sign_in(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'tiergate.db'}"
     engine, _ = seed_database(url, "s" * 32)
     with TestClient(create_app(app_settings(url, tmp_path, "s" * 32, ADMIN_KEY))) as client:
-        for path in ("/ui/backends", "/ui/backends/live", "/ui/backends/new"):
+        for path in ("/ui/backends", "/ui/backends/-/live", "/ui/backends/-/new"):
             response = client.get(path, follow_redirects=False)
             assert response.status_code == 303, path
             assert response.headers["location"].startswith("/ui/login")
-        assert client.post("/ui/backends/new", data={}, follow_redirects=False).status_code == 303
+        assert client.post("/ui/backends/-/new", data={}, follow_redirects=False).status_code == 303
     engine.dispose()
 
 
@@ -128,14 +128,14 @@ def test_empty_page(ui: Ui) -> None:
     page = ui.client.get("/ui/backends")
     assert page.status_code == 200
     assert "<h1>Backends</h1>" in page.text and 'id="backends-table"' not in page.text
-    assert "No backends" in page.text and 'href="/ui/backends/new"' in page.text
-    assert 'hx-get="/ui/backends/live"' in page.text and 'aria-current="page"' in page.text
+    assert "No backends" in page.text and 'href="/ui/backends/-/new"' in page.text
+    assert 'hx-get="/ui/backends/-/live"' in page.text and 'aria-current="page"' in page.text
 
 
 def test_add_edit_disable_enable_delete_reload_the_pool(
     ui: Ui, engines: list[RunningEngine]
 ) -> None:
-    form = ui.client.get("/ui/backends/new")
+    form = ui.client.get("/ui/backends/-/new")
     for label, field in (
         ("Name", "name"),
         ("Base URL", "base_url"),
@@ -144,7 +144,7 @@ def test_add_edit_disable_enable_delete_reload_the_pool(
         assert re.search(rf'<label for="field-{field}">{label}', form.text), label
     assert f'<option value="{PROFILE}"' in form.text
 
-    added = ui.post("/ui/backends/new", _spec(engines[0].url))
+    added = ui.post("/ui/backends/-/new", _spec(engines[0].url))
     assert added.status_code == 303 and added.headers["location"] == "/ui/backends"
     assert ui.routed() == {"gpu-0"}  # reloaded now, not at the next periodic refresh
     row = _rows(ui.client.get("/ui/backends").text)["gpu-0"]
@@ -191,15 +191,15 @@ def test_bad_input_is_shown_beside_its_field_and_changes_nothing(
         ({"model": ""}, "model", 400, ""),
     ]
     for change, field, status, message in cases:
-        page = ui.post("/ui/backends/new", _spec(engines[0].url, **change))
+        page = ui.post("/ui/backends/-/new", _spec(engines[0].url, **change))
         assert page.status_code == status, (change, page.text)
         assert message in _field_error(page, field), change
         typed = change.get("name", "gpu-0")
         assert f'value="{html.escape(typed)}"' in page.text  # the form keeps what was typed
     assert ui.routed() == set() and ui.audit() == []
 
-    assert ui.post("/ui/backends/new", _spec(engines[0].url)).status_code == 303
-    taken = ui.post("/ui/backends/new", _spec(engines[0].url))
+    assert ui.post("/ui/backends/-/new", _spec(engines[0].url)).status_code == 303
+    taken = ui.post("/ui/backends/-/new", _spec(engines[0].url))
     assert taken.status_code == 409
     assert "backend 'gpu-0' already exists" in _field_error(taken, "name")
     bad_edit = ui.post("/ui/backends/gpu-0", _spec("http://[x"))
@@ -213,9 +213,9 @@ def test_bad_input_is_shown_beside_its_field_and_changes_nothing(
 
 
 def test_a_form_without_the_csrf_token_is_refused(ui: Ui, engines: list[RunningEngine]) -> None:
-    refused = ui.post("/ui/backends/new", _spec(engines[0].url), csrf=False)
+    refused = ui.post("/ui/backends/-/new", _spec(engines[0].url), csrf=False)
     assert refused.status_code == 403 and "CSRF" in refused.text
-    wrong = ui.client.post("/ui/backends/new", data={**_spec(engines[0].url), "csrf_token": "x"})
+    wrong = ui.client.post("/ui/backends/-/new", data={**_spec(engines[0].url), "csrf_token": "x"})
     assert wrong.status_code == 403
     assert ui.routed() == set() and ui.audit() == []
 
@@ -247,14 +247,14 @@ def test_embedded_engines_are_listed_read_only_and_live(embedded: Ui) -> None:
     assert "healthy" in emulated and "closed" in emulated
     assert "not routed" in rows["db-row"] and "Disable db-row" in rows["db-row"]
 
-    partial = embedded.client.get("/ui/backends/live", headers={"hx-request": "true"})
+    partial = embedded.client.get("/ui/backends/-/live", headers={"hx-request": "true"})
     assert partial.status_code == 200 and "<html" not in partial.text
     assert set(_rows(partial.text)) == set(rows)
     assert f'value="{embedded.csrf}"' in partial.text  # its buttons still post with the token
 
     first = embedded.client.get("/ui/backends", params={"limit": 1})
     assert list(_rows(first.text)) == ["db-row"] and "1–1 of 2" in first.text
-    assert 'hx-get="/ui/backends/live?limit=1"' in first.text
+    assert 'hx-get="/ui/backends/-/live?limit=1"' in first.text
     second = embedded.client.get("/ui/backends", params={"limit": 1, "offset": 1})
     assert list(_rows(second.text)) == ["emulated-0-a100-qwen2-7b"]
     assert embedded.client.get("/ui/backends", params={"limit": 0}).status_code == 400

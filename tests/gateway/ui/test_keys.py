@@ -91,6 +91,6 @@ def test_form_errors_beside_the_field(signed_in: UI) -> None:
 def test_filters_and_empty_states(signed_in: UI) -> None:
     assert signed_in.client.get("/ui/keys?tenant=acme").status_code == 200
     assert signed_in.client.get("/ui/keys?tenant=nobody").status_code == 404
-    signed_in.post("/ui/tenants/new", {"name": "empty", "tier": "batch"})
+    signed_in.post("/ui/tenants/-/new", {"name": "empty", "tier": "batch"})
     page = signed_in.client.get("/ui/keys?tenant=empty")
     assert "No key matches." in page.text

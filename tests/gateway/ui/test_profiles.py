@@ -46,7 +46,7 @@ class Ui:
         if content is None:
             files = {"document": ("", b"", "application/octet-stream")}
         data = {"csrf_token": self.csrf, "name": name}
-        return self.client.post("/ui/profiles/import", data=data, files=files)
+        return self.client.post("/ui/profiles/-/import", data=data, files=files)
 
 
 @pytest.fixture
@@ -87,7 +87,7 @@ def test_lists_the_shipped_profiles_and_shows_one_whole(ui: Ui) -> None:
     page = ui.client.get("/ui/profiles")
     assert page.status_code == 200 and "<h1>Profiles</h1>" in page.text
     assert _names(page.text) == sorted(available_profiles())
-    assert 'aria-current="page"' in page.text and 'href="/ui/profiles/import"' in page.text
+    assert 'aria-current="page"' in page.text and 'href="/ui/profiles/-/import"' in page.text
 
     shown = ui.client.get("/ui/profiles/a100-qwen2-7b")
     assert shown.status_code == 200 and "<h1>Profile a100-qwen2-7b</h1>" in shown.text
@@ -104,7 +104,7 @@ def test_lists_the_shipped_profiles_and_shows_one_whole(ui: Ui) -> None:
 
 
 def test_import_an_upload_then_view_and_delete_it(ui: Ui) -> None:
-    form = ui.client.get("/ui/profiles/import")
+    form = ui.client.get("/ui/profiles/-/import")
     assert (
         '<label for="field-document">' in form.text and 'enctype="multipart/form-data"' in form.text
     )

@@ -14,7 +14,7 @@ def _tenant(ui: UI, name: str):  # type: ignore[no-untyped-def]
 
 def test_list_search_and_filters(signed_in: UI) -> None:
     for name, tier in (("globex", "premium"), ("Initech", "batch"), ("globe_2", "batch")):
-        assert signed_in.post("/ui/tenants/new", {"name": name, "tier": tier}).status_code == 303
+        assert signed_in.post("/ui/tenants/-/new", {"name": name, "tier": tier}).status_code == 303
     page = signed_in.client.get("/ui/tenants")
     assert page.status_code == 200 and 'id="page-count">1–5 of 5<' in page.text
     found = signed_in.client.get("/ui/tenants?q=GLOB")
@@ -32,7 +32,7 @@ def test_list_search_and_filters(signed_in: UI) -> None:
 
 def test_create_edit_suspend_activate_delete(signed_in: UI) -> None:
     created = signed_in.post(
-        "/ui/tenants/new", {"name": "globex", "tier": "premium", "rpm_limit": "60"}
+        "/ui/tenants/-/new", {"name": "globex", "tier": "premium", "rpm_limit": "60"}
     )
     assert created.status_code == 303
     assert flash(signed_in.client.get("/ui/tenants")) == "Tenant globex created."
@@ -75,11 +75,11 @@ def test_validation_errors_beside_the_field(signed_in: UI) -> None:
         ),
     }
     for field, (form, message) in cases.items():
-        response = signed_in.post("/ui/tenants/new", form)
+        response = signed_in.post("/ui/tenants/-/new", form)
         assert response.status_code in (400, 404), (field, response.status_code)
         errors = field_errors(response)
         assert field in errors and message in errors[field], (field, errors)
-    taken = signed_in.post("/ui/tenants/new", {"name": "acme", "tier": "batch"})
+    taken = signed_in.post("/ui/tenants/-/new", {"name": "acme", "tier": "batch"})
     assert taken.status_code == 409 and "already exists" in field_errors(taken)["name"]
     bad_edit = signed_in.post(
         "/ui/tenants/acme", {"name": "acme", "tier": "standard", "tpm_limit": "x"}
@@ -94,3 +94,19 @@ def test_empty_list(signed_in: UI) -> None:
         assert signed_in.post(f"/ui/tenants/{name}/delete").status_code == 303
     page = signed_in.client.get("/ui/tenants")
     assert page.status_code == 200 and "No tenants." in page.text
+
+
+def test_resources_named_like_the_pages_actions_can_be_edited(signed_in: UI) -> None:
+    """``new``, ``live`` and ``import`` are valid names; the pages' own actions live under
+    ``/-/`` (a name cannot start with ``-``), so such a tenant's page is its own."""
+    for name in ("new", "live", "import"):
+        assert (
+            signed_in.post("/ui/tenants/-/new", {"name": name, "tier": "batch"}).status_code == 303
+        )
+        page = signed_in.client.get(f"/ui/tenants/{name}")
+        assert page.status_code == 200 and f'value="{name}"' in page.text
+        form = {"name": name, "tier": "premium", "rpm_limit": "7"}
+        assert signed_in.post(f"/ui/tenants/{name}", form).status_code == 303
+        assert _tenant(signed_in, name).rpm_limit == 7
+    # The create form is still the create form.
+    assert 'action="/ui/tenants/-/new"' in signed_in.client.get("/ui/tenants/-/new").text

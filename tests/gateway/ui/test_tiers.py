@@ -44,7 +44,7 @@ def test_create_every_field_then_edit_and_delete(signed_in: UI) -> None:
         "best_effort_allowed": "true",
         "shed_slack": "0.25",
     }
-    created = signed_in.post("/ui/tiers/new", form)
+    created = signed_in.post("/ui/tiers/-/new", form)
     assert created.status_code == 303, created.text
     assert flash(signed_in.client.get("/ui/tiers")) == "Tier gold created."
     tier = _tier(signed_in, "gold")
@@ -86,7 +86,7 @@ def test_validation_errors_beside_the_field_with_the_apis_message(signed_in: UI)
         "rpm_limit": ({**GOLD, "rpm_limit": "1.5"}, "rpm_limit:"),
     }
     for field, (form, message) in cases.items():
-        response = signed_in.post("/ui/tiers/new", form)
+        response = signed_in.post("/ui/tiers/-/new", form)
         assert response.status_code == 400, (field, response.status_code)
         errors = field_errors(response)
         assert field in errors and message in errors[field], (field, errors)
@@ -95,7 +95,7 @@ def test_validation_errors_beside_the_field_with_the_apis_message(signed_in: UI)
 
 
 def test_a_taken_name_is_409_beside_the_name(signed_in: UI) -> None:
-    response = signed_in.post("/ui/tiers/new", {**GOLD, "name": "premium"})
+    response = signed_in.post("/ui/tiers/-/new", {**GOLD, "name": "premium"})
     assert response.status_code == 409
     assert "already exists" in field_errors(response)["name"]
 
@@ -124,7 +124,7 @@ def test_an_edit_drops_cached_identities(signed_in: UI) -> None:
 
 def test_pagination_links(signed_in: UI) -> None:
     for i in range(4):
-        signed_in.post("/ui/tiers/new", {**GOLD, "name": f"t{i}"})
+        signed_in.post("/ui/tiers/-/new", {**GOLD, "name": f"t{i}"})
     first = signed_in.client.get("/ui/tiers?limit=3")
     assert 'id="page-count">1–3 of 7<' in first.text
     assert 'href="/ui/tiers?limit=3&amp;offset=3" rel="next"' in first.text
