@@ -26,8 +26,9 @@ dropped, timeout: how a crash in the server shows) is the failure ``transport``;
 schemathesis cannot generate for is ``invalid_schema`` / ``generation_error``. After the run,
 every request's usage record must have been written (``usage_dropped``).
 
-Generated inputs are shaped, never filtered (:func:`shape_body`, :func:`shape_admin`), so that
-the emulated engine answers in milliseconds and admin cases meet real entities: a generation
+Generated inputs are shaped, never filtered (:func:`shape_body`, :func:`shape_headers`,
+:func:`shape_admin`), so that the emulated engine answers in milliseconds, workflow headers come
+in the pairs the API needs, and admin cases meet real entities: a generation
 length the engine would serve is capped at :data:`MAX_TOKENS_CAP`, one it would refuse is kept
 in a body of four; the served model is named in four bodies of five; every other admin case aims
 its ``ref`` / ``prefix`` / ``tier`` / ``tenant`` at a seeded :data:`TARGET` entity (else random
@@ -68,7 +69,7 @@ import time
 import uuid
 import zlib
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -581,15 +582,17 @@ def _whole_number(value: object) -> bool:
     return isinstance(value, int) or (isinstance(value, float) and value.is_integer())
 
 
-def shape_body(body: object, index: int) -> None:
+def shape_body(body: object, index: int, *, stream: bool = False) -> None:
     """Keep a generated `/v1` body quick to serve without making it valid or invalid (see the
     module docstring).
 
     A whole-number length above :data:`MAX_TOKENS_CAP` is capped (keeping its JSON type) if
     the engine would serve it — up to its context length — and in three bodies of four if it
     would not (the fourth keeps the refusal path: beyond the context, beyond int32); an absent
-    one is set in three bodies of four; a string model names the served one in four of five.
-    Anything else (a zero, a negative, a string, a fraction) is left for the API to refuse.
+    one is set in three bodies of four; a string model names the served one in four of five;
+    with ``stream``, an absent ``stream`` is set true (the fuzzer asks so for every other body
+    without one: each run streams valid bodies, whatever the seed draws). Anything else (a zero,
+    a negative, a string, a fraction) is left for the API to refuse.
     """
     if not isinstance(body, dict):
         return
@@ -604,6 +607,26 @@ def shape_body(body: object, index: int) -> None:
         body["max_tokens"] = MAX_TOKENS_CAP
     if isinstance(body.get("model"), str) and index % 5:
         body["model"] = MODEL
+    if stream and "stream" not in body:
+        body["stream"] = True
+
+
+WORKFLOW_ID_HEADER = "x-tiergate-workflow-id"
+WORKFLOW_DEADLINE_HEADER = "x-tiergate-workflow-deadline-ms"
+
+
+def shape_headers(headers: MutableMapping[str, Any] | None, index: int) -> None:
+    """Complete a half pair of workflow headers (the relation between them, which no schema can
+    say, would otherwise refuse every such case, 400): a workflow id without a deadline gets
+    one (it starts the workflow, or joins it), a deadline without an id gets a fresh id. The
+    generated value stays as it was, so an invalid one is still refused."""
+    if not headers:
+        return
+    names = {name.lower() for name in headers}
+    if WORKFLOW_ID_HEADER in names and WORKFLOW_DEADLINE_HEADER not in names:
+        headers[WORKFLOW_DEADLINE_HEADER] = "60000"
+    elif WORKFLOW_DEADLINE_HEADER in names and WORKFLOW_ID_HEADER not in names:
+        headers[WORKFLOW_ID_HEADER] = f"fuzz-{index}"
 
 
 ADMIN_REFERENCES = {"tier": "tiers", "tenant": "tenants"}
@@ -850,6 +873,8 @@ class Fuzzer:
         }
         self.progress = progress
         self._index = 0
+        self._unstreamed = 0
+        """Generation bodies seen without ``stream``: every other one is streamed."""
 
     def run(self, cases: int, seed: int, *, hostile: bool = True) -> Report:
         """The hostile inputs (``hostile``: a fixed set, a few per field and parameter, first,
@@ -1050,7 +1075,11 @@ class Fuzzer:
         if not shape:
             pass
         elif operation.path in GENERATION_PATHS:
-            shape_body(case.body, self._index)
+            unstreamed = isinstance(case.body, dict) and "stream" not in case.body
+            if unstreamed:
+                self._unstreamed += 1
+            shape_body(case.body, self._index, stream=unstreamed and self._unstreamed % 2 == 0)
+            shape_headers(case.headers, self._index)
         elif operation.path.startswith("/admin/"):
             shape_admin(
                 operation.path,

@@ -1091,7 +1091,8 @@ def gateway() -> Board:
         Spec(
             "Keys served from the cache",
             "Requests authenticated from a key's last-good identity while the database could "
-            "not answer, and fallbacks of the limiter from Redis.",
+            "not answer, fallbacks of the limiter from Redis, and workflow calls answered "
+            "without Redis (by outcome: local copy, or served as the tier's default kind).",
             series(
                 q(
                     f"sum by (instance) (rate(tiergate_auth_stale_total[{RATE}]))",
@@ -1102,6 +1103,12 @@ def gateway() -> Board:
                     f"sum by (instance) (increase(tiergate_limiter_fallbacks_total[{RATE}]))",
                     "limiter fallbacks {{instance}}",
                     "B",
+                ),
+                q(
+                    "sum by (instance, outcome) "
+                    f"(rate(tiergate_workflow_degraded_calls_total[{RATE}]))",
+                    "workflow calls {{outcome}} {{instance}}",
+                    "C",
                 ),
             ),
         ),

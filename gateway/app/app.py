@@ -37,7 +37,14 @@ from gateway.app.backends import BackendPool, BackendSpec
 from gateway.app.docs import install_docs
 from gateway.app.drain import Drain, DrainMiddleware
 from gateway.app.durability import DurabilityExporter, database_readiness
-from gateway.app.kinds import RequestKinds
+from gateway.app.kinds import (
+    UNKNOWN_WORKFLOW,
+    WORKFLOW_DEADLINE_HEADER,
+    WORKFLOW_EXPIRED,
+    WORKFLOW_ID_HEADER,
+    WORKFLOW_ID_PATTERN,
+    RequestKinds,
+)
 from gateway.app.metrics import GatewayMetrics
 from gateway.app.operator import metrics_listener
 from gateway.app.proxy import Endpoint, serve
@@ -105,6 +112,7 @@ def create_app(
         redoc_url=None,
     )
     app.add_middleware(BodySizeLimit, max_bytes=config.max_body_bytes)
+    app.state.settings = config  # what a server of this app reads (GatewayThread: http_options)
     app.state.drain = Drain()  # graceful shutdown (gateway.graceful): readiness, in flight
     app.add_middleware(DrainMiddleware, drain=app.state.drain)
     _install_error_handlers(app)
@@ -190,6 +198,7 @@ async def _start(
             ),
             lengths=await _length_model(config),
             length_budget_s=config.length_budget_ms / 1e3,
+            on_degraded=metrics.workflow_call_degraded,
         ),
     )
     pool.start()
@@ -257,13 +266,18 @@ async def _flush_last_used(state: GatewayState) -> None:
 
 GENERATION_ERROR_TEXT: dict[int | str, str] = {
     400: "invalid request: not JSON, a wrong type, a missing field, a value out of range, a "
-    "malformed SLO header; `param` names the field. Also the engine's own 400s, in this "
-    "dialect (`code`: the engine's, else `invalid_request`)",
+    "malformed SLO or workflow header; `param` names the field. A workflow id the gateway "
+    f"does not know, without `{WORKFLOW_DEADLINE_HEADER}`: `{UNKNOWN_WORKFLOW}`. Also the "
+    "engine's own 400s, in this dialect (`code`: the engine's, else `invalid_request`)",
     401: "missing, unknown, revoked or expired API key",
     404: "no backend serves the model",
+    409: f"`{WORKFLOW_EXPIRED}`: the workflow `{WORKFLOW_ID_HEADER}` names is past its "
+    "deadline (start a new one under a new id)",
     413: "request body too large",
     429: "a tenant limit (`x-tiergate-reject-reason`, `retry-after`) or the admission queue",
-    503: "no backend can serve the request in time, or every attempt failed",
+    503: "no backend can serve the request in time (a latency request: its first token by its "
+    "TTFT; a deadline, compound or best-effort one: its last token by its deadline), or every "
+    "attempt failed",
     "4XX": "any other refusal by the engine: its status and message, in this dialect",
 }
 GENERATION_ERRORS = error_responses(GENERATION_ERROR_TEXT)
@@ -286,8 +300,25 @@ V1_SCHEMAS: tuple[tuple[type[BaseModel], JsonSchemaMode], ...] = (
 _SLO_HEADERS = {
     TTFT_HEADER: "The objective for the time to the first token",
     TPOT_HEADER: "The objective for the time per output token after the first",
-    DEADLINE_HEADER: "The deadline for the whole answer (its last token)",
+    DEADLINE_HEADER: "The deadline for the whole answer (its last token); the request is then "
+    "a `deadline` request, admitted if it can still finish by it",
 }
+_WORKFLOW_HEADERS: dict[str, tuple[str, dict[str, Any]]] = {
+    WORKFLOW_ID_HEADER: (
+        "Names the agent workflow (per tenant) this call belongs to: the request is a "
+        "`compound` call, scheduled within the workflow's deadline. An id the gateway does not "
+        f"know, without `{WORKFLOW_DEADLINE_HEADER}`, is 400 `{UNKNOWN_WORKFLOW}`; a call after "
+        f"the workflow's deadline is 409 `{WORKFLOW_EXPIRED}`",
+        {"type": "string", "pattern": f"^{WORKFLOW_ID_PATTERN.pattern}$"},
+    ),
+    WORKFLOW_DEADLINE_HEADER: (
+        "The workflow's end-to-end deadline, in milliseconds from its first call's arrival: set "
+        "by that call (a tier may refuse a tighter one), ignored on later calls. Only with "
+        f"`{WORKFLOW_ID_HEADER}`",
+        {"type": "number", "minimum": MIN_SLO_MS, "maximum": MAX_SLO_MS},
+    ),
+}
+"""The headers of request kinds beyond the SLO headers (:mod:`gateway.app.kinds`)."""
 
 
 def _component(name: str) -> dict[str, str]:
@@ -335,8 +366,9 @@ COMPLETION_EXAMPLE = {"model": "qwen2-7b", "prompt": "Three rivers:", "max_token
 
 def _generation_docs(body: str, answer: str, chunk: str, example: dict[str, Any]) -> dict[str, Any]:
     """The OpenAPI of a generation endpoint that FastAPI cannot infer (the proxy parses the
-    raw request): the body (with an example of each answer's request), the SLO headers, the
-    bearer scheme, and the 200 answer — JSON, or with ``"stream": true`` an SSE stream."""
+    raw request): the body (with an example of each answer's request), the SLO and workflow
+    headers, the bearer scheme, and the 200 answer — JSON, or with ``"stream": true`` an SSE
+    stream."""
     headers = [
         {
             "name": name,
@@ -347,6 +379,10 @@ def _generation_docs(body: str, answer: str, chunk: str, example: dict[str, Any]
             "schema": {"type": "number", "minimum": MIN_SLO_MS, "maximum": MAX_SLO_MS},
         }
         for name, what in _SLO_HEADERS.items()
+    ]
+    headers += [
+        {"name": name, "in": "header", "required": False, "description": what, "schema": schema}
+        for name, (what, schema) in _WORKFLOW_HEADERS.items()
     ]
     ok = {
         "description": 'The completion: JSON, or with `"stream": true` a stream of '

@@ -23,8 +23,15 @@ graphs plugs in here. Whatever the hook says is clipped to (0, time left], and a
 
 Header values are checked like the SLO headers: a workflow id is 1–128 of ``A-Z a-z 0-9 . _ :
 -``, a workflow deadline a number of milliseconds from :data:`~gateway.bounds.MIN_SLO_MS` to
-:data:`~gateway.bounds.MAX_SLO_MS` and no tighter than the tier's deadline floor; anything else
-is 400 ``invalid_value`` naming the header.
+:data:`~gateway.bounds.MAX_SLO_MS`; anything else is 400 ``invalid_value`` naming the header. A
+workflow deadline tighter than the tier's deadline floor is 400 ``invalid_request``, as a
+tighter SLO header is (every code: :mod:`gateway.errors`).
+
+**Redis away.** Each workflow call answered without Redis is reported to ``on_degraded`` (the
+app's ``tiergate_workflow_degraded_calls_total{tier, outcome}``): ``local`` when this process's
+copy of the workflow answered (the call is still compound; a 409 from that copy counts too),
+``default_kind`` when the workflow is one this process never saw, served as its tier's default
+kind (:class:`~gateway.app.workflows.WorkflowUnavailable`).
 """
 
 from __future__ import annotations
@@ -63,6 +70,10 @@ WORKFLOW_DEADLINE_HEADER = "x-tiergate-workflow-deadline-ms"
 WORKFLOW_ID_PATTERN = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 UNKNOWN_WORKFLOW = "unknown_workflow"
 WORKFLOW_EXPIRED = "workflow_expired"
+DEGRADED_LOCAL = "local"
+"""A workflow call answered from this process's copy while Redis is away (still compound)."""
+DEGRADED_DEFAULT_KIND = "default_kind"
+"""A call of a workflow this process never saw, while Redis is away: its tier's default kind."""
 
 LENGTH_BUDGET_S = 0.005
 """The most a length prediction may take by default (issue 14's p99 target;
@@ -70,6 +81,9 @@ LENGTH_BUDGET_S = 0.005
 
 SubDeadlineHook = Callable[[WorkflowCall], float | None]
 """``hook(call)``: the call's sub-deadline in ms from its arrival, or None for the cold start."""
+DegradedHook = Callable[[str, str], None]
+"""``hook(tier, outcome)``: a workflow call answered without Redis (:data:`DEGRADED_LOCAL` or
+:data:`DEGRADED_DEFAULT_KIND`); the app's is the ``tiergate_workflow_degraded_calls`` metric."""
 
 
 def cold_start(call: WorkflowCall) -> float:
@@ -87,9 +101,11 @@ class RequestKinds:
         sub_deadline: SubDeadlineHook | None = None,
         lengths: PredictorHandle | None = None,
         length_budget_s: float = LENGTH_BUDGET_S,
+        on_degraded: DegradedHook | None = None,
     ) -> None:
         self.store: WorkflowStore = store if store is not None else MemoryWorkflowStore()
         self.sub_deadline: SubDeadlineHook | None = sub_deadline
+        self.on_degraded = on_degraded
         self.lengths = lengths
         """The output-length model (``TIERGATE_LENGTH_MODEL``); None: no distribution is sent."""
         self.length_budget_s = length_budget_s
@@ -127,6 +143,7 @@ class RequestKinds:
             call = await self.store.join(f"{tenant_key}:{workflow_id}", total)
         except WorkflowUnavailable:
             self.served_without_workflow += 1
+            self._degraded(tier, DEGRADED_DEFAULT_KIND)
             log.warning("workflow call served as its tier's default kind: Redis unreachable")
             return dataclasses.replace(slo, kind=_single_kind(headers, policy))
         except WorkflowUnknown:
@@ -139,6 +156,7 @@ class RequestKinds:
                 param=WORKFLOW_ID_HEADER,
             ) from None
         except WorkflowExpired as exc:
+            self._degraded_if_local(tier)  # a 409 from this process's copy is degraded too
             raise ApiError(
                 409,
                 f"workflow {workflow_id!r} expired {exc.late_ms:.0f} ms ago: its deadline has "
@@ -146,6 +164,7 @@ class RequestKinds:
                 code=WORKFLOW_EXPIRED,
                 param=WORKFLOW_ID_HEADER,
             ) from None
+        self._degraded_if_local(tier)
         share = self._share(call)
         if DEADLINE_HEADER in headers and slo.deadline_ms is not None:
             share = min(share, slo.deadline_ms)  # the call's own deadline, when it names one
@@ -157,6 +176,16 @@ class RequestKinds:
             deadline_ms=call.remaining_ms,
             sub_deadline_ms=share,
         )
+
+    def _degraded_if_local(self, tier: str) -> None:
+        """Count the call just answered if this process's copy answered it: the failover store
+        says ``degraded-local`` right after a join only then (no await in between)."""
+        if self.store.mode == "degraded-local":
+            self._degraded(tier, DEGRADED_LOCAL)
+
+    def _degraded(self, tier: str, outcome: str) -> None:
+        if self.on_degraded is not None:
+            self.on_degraded(tier, outcome)
 
     def _share(self, call: WorkflowCall) -> float:
         share: float | None = None

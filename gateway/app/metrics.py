@@ -410,6 +410,15 @@ class GatewayMetrics:
             "Times the limits fell back from Redis to per-process shares (Redis lost).",
             registry=reg,
         )
+        # issue 14: workflow calls answered without Redis (gateway.app.workflows)
+        self.workflow_degraded = Counter(
+            "tiergate_workflow_degraded_calls",
+            "Workflow calls answered while Redis was unreachable, by outcome: local (this "
+            "process's copy of the workflow: compound, as usual) or default_kind (a workflow "
+            "this process never saw: served as the tier's default kind, without its workflow).",
+            ("tier", "outcome"),
+            registry=reg,
+        )
 
     def record_served(
         self,
@@ -452,6 +461,11 @@ class GatewayMetrics:
         self.limiter_degraded.set(1 if degraded else 0)
         if degraded:
             self.limiter_fallbacks.inc()
+
+    def workflow_call_degraded(self, tier: str, outcome: str) -> None:
+        """:class:`~gateway.app.kinds.RequestKinds`'s ``on_degraded``: a workflow call answered
+        without Redis (``outcome``: ``local`` or ``default_kind``). Rare: looked up per call."""
+        self.workflow_degraded.labels(tier, outcome).inc()
 
     def observe_itl(self, tier: str, gaps: Sequence[float]) -> None:
         if self._itl_shared is not None:

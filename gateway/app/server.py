@@ -11,14 +11,23 @@ import asyncio
 import threading
 import time
 from types import TracebackType
+from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
 
+from gateway.app.http_limits import http_options
 from gateway.app.state import GatewayState
 from gateway.embedded import EmbeddedServer, Listening, bind
 
 STARTUP_TIMEOUT_S = 15.0
+
+
+def served_options(app: FastAPI) -> dict[str, Any]:
+    """The gateway app's own ``http_options`` (head limits, proxy trust: what ``tiergate serve``
+    gives uvicorn); none for another app (a test's scripted engine)."""
+    settings = getattr(app.state, "settings", None)
+    return http_options(settings) if settings is not None else {}
 
 
 class GatewayThread(Listening):
@@ -30,7 +39,12 @@ class GatewayThread(Listening):
         self._sock = bind(host, port)
         self.port = int(self._sock.getsockname()[1])
         config = uvicorn.Config(
-            app, log_level="warning", access_log=False, lifespan="on", timeout_graceful_shutdown=5
+            app,
+            log_level="warning",
+            access_log=False,
+            lifespan="on",
+            timeout_graceful_shutdown=5,
+            **served_options(app),
         )
         self.server = EmbeddedServer(config)
         self._thread: threading.Thread | None = None

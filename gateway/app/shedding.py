@@ -1,4 +1,5 @@
-"""SLO-aware admission under overload: admit, demote or shed a request by its predicted TTFT.
+"""SLO-aware admission under overload: admit, demote or shed a request by its predicted TTFT
+(a latency request) or its predicted finish (a deadline, compound or best-effort request).
 
 A gateway that queues what it cannot serve in time answers late for everyone: under 10x load a
 deep FIFO-ish queue makes every first token wait for the queue's whole length. Instead each
@@ -17,6 +18,22 @@ objective unattainable. Past it: *demoted* where the tier allows best effort (se
 lowest priority, without its SLO), else *shed* at once with 503 and a ``retry-after`` of the
 predicted drain time — ``slo_infeasible`` when the backends alone already miss (no queue wait
 involved), ``slo_unattainable`` when the queue's wait does.
+
+**Requests judged end to end** (issue 14's ``deadline``, ``compound`` and ``best-effort`` kinds,
+:func:`priority.gain.kind_slo`) are worth something only if they *finish* by their deadline, and
+nothing more for an early first token: shedding them on their tier's TTFT would refuse work
+that can still be done in time, and admit work that cannot. Their prediction adds the decode
+(:func:`decode_s`) to the same first-token prediction, and ``due`` is the deadline itself (for a
+workflow call, the time left to its workflow's deadline: a call that cannot finish by then
+cannot help the workflow)::
+
+    predicted finish = predicted first token + (expected output - 1) x decode step
+
+The expected output is what the limits reserve (``max_tokens``, else ``default_max_tokens``: the
+length prediction runs beside admission and is not waited for), each step the backend's decode
+step on its own (the estimator's ``t_c + T_d`` at the request's mean context): the engine's
+scheduler may speed a request with a deadline up, but never past that. The verdicts, the
+reasons, the retry hint and the error dialect are the latency requests'.
 
 503 rather than 429: the request is refused because the gateway's capacity is short, not because
 its tenant sent too much (429 stays with the tenant's own limits and a full queue).
@@ -51,6 +68,7 @@ from priority.routing.goroute import GoRouter, raw_prefill_work
 
 if TYPE_CHECKING:
     from gateway.app.backends import Backend, BackendPool
+    from priority.estimator import BatchLatencyEstimator
 
 
 MIN_RETRY_AFTER_S = 1.0
@@ -73,8 +91,10 @@ class Verdict:
     reason: RejectReason | None
     """Why it was demoted or shed; None when admitted."""
     predicted_ttft_s: float
+    """When the judged token comes after arrival: the first (latency requests), or the last
+    (requests judged end to end, :func:`judge`'s ``decode_s``)."""
     limit_s: float
-    """``due × (1 + shed_slack)``: the latest first token the tier accepts."""
+    """``due × (1 + shed_slack)``: the latest the tier accepts that token."""
     slo_wait_s: float
     """Longest wait in the admission queue that keeps the prediction within ``limit_s``
     (``inf`` when no limit applies; 0 when demoted)."""
@@ -98,6 +118,7 @@ def judge(
     drain_s: float | None = None,
     horizon_s: float = 0.0,
     checked: bool = True,
+    decode_s: float = 0.0,
 ) -> Verdict:
     """Decide one request.
 
@@ -115,38 +136,54 @@ def judge(
     room for that.
     ``checked``: False when the request may exceed the context (the engine's tokenizer decides,
     not a retryable 503): admitted without a limit.
+    ``decode_s``: for a request judged end to end (module docstring), the predicted time from
+    its first token to its last, and ``due_s`` is then its deadline; 0 judges the first token.
     """
     limit = due_s * (1.0 + shed_slack)
     wait = wait_s or 0.0
-    after_wait = max(engine_s, horizon_s + zero_load_s)
+    after_wait = max(engine_s, horizon_s + zero_load_s) + decode_s
     goes_at_once = wait_s is not None and wait_s <= 0.0
-    predicted = elapsed_s + (engine_s if goes_at_once else wait + after_wait)
+    predicted = elapsed_s + (engine_s + decode_s if goes_at_once else wait + after_wait)
     if not checked or not math.isfinite(limit):
         return Verdict(Action.ADMIT, None, predicted, limit, math.inf, None)
     if predicted <= limit:
         slo_wait = max(0.0, limit - elapsed_s - after_wait)
         return Verdict(Action.ADMIT, None, predicted, limit, slo_wait, None)
-    infeasible = elapsed_s + engine_s > limit
+    infeasible = elapsed_s + engine_s + decode_s > limit
     reason = RejectReason.SLO_INFEASIBLE if infeasible else RejectReason.SLO_UNATTAINABLE
     if best_effort:
         return Verdict(Action.DEMOTE, reason, predicted, limit, 0.0, None)
     retry: float | None = None  # hopeless (too long even for an idle backend): never helps
-    if zero_load_s <= limit:
+    if zero_load_s + decode_s <= limit:
         retry = wait + engine_s if math.isfinite(wait) else (drain_s or 0.0) + engine_s
         retry = min(max(retry, MIN_RETRY_AFTER_S), MAX_RETRY_AFTER_S)
     return Verdict(Action.SHED, reason, predicted, limit, 0.0, retry)
 
 
-def shed_message(verdict: Verdict, tier: str, ttft_ms: float, slack: float) -> str:
-    """The refusal's message: what was predicted against what the tier allows."""
-    allowed = f"{ttft_ms:g} ms" + (f" + {slack:.0%} slack" if slack else "")
+def decode_s(estimator: BatchLatencyEstimator, prompt_tokens: int, output_tokens: int) -> float:
+    """Time from a request's first token to its last on a backend decoding it alone:
+    ``output_tokens - 1`` steps of ``t_c + T_d`` at its mean context (the fastest it can go)."""
+    steps = max(0, output_tokens - 1)
+    if steps == 0:
+        return 0.0
+    return steps * (estimator.t_c + estimator.decode_time(prompt_tokens + output_tokens / 2))
+
+
+def shed_message(
+    verdict: Verdict, tier: str, due_ms: float, slack: float, *, end_to_end: bool = False
+) -> str:
+    """The refusal's message: what was predicted against what the tier allows (``due_ms``: the
+    TTFT objective, or for a request judged end to end its deadline)."""
+    allowed = f"{due_ms:g} ms" + (f" + {slack:.0%} slack" if slack else "")
+    token = "its last token by its deadline" if end_to_end else "its first token in time"
     if verdict.reason is RejectReason.SLO_INFEASIBLE:
-        cause = "no backend can produce its first token in time now"
+        cause = f"no backend can produce {token} now"
     else:
-        cause = "the gateway's admission queue is too long to produce its first token in time"
+        cause = f"the gateway's admission queue is too long to produce {token}"
+    what = "a deadline of " if end_to_end else ""
     return (
         f"overloaded: {cause} (predicted {verdict.predicted_ttft_s * 1e3:.0f} ms, tier "
-        f"{tier!r} allows {allowed}), and the tier does not allow best-effort service"
+        f"{tier!r} allows {what}{allowed}), and the tier does not allow best-effort service"
     )
 
 

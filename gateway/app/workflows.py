@@ -25,7 +25,9 @@ process keeps serving the workflows it has seen; Redis is tried again after a ba
 (:data:`RETRY_MIN_S` doubling to :data:`RETRY_MAX_S`). A call of a workflow this process never
 saw cannot be told apart from an unknown id while Redis is away, so it is *served* — as a
 request of its tier's default kind — not refused (:class:`WorkflowUnavailable`). Every degraded
-call is counted (:attr:`FailoverWorkflowStore.degraded_calls`) and each switch is logged.
+call is counted (:attr:`FailoverWorkflowStore.degraded_calls`; exported by the app as
+``tiergate_workflow_degraded_calls_total{tier, outcome}``, :mod:`gateway.app.kinds`) and each
+switch is logged.
 """
 
 from __future__ import annotations

@@ -21,8 +21,9 @@ from priority.profiles import load_profile
 from priority.routing import ROUTER_NAMES
 from priority.sim import ClusterConfig, PdConfig, build_workload, load_trace
 from priority.sim.compare import compare_policies
+from priority.sim.length_error import DEFAULT_LENGTH_ERROR, parse_length_error
 from priority.sim.rules import ENGINE_RULES
-from priority.sim.workflows import DEFAULT_LENGTH_SIGMA, LENGTH_MODES
+from priority.sim.workflows import LENGTH_MODES
 
 console = Console(stderr=True)
 
@@ -116,15 +117,20 @@ def sim(
     lengths: Annotated[
         str,
         typer.Option(
-            help="Length bounds the policies see: oracle (true lengths), predicted (a "
-            "calibrated lognormal stand-in for the predictor's held-out error, see "
-            "priority/sim/workflows.py) or max-tokens (only the cap).",
+            help="Length bounds the policies see: oracle (true lengths), predicted (the truth "
+            "blurred by --length-error, see priority/sim/workflows.py) or max-tokens (only "
+            "the cap).",
         ),
     ] = "predicted",
-    length_sigma: Annotated[
-        float,
-        typer.Option(min=0.0, help="--lengths predicted: log-space std-dev of the error."),
-    ] = DEFAULT_LENGTH_SIGMA,
+    length_error: Annotated[
+        str,
+        typer.Option(
+            help="--lengths predicted: measured (the real predictor's held-out error on "
+            "HH-RLHF, priority/sim/data/length_error_hh.csv), measured:CSV (another file from "
+            "scripts/length_error_model.py) or lognormal:SIGMA (a calibrated lognormal "
+            "stand-in, log-space std-dev SIGMA).",
+        ),
+    ] = DEFAULT_LENGTH_ERROR,
     json_out: Annotated[
         Path | None, typer.Option("--json", help="Write results as JSON here.")
     ] = None,
@@ -144,6 +150,10 @@ def sim(
             f"unknown lengths mode {lengths!r}; known: {', '.join(LENGTH_MODES)}",
             param_hint="--lengths",
         )
+    try:
+        error = parse_length_error(length_error)
+    except (OSError, ValueError) as exc:
+        raise typer.BadParameter(str(exc), param_hint="--length-error") from None
     if engine_rules not in ENGINE_RULES:
         raise typer.BadParameter(
             f"unknown engine rules {engine_rules!r}; known: {', '.join(ENGINE_RULES)}",
@@ -203,7 +213,7 @@ def sim(
                     seed=seed,
                     reference_profile=profiles[0],
                     lengths=lengths,
-                    length_sigma=length_sigma,
+                    length_error=error,
                 )
             except ValueError as exc:
                 raise typer.BadParameter(str(exc), param_hint="--trace") from None

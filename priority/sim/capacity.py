@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from priority.estimator import BatchLatencyEstimator
 from priority.profiles import Profile
 from priority.sim.cluster import ClusterConfig
 from priority.sim.compare import compare_policies
@@ -57,15 +58,27 @@ def trace_first(trace: Trace, count: int) -> Trace:
     return _prefix(trace, count)
 
 
+def zero_load_e2e_s(
+    profile: Profile,
+    prompt: int,
+    output: int,
+    estimator: BatchLatencyEstimator | None = None,
+) -> float:
+    """Time one request takes alone on ``profile``: its prefill plus its decode steps (each at
+    the request's mean context)."""
+    est = estimator or profile.estimator()
+    decode_step = est.batch_time(decode_kv=[prompt + output // 2])
+    return profile.zero_load_ttft_s(prompt) + (output - 1) * decode_step
+
+
 def sequential_service_s(trace: Trace, profile: Profile) -> float:
-    """Mean time one request takes alone on ``profile``: its prefill plus its decode steps."""
+    """Mean time one request takes alone on ``profile`` (:func:`zero_load_e2e_s`)."""
     est = profile.estimator()
     total = 0.0
     for prompt, output in zip(
         trace.prompt_tokens.tolist(), trace.output_tokens.tolist(), strict=True
     ):
-        decode_step = est.batch_time(decode_kv=[prompt + output // 2])
-        total += profile.zero_load_ttft_s(prompt) + (output - 1) * decode_step
+        total += zero_load_e2e_s(profile, prompt, output, est)
     return total / len(trace)
 
 

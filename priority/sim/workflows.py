@@ -10,35 +10,34 @@ past workflows, Gaussian-kernel similarity on token counts) are not implemented 
 simulator has no history to match, so every workflow is a cold start.
 
 **Length bounds** (``--lengths``): ``oracle`` gives each request its true length as a point
-distribution; ``max-tokens`` gives none (policies fall back to the cap); ``predicted`` gives a
-lognormal distribution around the truth standing in for the predictor's held-out error until
-the real predictor's measured error is wired in: the median is ``true · exp(σ·Z)``, Z ~ N(0, 1)
-per request, and the stored quantiles are ``median · exp(σ · Φ⁻¹(level))`` — so the q-quantile
-covers the true length with probability q (a calibrated predictor whose log-error has
-standard deviation σ; ``DEFAULT_LENGTH_SIGMA``). The cap (``max_tokens``) of every request
-becomes ``max(DEFAULT_MAX_TOKENS, true)`` in these modes, so a cap never reveals the length.
+distribution; ``max-tokens`` gives none (policies fall back to the cap); ``predicted`` gives the
+distribution a predictor would have sent, the truth blurred by ``--length-error``
+(:mod:`priority.sim.length_error`). Its default, ``measured``, replays the error the real
+predictor (the quantile regression forest of :mod:`priority.lengths`) shows on held-out HH-RLHF
+data (``data/length_error_hh.csv``, written by ``scripts/length_error_model.py``): the median's
+log-error is drawn from the measured empirical distribution of ``log(true / forest median)``,
+and the quantile vector at the forest's levels is shaped so that each simulated ``l``-quantile
+covers the true length as often as the forest's did (e.g. its 0.95-quantile 95.6% of
+the time). ``lognormal:SIGMA`` is the earlier calibrated lognormal stand-in. The cap
+(``max_tokens``) of every request becomes ``max(DEFAULT_MAX_TOKENS, true)`` in these modes, so
+a cap never reveals the length.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from statistics import NormalDist
 
 import numpy as np
 
-from priority.lengths.distribution import DEFAULT_LEVELS, LengthDistribution
+from priority.lengths.distribution import LengthDistribution
+from priority.sim.length_error import LengthError, load_measured
 
 LENGTH_MODES: tuple[str, ...] = ("oracle", "predicted", "max-tokens")
-DEFAULT_LENGTH_SIGMA = 0.6
-"""Log-space std-dev of the stand-in predictor's error (about ×1.8 at one sigma)."""
 DEFAULT_MAX_TOKENS = 4096
 """The ``max_tokens`` a simulated client sends (the trace holds none)."""
 MIN_SUB_DEADLINE_S = 1e-3
 """A call arriving after its sub-deadline still gets a positive (already missed) deadline."""
-
-_Z = tuple(NormalDist().inv_cdf(level) for level in DEFAULT_LEVELS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,15 +84,14 @@ def length_for(
     true_tokens: int,
     cap: int,
     rng: np.random.Generator,
-    sigma: float = DEFAULT_LENGTH_SIGMA,
+    error: LengthError | None = None,
 ) -> LengthDistribution | None:
-    """The ``Request.length`` of one simulated request under ``mode`` (see the module doc)."""
+    """The ``Request.length`` of one simulated request under ``mode`` (see the module doc);
+    ``error`` is the ``predicted`` mode's error model (None: the measured one)."""
     if mode == "oracle":
         return LengthDistribution.point(true_tokens, max_tokens=cap)
     if mode == "max-tokens":
         return None
     if mode != "predicted":
         raise ValueError(f"unknown lengths mode {mode!r}; known: {', '.join(LENGTH_MODES)}")
-    median = true_tokens * math.exp(sigma * float(rng.standard_normal()))
-    values = [min(max(1.0, median * math.exp(sigma * z)), float(cap)) for z in _Z]
-    return LengthDistribution(levels=DEFAULT_LEVELS, values=tuple(values), max_tokens=cap)
+    return (error or load_measured()).sample(true_tokens, cap, rng)

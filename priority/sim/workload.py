@@ -28,9 +28,9 @@ from priority.gain import DEFAULT_BEST_EFFORT_DEADLINE_S, GainWeights
 from priority.lengths.distribution import LengthDistribution
 from priority.profiles import Profile
 from priority.request import SLO, Request, relative_ttft_s
+from priority.sim.length_error import LengthError
 from priority.sim.traces import FloatArray, IntArray, Trace, load_trace
 from priority.sim.workflows import (
-    DEFAULT_LENGTH_SIGMA,
     DEFAULT_MAX_TOKENS,
     LENGTH_MODES,
     WorkflowCall,
@@ -200,14 +200,15 @@ def build_workload(
     tiers: TierMix | None = None,
     slo: SloPolicy | None = None,
     lengths: str | None = None,
-    length_sigma: float = DEFAULT_LENGTH_SIGMA,
+    length_error: LengthError | None = None,
     max_tokens: int = DEFAULT_MAX_TOKENS,
 ) -> Workload:
     """A workload from a trace.
 
     ``lengths`` (``oracle|predicted|max-tokens``, :mod:`priority.sim.workflows`) sets each
     request's length distribution and a realistic ``max_tokens`` cap; None keeps the historic
-    behaviour (no distribution, cap = true length).
+    behaviour (no distribution, cap = true length). ``length_error`` is ``predicted``'s error
+    model (:mod:`priority.sim.length_error`; None: the measured one).
 
     ``rate_scale`` multiplies the trace's native rate (divides every arrival time); ``rps``
     rescales it to that mean rate, the native one being ``(n - 1) / span``. A lengths-only trace
@@ -261,7 +262,7 @@ def build_workload(
     )
     if lengths is not None:
         workload = with_lengths(
-            workload, lengths, np.random.default_rng(streams[3]), length_sigma, max_tokens
+            workload, lengths, np.random.default_rng(streams[3]), length_error, max_tokens
         )
     return workload
 
@@ -270,7 +271,7 @@ def with_lengths(
     workload: Workload,
     mode: str,
     rng: np.random.Generator,
-    sigma: float = DEFAULT_LENGTH_SIGMA,
+    error: LengthError | None = None,
     max_tokens: int = DEFAULT_MAX_TOKENS,
 ) -> Workload:
     """``workload`` with every request's length distribution and cap set by ``mode``; compound
@@ -278,7 +279,7 @@ def with_lengths(
     specs = []
     for spec in workload.specs:
         cap = max(max_tokens, spec.output_tokens)
-        length = length_for(mode, spec.output_tokens, cap, rng, sigma)
+        length = length_for(mode, spec.output_tokens, cap, rng, error)
         specs.append(replace(spec, length=length, max_tokens=cap))
     calls, specs = _plan_workflows(specs, prior=workload.workflow_calls)
     return Workload(

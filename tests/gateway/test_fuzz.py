@@ -209,6 +209,43 @@ def test_shape_body_caps_lengths_and_keeps_invalid_values(
         assert type(body[key]) is type(value)
 
 
+def test_shape_body_streams_only_a_body_without_stream_when_asked() -> None:
+    asked, kept, unasked = {"model": "m"}, {"model": "m", "stream": "no"}, {"model": "m"}
+    fuzz.shape_body(asked, 4, stream=True)
+    fuzz.shape_body(kept, 4, stream=True)
+    fuzz.shape_body(unasked, 4)
+    assert asked == {"model": fuzz.MODEL, "stream": True}
+    assert kept["stream"] == "no"  # an invalid value stays invalid
+    assert "stream" not in unasked
+
+
+@pytest.mark.parametrize(
+    ("headers", "expected"),
+    [
+        (None, None),
+        ({}, {}),
+        ({"x-slo-ttft-ms": "5"}, {"x-slo-ttft-ms": "5"}),
+        (
+            {"x-tiergate-workflow-id": "w"},
+            {"x-tiergate-workflow-id": "w", "x-tiergate-workflow-deadline-ms": "60000"},
+        ),
+        (
+            {"X-Tiergate-Workflow-Deadline-Ms": "nan"},  # invalid, and still so
+            {"X-Tiergate-Workflow-Deadline-Ms": "nan", "x-tiergate-workflow-id": "fuzz-7"},
+        ),
+        (
+            {"x-tiergate-workflow-id": "has space", "x-tiergate-workflow-deadline-ms": "1"},
+            {"x-tiergate-workflow-id": "has space", "x-tiergate-workflow-deadline-ms": "1"},
+        ),
+    ],
+)
+def test_shape_headers_completes_a_half_pair_of_workflow_headers(
+    headers: dict[str, str] | None, expected: dict[str, str] | None
+) -> None:
+    fuzz.shape_headers(headers, 7)
+    assert headers == expected
+
+
 def test_shape_body_leaves_non_objects_alone() -> None:
     for body in ([{"max_tokens": 100}], "text", None, 3):
         before = repr(body)

@@ -15,12 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import uvicorn
 
 from gateway.app import create_app
 from gateway.app.http_limits import HEAD_TOO_LARGE, HeadLimitedProtocol, http_options
 from gateway.app.server import GatewayThread
-from gateway.embedded import EmbeddedServer
 from gateway.settings import Settings
 from tests.gateway.seeded_app import app_settings, seed_database
 
@@ -37,11 +35,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int]
     settings = app_settings(
         url, root, "secret", "admin", max_header_bytes=MAX_HEAD, max_headers=MAX_FIELDS
     )
-    app = create_app(settings, backends=[])
-    gateway = GatewayThread(app)
-    config = uvicorn.Config(app, log_level="error", lifespan="on", **http_options(settings))
-    gateway.server = EmbeddedServer(config)
-    with gateway:
+    # GatewayThread serves the app with its settings' http_options, as `tiergate serve` does.
+    with GatewayThread(create_app(settings, backends=[])) as gateway:
         yield gateway.host, gateway.port
 
 

@@ -8,7 +8,8 @@ against the app's own OpenAPI; the defects it found, one group of tests each:
 * S2 — an engine's error answer (vLLM: ``"type": "BadRequestError", "code": 400``) reaches the
   client in the gateway's dialect, unary or as an event in a stream, still accounted as the
   engine's refusal; and values OpenAI's types allow but vLLM refuses are refused up front;
-* S3 — the `/v1` bodies and the SLO headers are documented (the proxy still parses the raw body);
+* S3 — the `/v1` bodies, the SLO and workflow headers and the workflow error codes are
+  documented (the proxy still parses the raw body);
 * S4 — the `/v1` operations declare their bearer scheme;
 * S5 — the admin bodies document the data layer's rules (names, lengths, URLs, kinds), so a body
   valid by the schema is refused only for what no schema can say;
@@ -22,6 +23,7 @@ when it refuses a request or breaks a stream.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +44,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gateway.app import BackendSpec, create_app
 from gateway.app.app import V1_SCHEMAS, V1_SECURITY
+from gateway.app.kinds import WORKFLOW_DEADLINE_HEADER, WORKFLOW_ID_HEADER, WORKFLOW_ID_PATTERN
 from gateway.app.proxy import engine_error
 from gateway.app.schemas import ROLES, ChatBody, CompletionBody
 from gateway.app.server import GatewayThread
@@ -509,10 +512,22 @@ def test_v1_bodies_and_slo_headers_are_documented(openapi: dict[str, Any], path:
     documented = operation["requestBody"]["content"]["application/json"]["schema"]
     assert documented == {"$ref": f"#/components/schemas/{body}"}
     headers = {p["name"]: p for p in operation["parameters"] if p["in"] == "header"}
-    assert set(headers) == {TTFT_HEADER, TPOT_HEADER, DEADLINE_HEADER}
-    for header in headers.values():
-        assert header["required"] is False
-        assert header["schema"] == {"type": "number", "minimum": MIN_SLO_MS, "maximum": MAX_SLO_MS}
+    workflow = {WORKFLOW_ID_HEADER, WORKFLOW_DEADLINE_HEADER}
+    assert set(headers) == {TTFT_HEADER, TPOT_HEADER, DEADLINE_HEADER} | workflow
+    milliseconds = {"type": "number", "minimum": MIN_SLO_MS, "maximum": MAX_SLO_MS}
+    for name, header in headers.items():
+        assert header["required"] is False and header["description"]
+        if name != WORKFLOW_ID_HEADER:
+            assert header["schema"] == milliseconds, name
+    workflow_id = headers[WORKFLOW_ID_HEADER]["schema"]
+    assert workflow_id["type"] == "string"
+    pattern = re.compile(workflow_id["pattern"])  # the id kinds.py accepts, anchored
+    for value in ("wf-1", "a.b:c_d", "x" * 128, "has space", "x" * 129, "{tag}", ""):
+        assert bool(pattern.search(value)) is bool(WORKFLOW_ID_PATTERN.fullmatch(value)), value
+    # the codes of the workflow path are in the documented responses
+    responses = operation["responses"]
+    assert "unknown_workflow" in responses["400"]["description"]
+    assert "workflow_expired" in responses["409"]["description"]
 
 
 def test_the_documented_bodies_are_the_checked_models(openapi: dict[str, Any]) -> None:

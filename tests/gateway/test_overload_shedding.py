@@ -30,14 +30,22 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gateway.app import BackendSpec, create_app
 from gateway.app.server import GatewayThread
-from gateway.app.shedding import MAX_RETRY_AFTER_S, MIN_RETRY_AFTER_S, Action, Verdict, judge
+from gateway.app.shedding import (
+    MAX_RETRY_AFTER_S,
+    MIN_RETRY_AFTER_S,
+    Action,
+    Verdict,
+    decode_s,
+    judge,
+    shed_message,
+)
 from gateway.db import crud
 from gateway.db.models import Base, Tenant, UsageRecord
 from gateway.db.session import make_engine, make_session_factory
 from gateway.engine_sim import EngineSpec, EngineThread
 from gateway.limits import RejectReason
 from gateway.settings import Settings
-from priority.estimator import LatencyCoefficients
+from priority.estimator import BatchLatencyEstimator, LatencyCoefficients
 from priority.profiles import Profile, load_profile
 
 MODEL = "overload-model"
@@ -157,6 +165,69 @@ def test_unknown_wait_counts_as_none_and_unchecked_requests_have_no_limit() -> N
         engine_s=9.0, zero_load_s=9.0, checked=False,
     )  # fmt: skip
     assert unchecked.action is Action.ADMIT and unchecked.slo_wait_s == math.inf
+
+
+# ---- requests judged end to end (issue 14: deadline, compound, best-effort) -------------------
+
+
+def test_a_deadline_request_is_judged_by_its_finish_not_the_tiers_ttft() -> None:
+    """A queue that makes the first token 1.3 s late sheds a latency request (TTFT 0.5 s); a
+    deadline request with 10 s to finish is admitted, and may wait what its decode leaves."""
+
+    def verdict(due_s: float, decode_s: float = 0.0) -> Verdict:
+        return judge(
+            elapsed_s=0.01, due_s=due_s, shed_slack=0.0, best_effort=False, wait_s=1.0,
+            engine_s=0.3, zero_load_s=0.05, decode_s=decode_s,
+        )  # fmt: skip
+
+    latency = verdict(0.5)
+    assert latency.action is Action.SHED and latency.reason is RejectReason.SLO_UNATTAINABLE
+    deadline = verdict(10.0, decode_s=4.0)
+    assert deadline.action is Action.ADMIT
+    assert deadline.predicted_ttft_s == pytest.approx(0.01 + 1.0 + 0.3 + 4.0)  # its last token
+    assert deadline.slo_wait_s == pytest.approx(10.0 - 0.01 - 0.3 - 4.0)
+
+
+def test_a_deadline_its_decode_cannot_meet_is_refused_like_a_late_first_token() -> None:
+    # the first token would come in time (0.3 s of 1 s); the rest of the answer would not
+    alone = judge(
+        elapsed_s=0.0, due_s=1.0, shed_slack=0.0, best_effort=False, wait_s=0.0,
+        engine_s=0.3, zero_load_s=0.05, decode_s=2.0,
+    )  # fmt: skip
+    assert alone.action is Action.SHED and alone.reason is RejectReason.SLO_INFEASIBLE
+    assert alone.predicted_ttft_s == pytest.approx(2.3)
+    assert alone.retry_after_s is None  # even an idle backend takes 2.05 s: retrying cannot help
+    queued = judge(
+        elapsed_s=0.0, due_s=3.0, shed_slack=0.0, best_effort=False, wait_s=2.0,
+        engine_s=0.3, zero_load_s=0.05, decode_s=2.0,
+    )  # fmt: skip
+    assert queued.action is Action.SHED and queued.reason is RejectReason.SLO_UNATTAINABLE
+    assert queued.retry_after_s == pytest.approx(2.3)  # an idle backend would make it: retry
+    demoted = judge(
+        elapsed_s=0.0, due_s=1.0, shed_slack=0.0, best_effort=True, wait_s=0.0,
+        engine_s=0.3, zero_load_s=0.05, decode_s=2.0,
+    )  # fmt: skip
+    assert demoted.action is Action.DEMOTE
+
+
+def test_decode_time_is_the_backends_solo_decode_steps() -> None:
+    coefficients = LatencyCoefficients(a_p=0.0, b_p=0.0, c_p=0.0, a_d=1e-6, b_d=0.002, t_c=0.01)
+    estimator = BatchLatencyEstimator(coefficients)
+    # 99 steps after the first token, each t_c + a_d * (100 + 100 / 2) + b_d
+    assert decode_s(estimator, 100, 100) == pytest.approx(99 * (0.01 + 150e-6 + 0.002))
+    assert decode_s(estimator, 100, 1) == 0.0  # the first token is the prefill's
+    estimator.beta = 2.0  # the estimator's measured correction applies
+    assert decode_s(estimator, 100, 100) == pytest.approx(2 * 99 * (0.01 + 150e-6 + 0.002))
+
+
+def test_the_refusal_says_which_token_and_objective() -> None:
+    late = judge(
+        elapsed_s=0.0, due_s=1.0, shed_slack=0.0, best_effort=False, wait_s=0.0,
+        engine_s=0.3, zero_load_s=0.05, decode_s=2.0,
+    )  # fmt: skip
+    message = shed_message(late, "gold", 1000.0, 0.0, end_to_end=True)
+    assert "last token by its deadline" in message and "a deadline of 1000 ms" in message
+    assert "first token" in shed_message(late, "gold", 500.0, 0.0)
 
 
 # ---- the gateway at ten times its capacity ---------------------------------------------------

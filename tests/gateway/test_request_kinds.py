@@ -68,8 +68,11 @@ class Env:
         )
 
     def chat(self, tenant: str = "agents", gateway: int = 0, **headers: str) -> Any:
+        return self.ask(tenant, 2, headers, gateway)
+
+    def ask(self, tenant: str, max_tokens: int, headers: dict[str, str], gateway: int = 0) -> Any:
         return self.client(tenant, gateway).chat.completions.create(
-            model=MODEL, messages=CHAT, max_tokens=2, extra_headers=headers
+            model=MODEL, messages=CHAT, max_tokens=max_tokens, extra_headers=headers
         )
 
     def last(self, tenant: str = "agents") -> CoreRequest:
@@ -102,7 +105,23 @@ def _seed(factory: sessionmaker[Session]) -> dict[str, str]:
             deadline_ms=600_000.0,
             default_kind="best-effort",
         )
-        for tenant, tier in (("agents", "agents"), ("other", "agents"), ("nightly", "nightly")):
+        crud.create_tier(  # no first token comes within 1 ms: latency requests are all shed
+            session,
+            actor="test",
+            name="tight",
+            weight=1.0,
+            ttft_ms=1.0,
+            tpot_ms=50.0,
+            min_deadline_ms=1.0,
+            best_effort_allowed=False,
+        )
+        tenants = (
+            ("agents", "agents"),
+            ("other", "agents"),
+            ("nightly", "nightly"),
+            ("tight", "tight"),
+        )
+        for tenant, tier in tenants:
             crud.create_tenant(session, actor="test", name=f"t-{tenant}", tier=tier)
             keys[tenant] = crud.create_key(
                 session, actor="test", tenant=f"t-{tenant}", secret=SECRET
@@ -191,6 +210,47 @@ def test_a_tiers_default_kind_and_deadline_reach_the_engine(env: Env) -> None:
     assert seen.kind == "best-effort" and seen.slo.deadline_s == pytest.approx(600.0)
     env.chat("nightly", **{"x-slo-deadline-ms": "700000"})
     assert env.last("nightly").kind == "deadline"  # the header wins over the tier's default
+
+
+# ---- admission: a deadline is judged by the finish, not the tier's TTFT ------------------------
+
+
+def _refused(call: Any) -> openai.InternalServerError:
+    with pytest.raises(openai.InternalServerError) as info:
+        call()
+    assert info.value.status_code == 503
+    return info.value
+
+
+def test_a_latency_request_is_still_shed_on_its_tiers_ttft(env: Env) -> None:
+    error = _refused(lambda: env.chat("tight"))
+    assert _code(error)[0] == "slo_infeasible" and "first token" in error.message
+    assert error.response.headers["x-tiergate-reject-reason"] == "slo_infeasible"
+
+
+def test_a_deadline_request_that_can_finish_in_time_is_admitted_despite_the_ttft(
+    env: Env,
+) -> None:
+    env.ask("tight", 2, {"x-slo-deadline-ms": "60000"})  # the 1 ms TTFT would shed it
+    seen = env.last("tight")
+    assert seen.kind == "deadline" and seen.slo.deadline_s == pytest.approx(60.0)
+    workflow = {WORKFLOW_ID_HEADER: _workflow(), WORKFLOW_DEADLINE_HEADER: "60000"}
+    env.ask("tight", 2, workflow)  # a workflow call: judged by the workflow's deadline
+    assert env.last("tight").kind == "compound"
+
+
+def test_a_deadline_request_that_cannot_finish_in_time_is_refused_in_the_dialect(
+    env: Env,
+) -> None:
+    # 1,000 tokens take ~11 s of decode steps on this profile even alone: 2 s cannot be met
+    before = len(env.submitted)
+    error = _refused(lambda: env.ask("tight", 1000, {"x-slo-deadline-ms": "2000"}))
+    assert _code(error) == ("slo_infeasible", None)
+    assert isinstance(error.body, dict) and error.body["type"]  # the OpenAI error shape
+    assert "last token by its deadline" in error.message and "2000 ms" in error.message
+    assert error.response.headers["x-tiergate-reject-reason"] == "slo_infeasible"
+    assert "retry-after" not in error.response.headers  # even an idle backend is too slow
+    assert len(env.submitted) == before  # refused at admission: the engine never saw it
 
 
 # ---- workflows ---------------------------------------------------------------------------------

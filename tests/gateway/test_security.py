@@ -21,7 +21,6 @@ from typing import Any
 import httpx
 import pytest
 import typer
-import uvicorn
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy import select, update
@@ -30,7 +29,6 @@ from typer.testing import CliRunner
 from gateway.app import create_app
 from gateway.app.admin import credentials
 from gateway.app.admin.deps import AdminRoute
-from gateway.app.http_limits import http_options
 from gateway.app.server import GatewayThread
 from gateway.app.ui.deps import UiRoute
 from gateway.cli import register
@@ -38,7 +36,6 @@ from gateway.db import crud
 from gateway.db.models import ApiKey, AuditLog, utcnow
 from gateway.db.security import secret_id, server_secret
 from gateway.db.session import make_engine, make_session_factory
-from gateway.embedded import EmbeddedServer
 from gateway.settings import Settings, get_settings
 from tests.gateway.seeded_app import app_settings, seed_database
 
@@ -420,11 +417,10 @@ def test_secret_status_through_the_cli(
 
 @contextmanager
 def served(app: FastAPI, settings: Settings) -> Iterator[GatewayThread]:
-    """The app under uvicorn with the gateway's own HTTP options (``tiergate serve``'s)."""
-    gateway = GatewayThread(app)
-    config = uvicorn.Config(app, log_level="warning", lifespan="on", **http_options(settings))
-    gateway.server = EmbeddedServer(config)
-    with gateway:
+    """The app under uvicorn: GatewayThread applies the app's own HTTP options (``tiergate
+    serve``'s head limits and proxy trust) from the settings it was created with."""
+    assert app.state.settings is settings
+    with GatewayThread(app) as gateway:
         yield gateway
 
 

@@ -16,6 +16,7 @@ import redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from gateway.app.kinds import RequestKinds
+from gateway.app.metrics import GatewayMetrics
 from gateway.app.slo import RequestSLO
 from gateway.app.workflows import (
     FailoverWorkflowStore,
@@ -239,18 +240,60 @@ def test_an_outage_degrades_to_process_state_counted_and_logged(
     _run(scenario())
 
 
+def _degraded(metrics: GatewayMetrics, outcome: str) -> float:
+    sample = "tiergate_workflow_degraded_calls_total"
+    value = metrics.registry.get_sample_value(sample, {"tier": "t", "outcome": outcome})
+    return value or 0.0
+
+
 def test_a_dead_redis_never_fails_the_request() -> None:
+    metrics = GatewayMetrics()
+
     async def scenario() -> None:
-        kinds = RequestKinds(make_workflow_store(DEAD_REDIS, timeout_s=0.2))
+        store = make_workflow_store(DEAD_REDIS, timeout_s=0.2)
+        kinds = RequestKinds(store, on_degraded=metrics.workflow_call_degraded)
         try:
             start = {"x-tiergate-workflow-id": "w", "x-tiergate-workflow-deadline-ms": "9000"}
             slo = await kinds.resolve(start, SLO, POLICY, tier="t", tenant_key="1")
             assert slo.kind == "compound" and slo.stage == 0
+            slo = await kinds.resolve(
+                {"x-tiergate-workflow-id": "w"}, SLO, POLICY, tier="t", tenant_key="1"
+            )
+            assert slo.kind == "compound" and slo.stage == 1  # this process's copy answers
             unseen = {"x-tiergate-workflow-id": "from-another-gateway"}
             slo = await kinds.resolve(unseen, SLO, POLICY, tier="t", tenant_key="1")
             assert slo.kind == "latency" and slo.workflow_id is None  # served, as its tier's
             assert kinds.served_without_workflow == 1
+            # every degraded call is in the metric, by what became of it
+            assert _degraded(metrics, "local") == 2.0
+            assert _degraded(metrics, "default_kind") == 1.0
+            assert isinstance(store, FailoverWorkflowStore) and store.degraded_calls == 3
         finally:
             await kinds.aclose()
 
     _run(scenario())
+    exposition = metrics.render().decode()
+    assert 'tiergate_workflow_degraded_calls_total{outcome="default_kind",tier="t"} 1.0' in (
+        exposition
+    )
+
+
+def test_workflow_calls_with_their_state_in_reach_are_not_counted_degraded(
+    prefix: str,
+) -> None:
+    metrics = GatewayMetrics()
+
+    async def scenario() -> None:
+        for store in (MemoryWorkflowStore(), make_workflow_store(REDIS_URL, prefix=prefix)):
+            kinds = RequestKinds(store, on_degraded=metrics.workflow_call_degraded)
+            try:
+                start = {"x-tiergate-workflow-id": "w", "x-tiergate-workflow-deadline-ms": "9000"}
+                await kinds.resolve(start, SLO, POLICY, tier="t", tenant_key="1")
+                await kinds.resolve(
+                    {"x-tiergate-workflow-id": "w"}, SLO, POLICY, tier="t", tenant_key="1"
+                )
+            finally:
+                await kinds.aclose()
+
+    _run(scenario())
+    assert _degraded(metrics, "local") == 0.0 and _degraded(metrics, "default_kind") == 0.0
