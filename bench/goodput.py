@@ -79,6 +79,9 @@ from priority.sim.compare import compare_policies
 from priority.sim.workflows import LENGTH_MODES
 from priority.sim.workload import SloPolicy
 
+sys.path.append(str(Path(__file__).resolve().parent))  # bench/ is no package
+from sweep_args import csv, load_multiples, names
+
 DEFAULT_TRACES = ("azure_conv", "azure_code")
 DEFAULT_REQUESTS = 600
 DEFAULT_PROFILE = "a100-qwen2-7b"
@@ -506,37 +509,11 @@ def plot(data: dict[str, Any], out_dir: Path) -> list[Path]:
 # ---- command line ------------------------------------------------------------------------------
 
 
-def _csv(value: str) -> tuple[str, ...]:
-    return tuple(v.strip() for v in value.split(",") if v.strip())
-
-
-def _names(value: str, known: Sequence[str], what: str) -> tuple[str, ...]:
-    names = _csv(value)
-    unknown = [n for n in names if n not in known]
-    if unknown or not names:
-        raise argparse.ArgumentTypeError(
-            f"unknown {what} {', '.join(unknown)}; known: {', '.join(known)}"
-        )
-    return names
-
-
-def _loads_arg(value: str) -> tuple[float, ...]:
-    try:
-        loads = tuple(float(v) for v in _csv(value))
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated numbers, got {value!r}"
-        ) from None
-    if not loads or any(not (x > 0 and math.isfinite(x)) for x in loads):
-        raise argparse.ArgumentTypeError("loads must be positive numbers")
-    return loads
-
-
 def parse_args(argv: Sequence[str] | None) -> tuple[GoodputConfig, argparse.Namespace]:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument(
         "--trace",
-        type=_csv,
+        type=csv,
         default=DEFAULT_TRACES,
         help=f"two or more traces (names or CSV paths; default {','.join(DEFAULT_TRACES)}; "
         "mooncake_conv also works)",
@@ -547,19 +524,19 @@ def parse_args(argv: Sequence[str] | None) -> tuple[GoodputConfig, argparse.Name
     parser.add_argument("--profile", default=DEFAULT_PROFILE, help="the one instance's profile")
     parser.add_argument(
         "--loads",
-        type=_loads_arg,
+        type=load_multiples,
         default=DEFAULT_LOADS,
         help="load multiples of capacity (default 0.5,1,1.5,2,3)",
     )
     parser.add_argument(
         "--policy",
-        type=lambda v: _names(v, POLICY_NAMES, "policy"),
+        type=lambda v: names(v, POLICY_NAMES, "policy"),
         default=POLICY_NAMES,
         help="policies (default: every registered one)",
     )
     parser.add_argument(
         "--lengths",
-        type=lambda v: _names(v, LENGTH_MODES, "lengths mode"),
+        type=lambda v: names(v, LENGTH_MODES, "lengths mode"),
         default=DEFAULT_LENGTHS,
         help="length-bound modes (default predicted,oracle)",
     )

@@ -58,6 +58,9 @@ from priority.sim.capacity import (
 )
 from priority.sim.compare import compare_policies
 
+sys.path.append(str(Path(__file__).resolve().parent))  # bench/ is no package
+from sweep_args import csv, load_multiples, names
+
 DEFAULT_TRACES = ("azure_conv", "azure_code")
 DEFAULT_PROFILES = ("a100-qwen2-7b", "910b-qwen2-7b")
 DEFAULT_LOADS = (0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0)
@@ -489,53 +492,27 @@ def cluster_label(profiles: Sequence[str]) -> str:
     return "+".join(f"{n}x{name}" for name, n in counts.items())
 
 
-def _names(value: str, known: Sequence[str], what: str) -> tuple[str, ...]:
-    names = tuple(v.strip() for v in value.split(",") if v.strip())
-    unknown = [n for n in names if n not in known]
-    if unknown:
-        raise argparse.ArgumentTypeError(
-            f"unknown {what} {', '.join(unknown)}; known: {', '.join(known)}"
-        )
-    return names
-
-
-def _loads(value: str) -> tuple[float, ...]:
-    try:
-        loads = tuple(float(v) for v in value.split(",") if v.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated numbers, got {value!r}"
-        ) from None
-    if not loads or any(not (x > 0 and math.isfinite(x)) for x in loads):
-        raise argparse.ArgumentTypeError("loads must be positive numbers")
-    return loads
-
-
-def _csv(value: str) -> tuple[str, ...]:
-    return tuple(v.strip() for v in value.split(",") if v.strip())
-
-
 def parse_args(argv: Sequence[str] | None) -> tuple[SweepConfig, argparse.Namespace]:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument(
         "--trace",
-        type=_csv,
+        type=csv,
         help="traces, comma-separated "
         f"(default {','.join(DEFAULT_TRACES)}; mooncake_conv also works)",
     )
     parser.add_argument(
         "--profile",
-        type=_csv,
+        type=csv,
         help=f"single-instance profiles (default {','.join(DEFAULT_PROFILES)})",
     )
     parser.add_argument(
         "--policy",
-        type=lambda v: _names(v, POLICY_NAMES, "policy"),
+        type=lambda v: names(v, POLICY_NAMES, "policy"),
         help="single-instance policies (default all)",
     )
     parser.add_argument(
         "--loads",
-        type=_loads,
+        type=load_multiples,
         help=f"load multiples of capacity (default {','.join(map(str, DEFAULT_LOADS))})",
     )
     parser.add_argument(
@@ -545,14 +522,14 @@ def parse_args(argv: Sequence[str] | None) -> tuple[SweepConfig, argparse.Namesp
         help="seconds of each trace (its own clock) replayed at every load",
     )
     parser.add_argument(
-        "--multi-trace", type=_csv, help="traces of the cluster sweep (default: those of --trace)"
+        "--multi-trace", type=csv, help="traces of the cluster sweep (default: those of --trace)"
     )
     parser.add_argument(
-        "--multi-loads", type=_loads, help="cluster load multiples (default 0.5,1,1.5,2)"
+        "--multi-loads", type=load_multiples, help="cluster load multiples (default 0.5,1,1.5,2)"
     )
     parser.add_argument(
         "--cluster",
-        type=_csv,
+        type=csv,
         help="instance profiles of the cluster "
         f"(default {','.join(DEFAULT_CLUSTER)}); with PD the first "
         "--pd-prefill prefill",
@@ -563,11 +540,11 @@ def parse_args(argv: Sequence[str] | None) -> tuple[SweepConfig, argparse.Namesp
         help="prefill instances of the PD cluster (default half; 0 = co-located only)",
     )
     parser.add_argument(
-        "--router", type=lambda v: _names(v, ROUTER_NAMES, "router"), help="routers (default all)"
+        "--router", type=lambda v: names(v, ROUTER_NAMES, "router"), help="routers (default all)"
     )
     parser.add_argument(
         "--multi-policy",
-        type=lambda v: _names(v, POLICY_NAMES, "policy"),
+        type=lambda v: names(v, POLICY_NAMES, "policy"),
         help="cluster policies (default slide + the 2 best deployable single-instance baselines)",
     )
     parser.add_argument("--only", choices=("single", "multi"))

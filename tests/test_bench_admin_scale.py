@@ -3,27 +3,19 @@ route answered and checked against what was loaded (no timing is asserted)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 from sqlalchemy import create_engine, text
 
-BENCH = Path(__file__).resolve().parents[1] / "bench" / "admin_scale.py"
+from tests.scripts_loader import load_script
 
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("admin_scale", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve annotations through sys.modules
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench/admin_scale.py")
 
 
 @pytest.fixture(scope="module")

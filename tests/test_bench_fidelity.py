@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
@@ -20,18 +17,12 @@ from engine_common.sim_replay import (
     ttft_abs_p99_s,
 )
 from priority.profiles import load_profile
-
-BENCH = Path(__file__).resolve().parents[1] / "bench" / "sim_fidelity.py"
+from tests.scripts_loader import load_script
 
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("sim_fidelity", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve annotations through sys.modules
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench/sim_fidelity.py")
 
 
 def test_defaults(bench: ModuleType) -> None:

@@ -3,10 +3,8 @@ policy x load x lengths cell, and ratios that follow from the raw numbers."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -16,20 +14,15 @@ import pytest
 from priority.policies import POLICY_NAMES
 from priority.profiles import load_profile
 from priority.sim import load_trace
+from tests.scripts_loader import load_script
 
-BENCH = Path(__file__).resolve().parents[1] / "bench" / "goodput.py"
 LOADS = (1.5, 3.0)
 REQUESTS = 24
 
 
 @pytest.fixture(scope="module")
 def goodput() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("goodput", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve annotations through sys.modules
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench/goodput.py")
 
 
 @pytest.fixture(scope="module")

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -15,18 +13,12 @@ import pytest
 from priority.policies import POLICY_NAMES
 from priority.routing import ROUTER_NAMES
 from priority.sim import Trace, load_trace
-
-BENCH = Path(__file__).resolve().parents[1] / "bench" / "policy_sweep.py"
+from tests.scripts_loader import load_script
 
 
 @pytest.fixture(scope="module")
 def sweep() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("policy_sweep", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve annotations through sys.modules
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench/policy_sweep.py")
 
 
 @pytest.fixture(scope="module")

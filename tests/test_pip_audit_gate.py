@@ -4,25 +4,17 @@ No network: the reports are pip-audit's JSON format, written out here."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "pip_audit_gate.py"
+from tests.scripts_loader import load_script
 
 
 @pytest.fixture(scope="module")
 def gate() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("pip_audit_gate", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve annotations through sys.modules
-    spec.loader.exec_module(module)
-    return module
+    return load_script("scripts/pip_audit_gate.py")
 
 
 CLEAN = {"dependencies": [{"name": "fastapi", "version": "0.165.0", "vulns": []}]}

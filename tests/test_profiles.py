@@ -95,16 +95,9 @@ MEASURED_TABLES = Path(__file__).resolve().parents[1] / "docs" / "data" / "h100-
 
 def test_measured_h100_profile_is_rebuilt_from_its_committed_tables() -> None:
     """The shipped measured profile is exactly what its tables and build script give."""
-    import importlib.util
+    from tests.scripts_loader import load_script
 
-    spec = importlib.util.spec_from_file_location(
-        "build_measured_profile",
-        Path(__file__).resolve().parents[1] / "scripts" / "build_measured_profile.py",
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    rebuilt = module.build(MEASURED_TABLES)
+    rebuilt = load_script("scripts/build_measured_profile.py").build(MEASURED_TABLES)
     shipped = load_profile("h100-llama3.1-8b-measured")
     assert rebuilt.coefficients == shipped.coefficients
     assert rebuilt.fit["heldout_mape"] == pytest.approx(shipped.fit["heldout_mape"])
