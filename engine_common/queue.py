@@ -8,6 +8,9 @@ requests put back, preempted requests prepended) works unchanged. Under vLLM's p
 scheduling (``ordered``) it keeps vLLM's priority order between steps instead, as vLLM's heap
 does (``Request.__lt__``: priority, arrival time, request id): what vLLM, its stats and its
 users see of the waiting queue is what they configured; only the step's plan reorders it.
+
+:attr:`PolicyOrderedQueue.version` counts every change of the queue's contents or order, so the
+adapter can tell, in one comparison, that the queue is exactly as it last read it.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ class PolicyOrderedQueue(RequestQueue):
         self._items: list[Any] = sorted(requests) if ordered else list(requests)
         self._before: list[Any] | None = None
         """The order before this step's :meth:`reorder` (None: the step did not reorder)."""
+        self.version = 0
+        """Bumped by every change of the contents or the order (the adapter's snapshot key)."""
 
     def reorder(self, front: Sequence[Any], movable: Callable[[str], bool]) -> None:
         """Put ``front`` (requests in this queue, all ``movable`` by request id) first among the
@@ -37,6 +42,7 @@ class PolicyOrderedQueue(RequestQueue):
         """
         if not front:
             return
+        self.version += 1
         items = self._items
         self._before = items.copy()
         first = {id(r) for r in front}
@@ -54,6 +60,7 @@ class PolicyOrderedQueue(RequestQueue):
         before, self._before = self._before, None
         if before is None:
             return
+        self.version += 1
         index = {id(r): i for i, r in enumerate(before)}
         items = self._items
         if self.ordered:
@@ -70,6 +77,7 @@ class PolicyOrderedQueue(RequestQueue):
             items[i] = request
 
     def add_request(self, request: Any) -> None:
+        self.version += 1
         if self.ordered:
             bisect.insort(self._items, request)
         else:
@@ -78,6 +86,7 @@ class PolicyOrderedQueue(RequestQueue):
     def pop_request(self) -> Any:
         if not self._items:
             raise IndexError("pop from an empty queue")
+        self.version += 1
         return self._items.pop(0)
 
     def peek_request(self) -> Any:
@@ -86,6 +95,7 @@ class PolicyOrderedQueue(RequestQueue):
         return self._items[0]
 
     def prepend_request(self, request: Any) -> None:
+        self.version += 1
         if self.ordered:
             bisect.insort(self._items, request)
         else:
@@ -96,9 +106,11 @@ class PolicyOrderedQueue(RequestQueue):
             self.prepend_request(request)
 
     def remove_request(self, request: Any) -> None:
+        self.version += 1
         self._items.remove(request)
 
     def remove_requests(self, requests: Iterable[Any]) -> None:
+        self.version += 1
         gone = set(requests)
         self._items = [r for r in self._items if r not in gone]
 

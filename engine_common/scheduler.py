@@ -7,9 +7,11 @@ tokens each computes and whom to preempt. The hooks, all as thin as vLLM allows:
 1. **Policy view.** Before vLLM's ``schedule()``, every running request and every schedulable
    waiting request is mirrored into an :class:`EngineRequest` (a :class:`priority.request.Request`
    cached per request id: SLO from ``sampling_params.extra_args`` and ``priority`` once; computed
-   and output tokens and KV blocks held refreshed each step for running requests, and for a
-   waiting request only when vLLM changed it, see ``EngineRequest.stamp``, as this runs for
-   every queued request every step) whose tokens to compute are the ones vLLM
+   and output tokens and KV blocks held refreshed each step for running requests; a waiting
+   request's view only when vLLM changed it, see ``EngineRequest.stamp``, and while vLLM's
+   queue is unchanged a step reuses the last step's waiting views, re-checking only the
+   requests vLLM may change in place, see ``_WaitingSnapshot``: queued requests outnumber
+   running ones, and this runs every step) whose tokens to compute are the ones vLLM
    would schedule this step (:func:`compat.step_tokens`: draft tokens of speculative decoding
    included, the chunk cut at ``long_prefill_token_threshold`` and the model length, the
    prefix-cache hit a waiting request will find, a lone decode padded to the spec-decode width);
@@ -69,7 +71,7 @@ import itertools
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, ClassVar
 
 from engine_common import compat
@@ -82,6 +84,10 @@ from priority.policies.ordering import is_decoding
 from priority.request import Request, RequestStatus
 
 logger = logging.getLogger(__name__)
+
+_SWEEP_EVERY = 1024
+"""Steps between full sweeps of views whose request vLLM dropped without reporting it as
+finished (a request whose blocks a KV connector frees late)."""
 
 
 class EngineRequest(Request):
@@ -107,6 +113,31 @@ class EngineRequest(Request):
         if self.step_tokens is not None:
             return self.step_tokens
         return self.prompt_tokens + self.num_output_tokens - self.num_computed_tokens
+
+
+@dataclasses.dataclass(slots=True)
+class _WaitingSnapshot:
+    """The policy's waiting views as last built from vLLM's waiting queue, reused while nothing
+    they were built from changed (see :meth:`PolicyDriver._waiting_views`).
+
+    A queued request that never ran changes only by leaving the queue (admitted, aborted), which
+    changes the queue's version; the rest are re-checked every step: the ones vLLM keeps to
+    itself (their status flips in place when grammar or remote KV is ready), the ones that ran
+    before (preempted: an output in flight may land on them; resumable streaming sessions), and
+    the ones whose prefix-cache hit is looked up (the cache changes every step)."""
+
+    key: tuple[int, compat.StepTokens, int, int]
+    """(queue version, the step's token rules, lookups, arrivals) it was built under."""
+    views: list[Request]
+    """The waiting views in vLLM's queue order, as handed to the policy."""
+    lookups: list[Any]
+    """vLLM requests of the views whose prefix-cache hit is looked up each step."""
+    left: list[Any]
+    """Waiting requests vLLM keeps to itself (their tokens count as unseen)."""
+    watched: list[tuple[Any, EngineRequest]]
+    """(vLLM request, view) of the views vLLM may change in place while they wait."""
+    caps: dict[str, int]
+    """Every view's request id → 0 (the step's caps start from a copy)."""
 
 
 class PolicyDriver:
@@ -152,11 +183,17 @@ class PolicyDriver:
         self._stalled = False
         self._deviations = 0
         self._steps = 0
+        self._arrivals = 0
+        """Bumped by every ``add_request`` (a streaming session's next input changes a queued
+        request in place)."""
+        self._snapshot: _WaitingSnapshot | None = None
+        self._sweep_countdown = _SWEEP_EVERY
 
     # ---- the hooks around vLLM's schedule() ---------------------------------------------------
 
     def before_schedule(self, throttle_prefills: bool = False) -> None:
         s = self.scheduler
+        self._forget_finished()  # aborted since the last output
         defer = compat.defers_prefills(s, throttle_prefills)
         now = self.clock()
         self._caps = None
@@ -167,6 +204,8 @@ class PolicyDriver:
         schedulable = 0
         hidden = 0
         blocks = compat.block_table(s)
+        admitted = self._admitted.get
+        order: list[int] = []  # admission rank of each running view
         for req in s.running:
             view = self._running_view(req, tokens_of, blocks)
             if (
@@ -183,33 +222,10 @@ class PolicyDriver:
             else:
                 schedulable += 1
             running.append(view)
-        admitted = self._admitted.get
-        running.sort(key=lambda v: admitted(v.request_id, -1))
-        # in vLLM's queue order (new requests appended, preempted ones put back at the front),
-        # as the simulator keeps its queue; a policy that wants another order sorts
-        waiting: list[Request] = []
-        unseen = 0  # tokens of waiting requests vLLM handles by itself (see the module doc)
-        # a prefix-cache lookup per waiting request costs ~35 us: only as many as there are
-        # free seats, in vLLM's queue order (the others plan their whole prompt; vLLM then
-        # computes less, never more)
-        lookups = compat.max_admitted(s) - len(s.running)
-        left_to_vllm = self._left_to_vllm
-        views = self._views
-        threshold = self._threshold
-        for req in s.waiting:
-            if left_to_vllm(req):
-                unseen += tokens_of.waiting(req)
-            elif not (defer and req.num_computed_tokens < req.num_tokens - 1):
-                lookup = len(waiting) < lookups
-                kept = views.get(req.request_id)
-                if (
-                    kept is None
-                    or lookup
-                    or kept.stamp != (req.num_tokens, req.num_output_placeholders, threshold)
-                ):
-                    kept = self._waiting_view(req, tokens_of, lookup)
-                waiting.append(kept)
-            # else: vLLM admits no prompt to prefill this step
+            order.append(admitted(req.request_id, -1))
+        if order != sorted(order):  # admission order (stable: the unranked keep vLLM's)
+            running = [running[i] for i in sorted(range(len(order)), key=order.__getitem__)]
+        waiting, unseen, caps = self._waiting_views(tokens_of, defer)
         for req in compat.other_waiting(s):
             unseen += tokens_of.waiting(req)
         if not schedulable and not waiting:
@@ -242,7 +258,8 @@ class PolicyDriver:
         self._plan = plan
         self._steps += 1
 
-        caps = {v.request_id: 0 for v in itertools.chain(running, waiting)}
+        for shown in running:
+            caps[shown.request_id] = 0
         for victim in plan.preempted:
             req = s.requests[victim.request_id]
             if not compat.can_free_blocks(s, req):
@@ -252,27 +269,35 @@ class PolicyDriver:
             self._admitted.pop(victim.request_id, None)
             self._preempted.append(victim.request_id)
         rank: dict[str, int] = {}
+        admissions: list[Any] = []
+        waiting_status = RequestStatus.WAITING
         for i, (planned, tokens) in enumerate(plan.scheduled):
-            caps[planned.request_id] = tokens
-            rank[planned.request_id] = i
-            if tokens >= planned.num_uncomputed_tokens and isinstance(planned, EngineRequest):
+            request_id = planned.request_id
+            caps[request_id] = tokens
+            rank[request_id] = i
+            if planned.status is waiting_status:
+                admissions.append(s.requests[request_id])
+            if tokens >= planned.num_uncomputed_tokens:
                 # admitted whole: should vLLM's cache hit be shorter than expected (it caps
                 # hits by rules of its own), it computes the difference, not less
-                caps[planned.request_id] += planned.cache_hit
-                unseen += planned.cache_hit
+                hit = getattr(planned, "cache_hit", 0)  # 0 but for an EngineRequest
+                if hit:
+                    caps[request_id] += hit
+                    unseen += hit
             elif isinstance(planned, EngineRequest) and tokens == 1 and is_decoding(planned):
                 # a policy that plans a decode as one token (``is_decoding`` looks at the
                 # sequence, not the drafts): vLLM verifies the drafts with it, as it would
                 drafts = planned.num_uncomputed_tokens - 1
-                caps[planned.request_id] += drafts
+                caps[request_id] += drafts
                 unseen += drafts
-        last = len(rank)
-        s.running.sort(key=lambda r: rank.get(r.request_id, last))
+        if rank:  # the plan's order first; the others keep theirs, after it
+            last = len(rank)
+            keys = [rank.get(r.request_id, last) for r in s.running]
+            if keys != sorted(keys):  # already in order in most steps
+                by_rank = sorted(range(len(keys)), key=keys.__getitem__)
+                s.running[:] = [s.running[i] for i in by_rank]
         # the planned admissions first, in the plan's order; only the requests the policy saw
         # move, the others keep their places in vLLM's queue
-        admissions = [
-            s.requests[v.request_id] for v, _ in plan.scheduled if v.status is RequestStatus.WAITING
-        ]
         s.waiting.reorder(admissions, movable=caps.__contains__)
         self._caps = caps
         self._saved_budget = s.max_num_scheduled_tokens
@@ -291,6 +316,97 @@ class PolicyDriver:
             steps=self._steps,
         )
 
+    def _waiting_views(
+        self, tokens_of: compat.StepTokens, defer: bool
+    ) -> tuple[list[Request], int, dict[str, int]]:
+        """The policy's waiting views in vLLM's queue order (new requests appended, preempted
+        ones put back at the front, as the simulator keeps its queue; a policy that wants
+        another order sorts), the tokens of the waiting requests vLLM keeps to itself, and the
+        step's caps with every view at 0.
+
+        This runs every step over the whole queue, so a step whose queue is as the last one
+        read it (:class:`_WaitingSnapshot`) re-checks only what vLLM may have changed in place.
+        """
+        s = self.scheduler
+        # a prefix-cache lookup per waiting request costs ~35 us: only as many as there are
+        # free seats, in vLLM's queue order (the others plan their whole prompt; vLLM then
+        # computes less, never more)
+        lookups = compat.max_admitted(s) - len(s.running)
+        threshold = tokens_of.threshold
+        version = getattr(s.waiting, "version", None)
+        snap = self._snapshot
+        if (
+            not defer
+            and snap is not None
+            and version is not None
+            and snap.key == (version, tokens_of, lookups, self._arrivals)
+            and self._snapshot_holds(snap, threshold)
+        ):
+            for req in snap.lookups:
+                self._waiting_view(req, tokens_of, True)
+            unseen = sum(map(tokens_of.waiting, snap.left))
+            return list(snap.views), unseen, snap.caps.copy()
+        waiting: list[Request] = []
+        unseen = 0  # tokens of waiting requests vLLM handles by itself (see the module doc)
+        left_to_vllm = self._left_to_vllm
+        views = self._views
+        looked_up: list[Any] = []
+        left: list[Any] = []
+        watched: list[tuple[Any, EngineRequest]] = []
+        for req in s.waiting:
+            if left_to_vllm(req):
+                unseen += tokens_of.waiting(req)
+                left.append(req)
+            elif not (defer and req.num_computed_tokens < req.num_tokens - 1):
+                lookup = len(waiting) < lookups
+                kept = views.get(req.request_id)
+                if (
+                    kept is None
+                    or lookup
+                    or kept.stamp != (req.num_tokens, req.num_output_placeholders, threshold)
+                ):
+                    kept = self._waiting_view(req, tokens_of, lookup)
+                waiting.append(kept)
+                if lookup:
+                    looked_up.append(req)
+                if req.num_preemptions or getattr(req, "resumable", False):
+                    watched.append((req, kept))
+            # else: vLLM admits no prompt to prefill this step
+        caps = dict.fromkeys([v.request_id for v in waiting], 0)
+        self._snapshot = (
+            None
+            if defer or version is None
+            else _WaitingSnapshot(
+                key=(version, tokens_of, lookups, self._arrivals),
+                views=waiting,
+                lookups=looked_up,
+                left=left,
+                watched=watched,
+                caps=caps,
+            )
+        )
+        return list(waiting), unseen, caps.copy()
+
+    def _snapshot_holds(self, snap: _WaitingSnapshot, threshold: int) -> bool:
+        """Whether vLLM left every request the snapshot re-checks as it was built."""
+        left_to_vllm = self._left_to_vllm
+        if not all(map(left_to_vllm, snap.left)):
+            return False  # grammar or remote KV ready: vLLM flipped its status in place
+        for req, view in snap.watched:
+            if left_to_vllm(req):
+                return False
+            if view.stamp is not None and view.stamp != (
+                req.num_tokens,
+                req.num_output_placeholders,
+                threshold,
+            ):
+                return False  # an output landed late, or a streaming session's next input
+        return True
+
+    def note_arrival(self) -> None:
+        """vLLM's ``add_request`` ran (a new request, or a streaming session's next input)."""
+        self._arrivals += 1
+
     def _refused_admission(self, plan: StepPlan, limits: EngineLimits) -> str | None:
         """The first planned admission vLLM's admission check would refuse, if any.
 
@@ -298,14 +414,14 @@ class PolicyDriver:
         if its whole current sequence fits (``scheduler_reserve_full_isl``, on by default) —
         stricter than the policy's per-chunk KV check.
         """
+        admissions = [(v, t) for v, t in plan.scheduled if v.status is not RequestStatus.RUNNING]
+        if not admissions:
+            return None  # nothing for vLLM's admission check to refuse
         bs = limits.block_size
         free = limits.num_free_blocks + sum(v.num_kv_blocks for v in plan.preempted)
-        admissions = []
         for view, tokens in plan.scheduled:
             if view.status is RequestStatus.RUNNING:
                 free -= max(0, cdiv(view.num_computed_tokens + tokens, bs) - view.num_kv_blocks)
-            else:
-                admissions.append((view, tokens))
         rule = self.vllm_admission
         for view, tokens in admissions:
             blocks = cdiv(view.num_computed_tokens + tokens, bs)
@@ -368,8 +484,25 @@ class PolicyDriver:
                 self.policy.estimator.observe(measured.raw_predicted_s, measured.real_s)
                 if measured.payload is not None:
                     self.policy.on_step_end(measured.payload, measured.end_s)
-        for request_id in self._views.keys() - self.scheduler.requests.keys():
-            del self._views[request_id]
+        self._sweep_countdown -= 1
+        if self._sweep_countdown <= 0:
+            self._sweep_countdown = _SWEEP_EVERY
+            self._forget(self._views.keys() - self.scheduler.requests.keys())
+        else:
+            self._forget_finished()
+
+    def _forget_finished(self) -> None:
+        """Drop the views of the requests vLLM freed since its last ``schedule()`` (it lists
+        them in ``finished_req_ids`` until then: called after every output and before every
+        step, this sees each one)."""
+        s = self.scheduler
+        finished = getattr(s, "finished_req_ids", ())
+        if finished:
+            self._forget([rid for rid in finished if rid not in s.requests])
+
+    def _forget(self, request_ids: Iterable[str]) -> None:
+        for request_id in request_ids:
+            self._views.pop(request_id, None)
             self._admitted.pop(request_id, None)
 
     # ---- the policy's mirror of a vLLM request -------------------------------------------------
@@ -378,13 +511,19 @@ class PolicyDriver:
         self, req: Any, tokens_of: compat.StepTokens, blocks: dict[str, list[Any]]
     ) -> EngineRequest:
         """The policy's view of running ``req``, refreshed (every running request, every step:
-        the adapter's hot path)."""
-        view = self._tokens_view(req)
+        the adapter's hot path: :meth:`_tokens_view` written out)."""
+        request_id = req.request_id
+        view = self._views.get(request_id)
+        if view is None:
+            view = self._views[request_id] = self._new_view(req)
+        view.num_computed_tokens = req.num_computed_tokens
+        view.num_output_tokens = req.num_output_tokens + req.num_output_placeholders
+        view.num_preemptions = req.num_preemptions
         view.cache_hit = 0
         view.stamp = None
         view.step_tokens = tokens_of.running(req)
         view.status = RequestStatus.RUNNING
-        view.num_kv_blocks = len(blocks.get(req.request_id, ()))
+        view.num_kv_blocks = len(blocks.get(request_id, ()))
         return view
 
     def _waiting_view(self, req: Any, tokens_of: compat.StepTokens, lookup: bool) -> EngineRequest:
@@ -499,6 +638,12 @@ class TiergateSchedulerMixin:
         driver.after_schedule(output)
         return output
 
+    def add_request(self, request: Any) -> None:
+        super().add_request(request)  # type: ignore[misc]
+        driver = self._driver()
+        if driver is not None:
+            driver.note_arrival()
+
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
         outputs = super().update_from_output(  # type: ignore[misc]
             scheduler_output, model_runner_output
@@ -511,11 +656,12 @@ class TiergateSchedulerMixin:
     def _mamba_block_aligned_split(
         self, request: Any, num_new_tokens: int, *args: Any, **kwargs: Any
     ) -> int:
-        if self.__dict__.get("_tiergate_real_split", False):
+        attrs = self.__dict__  # once per request in both of vLLM's loops: kept lean
+        if attrs.get("_tiergate_real_split", False):
             num_new_tokens = super()._mamba_block_aligned_split(  # type: ignore[misc]
                 request, num_new_tokens, *args, **kwargs
             )
-        driver = self._driver()
+        driver: PolicyDriver | None = attrs.get("tiergate")
         return num_new_tokens if driver is None else driver.cap(request, num_new_tokens)
 
     def make_stats(self, *args: Any, **kwargs: Any) -> Any:

@@ -364,3 +364,64 @@ def test_beta_learns_from_real_step_times(tiny_model_dir: Path) -> None:
     assert betas[-1] == pytest.approx(2 - 0.8**k, rel=1e-9)
     assert all(b2 >= b1 for b1, b2 in itertools.pairwise(betas))
     assert not math.isclose(betas[-1], 1.0)
+
+
+def test_waiting_views_are_reused_and_follow_vllms_in_place_changes(tiny_model_dir: Path) -> None:
+    """While vLLM's waiting queue is unchanged the adapter reuses its waiting views instead of
+    re-reading every queued request each step, yet sees what vLLM changes in place: a blocked
+    request whose grammar is ready, an output landing on a request that ran before."""
+    from vllm.v1.request import RequestStatus
+
+    clock = H.FakeClock(T0)
+    scheduler = build(tiny_model_dir, clock, max_num_seqs=1)  # one seat: the others wait
+    driver = scheduler.tiergate
+    seen: list[dict[str, tuple[int, int]]] = []
+    plan = driver.policy.schedule
+
+    def spy(inp: SchedulerInput) -> Any:
+        seen.append(
+            {v.request_id: (v.num_uncomputed_tokens, v.num_output_tokens) for v in inp.waiting}
+        )
+        return plan(inp)
+
+    driver.policy.schedule = spy
+    refreshed: list[str] = []
+    refresh = driver._waiting_view
+
+    def counting(req: Any, *args: Any) -> Any:
+        refreshed.append(req.request_id)
+        return refresh(req, *args)
+
+    driver._waiting_view = counting
+    for i in range(3):
+        scheduler.add_request(H.make_request(f"r{i}", 40, 50, arrival_time=T0))
+    blocked = H.make_request("fsm", 40, 50, arrival_time=T0)
+    blocked.status = RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
+    scheduler.add_request(blocked)
+    step(scheduler, clock)  # r0 takes the seat
+    step(scheduler, clock)
+    assert set(seen[-1]) == {"r1", "r2"}  # the blocked request is vLLM's business
+    refreshed.clear()
+    step(scheduler, clock)
+    assert refreshed == []  # queue unchanged: no queued request re-read
+    assert seen[-1] == seen[-2]
+
+    # vLLM 0.33 queues a blocked request with the others (0.23 in a side queue of its own)
+    queued = blocked in scheduler.waiting
+    assert queued or blocked in scheduler.skipped_waiting
+    blocked.status = RequestStatus.WAITING  # vLLM's grammar is ready: flipped in place
+    step(scheduler, clock)
+    assert set(seen[-1]) == {"r1", "r2", "fsm"} if queued else {"r1", "r2"}
+
+    # r2 ran before (preempted); an output of a step in flight lands on it while it waits
+    r2 = scheduler.requests["r2"]
+    r2.num_preemptions = 1
+    scheduler.waiting.version += 1  # as vLLM's prepend_request of a preempted request does
+    step(scheduler, clock)
+    assert seen[-1]["r2"] == (40, 0)
+    r2.append_output_token_ids(H.TOKEN)
+    step(scheduler, clock)
+    assert seen[-1]["r2"] == (41, 1)
+    while scheduler.has_unfinished_requests():
+        step(scheduler, clock)
+    assert not driver._views  # every view dropped once its request finished
