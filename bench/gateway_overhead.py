@@ -35,7 +35,10 @@ and N worker processes on one socket (:mod:`gateway.workers`), metrics merged; t
 is then that of the supervisor and all its workers.
 
 Setting ``TIERGATE_BENCH_PROFILE=<file>`` runs the gateway process under cProfile and dumps its
-stats to ``<file>`` when it stops (read them with ``python -m pstats``).
+stats to ``<file>`` when it stops (read them with ``python -m pstats``). The profiler's clock is
+the event loop thread's CPU time, not the wall clock: with engine, gateway and load generator
+sharing the CPUs, a wall clock charges a socket write with the time the process then waited for
+a CPU, and the idle loop with its sleep.
 """
 
 from __future__ import annotations
@@ -330,7 +333,7 @@ def _serve_role(args: argparse.Namespace) -> int:
     if profile_path:
         import cProfile
 
-        profiler = cProfile.Profile()
+        profiler = cProfile.Profile(time.thread_time)
         profiler.enable()
         try:
             _run(serve())

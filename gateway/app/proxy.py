@@ -5,7 +5,8 @@ parsing, OpenAI's types), resolve the SLO (400), find the model (404), check the
 context length (400 ``context_length_exceeded``, :mod:`gateway.app.context`), reserve tenant
 limits — prompt tokens plus expected output (``max_tokens``, else ``default_max_tokens``) —
 before anything is dispatched (429), predict the first token — queue wait plus GoRouting's
-estimate — and shed a request it makes later than its tier allows (``shed_slack``), or demote
+estimate; for a deadline, compound or best-effort request the last token, by its deadline —
+and shed a request it makes later than its tier allows (``shed_slack``), or demote
 it to best effort where the tier allows that (503 ``slo_infeasible`` / ``slo_unattainable``,
 :mod:`gateway.app.shedding`), then wait for a dispatch slot in the gain-ordered admission queue
 (429 ``queue_full``; 503 ``slo_unattainable`` once the wait itself makes the objective
@@ -66,7 +67,7 @@ from gateway.app.deadlines import AttemptBudget, attempt_budget, stall_timeout
 from gateway.app.kinds import LengthPrediction
 from gateway.app.metrics import objectives_met
 from gateway.app.schemas import ChatBody, CompletionBody
-from gateway.app.shedding import Action, judge, shed_message
+from gateway.app.shedding import Action, decode_s, judge, shed_message
 from gateway.app.slo import RequestSLO, engine_priority, engine_xargs, resolve_slo
 from gateway.app.state import GatewayState
 from gateway.app.upstream import UpstreamError, UpstreamResponse
@@ -77,6 +78,7 @@ from gateway.db.usage import UsageEvent
 from gateway.errors import INVALID_REQUEST, ApiError, invalid_body, parse_json_body
 from gateway.limits import AdmissionRejected, Limits, QueueItem, RejectReason, Reservation
 from gateway.limits.backlog import gain_density
+from priority.gain import kind_slo
 from priority.request import Request as CoreRequest
 from priority.routing import NoHealthyInstanceError, RouteDecision
 from priority.routing.goroute import raw_prefill_work
@@ -258,12 +260,16 @@ class Job:
         )
         now = time.monotonic()
         decision = self._route(now)
-        # SLO-aware shedding (gateway.app.shedding): predicted TTFT, queue wait included
+        # SLO-aware shedding (gateway.app.shedding): predicted TTFT, queue wait included; a
+        # request of an end-to-end kind (issue 14) by its predicted finish against its deadline
+        judged = kind_slo(self.slo.kind, self.core.slo)
+        end_to_end = not judged.is_streaming
+        due_s = judged.token_due_s(1)
         priority = gain_density(state.pool.weights, policy.weight, self.prompt_tokens)
         wait = state.queue.predicted_wait_s(priority, self.model)
         verdict = judge(
             elapsed_s=now - self.arrival,
-            due_s=self.core.slo.token_due_s(1),
+            due_s=due_s,
             shed_slack=policy.shed_slack,
             best_effort=policy.best_effort_allowed,
             wait_s=wait,
@@ -272,14 +278,15 @@ class Job:
             drain_s=state.queue.drain_time_s() if wait == math.inf else None,
             horizon_s=state.settings.dispatch_horizon_s,
             checked=fits,  # else maybe too long: the engine's tokenizer decides, not a 503
+            decode_s=self._engine_decode(decision) if end_to_end else 0.0,
         )
         if verdict.action is Action.SHED:
             assert verdict.reason is not None
-            raise AdmissionRejected(
-                verdict.reason,
-                verdict.retry_after_s,
-                shed_message(verdict, self.tier, self.slo.ttft_ms, policy.shed_slack),
+            due_ms = due_s * 1e3 if end_to_end else self.slo.ttft_ms
+            message = shed_message(
+                verdict, self.tier, due_ms, policy.shed_slack, end_to_end=end_to_end
             )
+            raise AdmissionRejected(verdict.reason, verdict.retry_after_s, message)
         if verdict.action is Action.DEMOTE:
             priority = -float(self.prompt_tokens)  # below every request not demoted
         item = QueueItem(
@@ -355,6 +362,13 @@ class Job:
             self.prompt_tokens,
         )
         return estimator.beta * raw + estimator.t_c * chunks
+
+    def _engine_decode(self, decision: RouteDecision) -> float:
+        """Predicted first-to-last-token time of the expected output on the decision's backend,
+        decoding it alone (:func:`~gateway.app.shedding.decode_s`)."""
+        assert self.group is not None
+        estimator = self.group.backends[decision.instance].view.estimator
+        return decode_s(estimator, self.prompt_tokens, self.expected_output)
 
     def _demote(self, reason: RejectReason) -> None:
         """Serve without its SLO at the lowest priority (``docs/operations/overload.md``): the
@@ -555,7 +569,7 @@ class Job:
                 self._take_usage(answer)
                 self.state.pool.record_success(backend)
                 return Response(content, 200, media_type="application/json")
-            self.batches = upstream.event_batches()
+            self.response, self.batches = upstream, upstream.event_batches()
             try:
                 self.pending = await self._until_first_token(backend)
             except EngineRefused as refused:
@@ -619,9 +633,13 @@ class Job:
 
     # ---- relay --------------------------------------------------------------------------
 
-    async def relay(self, write: Callable[[bytes], Awaitable[None]]) -> None:
+    async def relay(self, write: Callable[[bytes], Awaitable[None]]) -> bytes:
         """Write the client's SSE stream: held events, then the rest as they arrive — what one
         upstream read brought in one write — or one by one, paced, if smoothing is on.
+
+        Returns what is left to write with the end of the response: the last events (usually
+        ``[DONE]``) when the engine's response had ended by the time they came, so that they
+        and the response's end go out in one write, not two.
 
         A plain loop calling ``write`` rather than a generator chain: every relayed chunk
         passes here, and each generator layer costs a resumption per chunk."""
@@ -636,7 +654,7 @@ class Job:
         assert backend is not None and self.slo is not None
         # the watchdog (gateway.app.watchdog) expires the deadline if the engine goes quiet
         watch = StreamWatch(backend, stall_timeout(settings, self.slo))
-        batches = self.batches
+        batches, response, tail = self.batches, self.response, b""
         try:
             async with asyncio.timeout(None) as watch.deadline:
                 pool.streams.add(watch)
@@ -657,6 +675,9 @@ class Job:
                         if self.partial:
                             await write(self.partial)
                         raise
+                    if self.done and response.at_end:  # the next read is the end: no wait
+                        tail = data  # (not a break: an abandoned generator costs a task)
+                        continue
                     if data:
                         await write(data)
         except TimeoutError:
@@ -670,6 +691,7 @@ class Job:
             raise UpstreamFailed("the upstream stream ended early")
         if not self.upstream_error:  # a whole stream: only that proves the engine works
             pool.record_success(backend)
+        return tail
 
     async def _relay_batch(
         self,
@@ -856,6 +878,7 @@ class Job:
         )
 
     decision_live: RouteDecision
+    response: UpstreamResponse
     batches: AsyncIterator[list[bytes]]
     pending: list[bytes]
     first_output: int = 0
@@ -988,7 +1011,7 @@ class RelayStream(Response):
             return send({"type": "http.response.body", "body": body, "more_body": True})
 
         try:
-            await job.relay(write)
+            tail = await job.relay(write)
         except (UpstreamFailed, UpstreamError) as exc:
             recorded = isinstance(exc, UpstreamFailed) and exc.recorded  # a stall timeout
             if job.backend is not None and not recorded:
@@ -1001,7 +1024,7 @@ class RelayStream(Response):
             await send({"type": "http.response.body", "body": error.sse_event(), "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
             return "error", 502
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        await send({"type": "http.response.body", "body": tail, "more_body": False})
         return ("error", 502) if job.upstream_error else ("ok", 200)
 
 

@@ -303,7 +303,7 @@ def test_a_nul_in_a_path_or_query_parameter_is_invalid_value(
 def test_refused_text_changes_nothing(gateway: Gateway) -> None:
     for raw in (LONE, NUL):
         gateway.admin("POST", "/admin/v1/tiers", _with({**ADMIN_STRINGS[0][2]}, raw))
-    assert _error(gateway.admin("GET", "/admin/v1/tiers/-/new"), 404)["code"] == "not_found"
+    assert _error(gateway.admin("GET", "/admin/v1/tiers/new"), 404)["code"] == "not_found"
     assert gateway.admin("GET", "/admin/v1/tenants/{tenant}").json()["tier"] == TARGET
 
 
@@ -381,13 +381,18 @@ def _poisoned(request_id: str, **fields: Any) -> UsageEvent:
 
 
 @pytest.mark.parametrize(
-    "poison",
-    [{"model": "\ud800"}, {"tenant_id": 2**31 - 1}],
+    ("poison", "kept"),
+    [({"model": "\ud800"}, False), ({"tenant_id": 2**31 - 1}, True)],
     ids=["unencodable text", "a tenant gone"],
 )
 def test_a_batch_with_a_refused_record_writes_every_other(
-    session_factory: sessionmaker[Session], poison: dict[str, Any], caplog: pytest.LogCaptureFixture
+    session_factory: sessionmaker[Session],
+    poison: dict[str, Any],
+    kept: bool,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    """The refused row is isolated in its batch: every other row is written. One refused only
+    for its tenant (deleted while it was buffered) is kept without it; any other is dropped."""
     good = [UsageEvent(request_id=f"good-{i}", status="ok", model="m") for i in range(40)]
     events = [*good[:17], _poisoned("bad", **poison), *good[17:]]
     writer = UsageWriter(session_factory, batch_size=1000, flush_interval_s=60, max_retries=3)
@@ -396,10 +401,14 @@ def test_a_batch_with_a_refused_record_writes_every_other(
             writer.submit(event)
         writer.close(timeout=60)
     with session_factory() as session:
-        stored = set(session.scalars(select(UsageRecord.request_id)))
-    assert stored == {e.request_id for e in good}
-    assert (writer.written, writer.dropped) == (40, 1)
+        stored = {r.request_id: r.tenant_id for r in session.scalars(select(UsageRecord))}
+    assert set(stored) == {e.request_id for e in good} | ({"bad"} if kept else set())
+    assert stored.get("bad") is None
+    assert (writer.written, writer.dropped) == ((41, 0) if kept else (40, 1))
     assert not any("retrying" in r.getMessage() for r in caplog.records)  # isolated, not retried
     dropped = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    if kept:
+        assert dropped == []
+        return
     assert len(dropped) == 1 and "dropping 1 usage record" in dropped[0]
     assert not any(str(v) in dropped[0] for v in poison.values())  # never the content

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 from aiohttp import web
 
-from gateway.app.upstream import MAX_EVENT_BYTES, Upstream, UpstreamError
+from gateway.app.upstream import MAX_EVENT_BYTES, Upstream, UpstreamError, UpstreamTimeout
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -256,6 +256,85 @@ def test_a_body_over_the_limit_is_not_read_into_memory(declared: bool) -> None:
             assert response.complete
             response.close()
         finally:
+            await upstream.aclose()
+            await runner.cleanup()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_a_connection_is_reused_only_after_a_whole_body(loop: str) -> None:
+    """Keep-alive: a body read to its end gives the connection back (the next request reuses
+    it); a stream given up before its end closes it. Under uvloop too, as the gateway runs."""
+    peers: list[int] = []
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        assert request.transport is not None
+        peers.append(request.transport.get_extra_info("peername")[1])
+        return await _writes(request, b"data: 1\n\n", b"data: [DONE]\n\n")
+
+    async def scenario() -> list[bool]:
+        runner, url = await _serve(handler)
+        upstream = Upstream(read_timeout_s=5.0, connect_timeout_s=1.0)
+        ends: list[bool] = []
+        try:
+            for _ in range(2):  # read whole: the same connection
+                response = await upstream.post_json(f"{url}/stream", b"{}")
+                events = [e for batch in await _collect(response.event_batches()) for e in batch]
+                assert events == [b"data: 1\n\n", b"data: [DONE]\n\n"]
+                ends.append(response.at_end and response.complete)
+                response.close()
+            response = await upstream.post_json(f"{url}/stream", b"{}")
+            async for _ in response.event_batches():
+                break  # given up: this connection is dropped
+            ends.append(response.complete)
+            response.close()
+            response = await upstream.post_json(f"{url}/stream", b"{}")
+            await response.read()
+            response.close()
+            assert await upstream.get_text(f"{url}/metrics", timeout_s=1.0)  # reuses it too
+        finally:
+            await upstream.aclose()
+            await runner.cleanup()
+        return ends
+
+    if loop == "uvloop":
+        import uvloop
+
+        ends = uvloop.run(scenario())
+    else:
+        ends = asyncio.run(scenario())
+    assert ends[:2] == [True, True]
+    assert peers[0] == peers[1]  # kept alive and reused
+    assert peers[2] != peers[1] or ends[2]  # a response given up early is not reused
+    assert peers[3] != peers[2] or ends[2]
+    assert peers[4] == peers[3]
+
+
+def test_a_read_timeout_is_an_upstream_timeout() -> None:
+    """An engine that sends its headers and then nothing: the read timeout ends the wait."""
+    release = asyncio.Event()
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(b"data: 1\n\n")
+        await release.wait()
+        return response
+
+    async def scenario() -> None:
+        runner, url = await _serve(handler)
+        upstream = Upstream(read_timeout_s=0.2, connect_timeout_s=1.0)
+        try:
+            response = await upstream.post_json(f"{url}/stream", b"{}")
+            seen: list[bytes] = []
+            with pytest.raises(UpstreamTimeout):
+                async for batch in response.event_batches():
+                    seen.extend(batch)
+            assert seen == [b"data: 1\n\n"] and not response.complete
+            response.close()
+        finally:
+            release.set()
             await upstream.aclose()
             await runner.cleanup()
 
