@@ -62,6 +62,7 @@ EXAMPLES: dict[str, dict[str, Any]] = {
         "fairness": 0.4,
         "tpot_share": 0.8,
         "min_chunk_tokens": 32,
+        "likely_quantile": 0.6,
     },
     "tempo": {
         "quantile": 0.9,
@@ -69,6 +70,8 @@ EXAMPLES: dict[str, dict[str, Any]] = {
         "decay_alpha": 2.0,
         "goodput_weights": {"input_token": 1.0, "output_token": 8.0},
         "best_effort_deadline_s": 60.0,
+        "tpot_share": 0.8,
+        "min_chunk_tokens": 32,
     },
 }
 EXAMPLES["gmax-fair"] = EXAMPLES["gmax-oracle"] = EXAMPLES["gmax-fair-oracle"] = EXAMPLES["gmax"]

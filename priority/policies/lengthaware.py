@@ -24,7 +24,13 @@ The per-step view (:class:`GoodputView`) holds, for the running then the waiting
 * ``value`` — the goodput still at stake (JITServe's ``R = w_in·L_in + w_out·L_out`` for the
   end-to-end kinds, the remaining on-time tokens for a streaming request), times the tier weight;
 * ``cost_s`` — the generation time the request occupies: its prefill plus its share of
-  ``remaining`` decode steps.
+  ``remaining`` decode steps;
+* ``likely_need_s`` / ``likely_left_s`` / ``likely_cost_s`` — the same three under the *likely*
+  length (the conditional median by default, :attr:`LengthAwarePolicyMixin.likely_quantile`)
+  instead of the bound. The bound is an upper quantile: right for deciding *when a request must
+  start* (start late only if even a long answer still makes it), wrong as a point estimate —
+  on the predictor's measured error it is several times the median, so a policy that ranks or
+  gives up on requests by it treats most of them as far longer than they are.
 """
 
 from __future__ import annotations
@@ -51,8 +57,8 @@ PRICING_WEIGHTS = GoodputWeights(input_token=1.0, output_token=2.0)
 """w_in : w_out = 1 : 2, JITServe/Tempo's pricing ratio (the artifact's 1 : 8 over-weights
 output; the simulator's token-goodput metric counts output only, w_in = 0)."""
 
-ARRIVAL, TTFT, TPOT, DEADLINE, WEIGHT, PROMPT, KIND, TENANT, BOUND, BOUND_AT = range(10)
-_NUM_COLUMNS = 10
+ARRIVAL, TTFT, TPOT, DEADLINE, WEIGHT, PROMPT, KIND, TENANT, BOUND, BOUND_AT, LIKELY = range(11)
+_NUM_COLUMNS = 11
 STREAMING_KIND = REQUEST_KINDS.index("latency")
 _computed = attrgetter("num_computed_tokens")
 _outputs = attrgetter("num_output_tokens")
@@ -64,7 +70,9 @@ class KindColumns:
 
     The deadline column already holds the kind's effective deadline (a best-effort request
     without one gets ``best_effort_deadline_s``); ``TENANT`` indexes :attr:`tenants`.
-    ``BOUND``/``BOUND_AT`` cache the length bound and the output count it was computed at.
+    ``BOUND``/``BOUND_AT`` cache the length bound and the output count it was computed at;
+    ``LIKELY`` the likely length (see :attr:`LengthAwarePolicyMixin.likely_quantile`) refreshed
+    with it.
     """
 
     def __init__(self, best_effort_deadline_s: float, capacity: int = 1024) -> None:
@@ -99,6 +107,7 @@ class KindColumns:
             request.prompt_tokens,
             REQUEST_KINDS.index(request.kind),
             self.tenant_index(request.tenant),
+            -1.0,
             -1.0,
             -1.0,
         )
@@ -152,17 +161,25 @@ class GoodputView:
     """Estimated time to the next token: remaining prefill plus one step."""
     value: FloatArray
     cost_s: FloatArray
+    likely_need_s: FloatArray
+    likely_left_s: FloatArray
+    likely_cost_s: FloatArray
     step_s: float
     """Estimated wall time of one engine step with the current running batch."""
 
 
 class LengthAwarePolicyMixin:
-    """The columns, the bound cache and :meth:`view`; used by GMAX and Tempo."""
+    """The columns, the bound cache, :meth:`view` and the step's bandwidth budget
+    (:meth:`step_budget`); used by GMAX and Tempo."""
 
     estimator: BatchLatencyEstimator
     quantile: float
     refine_every: int
     goodput_weights: GoodputWeights
+    tpot_share: float
+    min_chunk_tokens: int
+    likely_quantile: float | None = None
+    """Level of the likely length (None: the bound serves as the likely length too)."""
     oracle: bool = False
 
     def _init_lengths(
@@ -172,6 +189,8 @@ class LengthAwarePolicyMixin:
         refine_every: int,
         goodput_weights: GoodputWeights,
         best_effort_deadline_s: float,
+        tpot_share: float,
+        min_chunk_tokens: int,
     ) -> None:
         if not 0.0 < quantile < 1.0:
             raise ValueError(f"quantile must be inside (0, 1), got {quantile}")
@@ -179,30 +198,65 @@ class LengthAwarePolicyMixin:
             raise ValueError(f"refine_every must be >= 1, got {refine_every}")
         if not (best_effort_deadline_s > 0 and math.isfinite(best_effort_deadline_s)):
             raise ValueError("best_effort_deadline_s must be a positive number")
+        if not 0.0 < tpot_share <= 1.0 or min_chunk_tokens < 1:
+            raise ValueError("tpot_share must be in (0, 1], min_chunk_tokens >= 1")
         self.quantile = quantile
         self.refine_every = refine_every
         self.goodput_weights = goodput_weights
+        self.tpot_share = tpot_share
+        self.min_chunk_tokens = min_chunk_tokens
         self.columns = KindColumns(best_effort_deadline_s)
 
-    def _bound_of(self, request: Request) -> int:
+    def step_budget(self, view: GoodputView) -> float | None:
+        """The step's latency budget — the bandwidth the policy hands out: ``tpot_share`` of the
+        tightest TPOT among the running streaming requests (a step longer than that makes every
+        stream late), at least what their decodes alone take plus the batch overhead; None
+        without running streams. Without it the engine's own limits (seats, KV, tokens) decide
+        who runs and a priority order only sequences what would be admitted anyway."""
+        tpot = view.static[: view.num_running, TPOT]
+        streams = tpot[tpot > 0]
+        if not streams.size:
+            return None
+        floor = view.step_s * 1.05
+        return max(self.tpot_share * float(streams.min()), floor)
+
+    def ensure_progress(
+        self, builder: BatchBuilder, running: Sequence[Request], waiting: Sequence[Request]
+    ) -> None:
+        """Nothing fit the budget: give the first request that can run one minimal piece."""
+        builder.time_budget_s = None
+        for request in chain(running, waiting):
+            if builder.is_scheduled(request):
+                continue
+            want = 1 if request.num_uncomputed_tokens == 1 else self.min_chunk_tokens
+            if builder.add(request, max(1, min(want, request.num_uncomputed_tokens))):
+                return
+
+    def _bound_of(self, request: Request, q: float) -> int:
         if self.oracle:
             return max(request.target_output_tokens, request.num_output_tokens + 1)
-        return request.length_bound(self.quantile)
+        return request.length_bound(q)
 
-    def _bounds(self, requests: Sequence[Request], rows: IntArray, outputs: IntArray) -> FloatArray:
-        """Cached length bounds, refreshed where stale (every ``refine_every`` tokens, or when
-        generation reached the bound)."""
+    def _bounds(
+        self, requests: Sequence[Request], rows: IntArray, outputs: IntArray
+    ) -> tuple[FloatArray, FloatArray]:
+        """Cached (bound, likely length), refreshed together where stale (every
+        ``refine_every`` tokens, or when generation reached the likely length)."""
         data = self.columns.data
         bound = data[rows, BOUND]
+        likely = data[rows, LIKELY]
         at = data[rows, BOUND_AT]
-        stale = (at < 0) | (outputs >= bound) | (outputs - at >= self.refine_every)
+        stale = (at < 0) | (outputs >= likely) | (outputs - at >= self.refine_every)
         if stale.any():
+            q_likely = self.likely_quantile
             for i in np.flatnonzero(stale).tolist():
-                value = float(self._bound_of(requests[i]))
-                bound[i] = value
-                data[rows[i], BOUND] = value
+                request = requests[i]
+                value = float(self._bound_of(request, self.quantile))
+                guess = value if q_likely is None else float(self._bound_of(request, q_likely))
+                bound[i] = data[rows[i], BOUND] = value
+                likely[i] = data[rows[i], LIKELY] = min(guess, value)
                 data[rows[i], BOUND_AT] = outputs[i]
-        return bound
+        return bound, likely
 
     def view(self, inp: SchedulerInput) -> GoodputView:
         requests = list(chain(inp.running, inp.waiting))
@@ -212,10 +266,11 @@ class LengthAwarePolicyMixin:
         static = self.columns.data[rows]
         computed = np.fromiter(map(_computed, requests), dtype=np.int64, count=n)
         outputs = np.fromiter(map(_outputs, requests), dtype=np.int64, count=n)
-        bound = self._bounds(requests, rows, outputs)
+        bound, likely = self._bounds(requests, rows, outputs)
         est = self.estimator
         prompt = static[:, PROMPT]
         remaining = np.maximum(bound - outputs, 1.0)
+        likely_remaining = np.maximum(likely - outputs, 1.0)
         uncomputed = prompt.astype(np.int64) + outputs - computed
         # one step of the current running batch (the shared estimator's Eq. 7)
         run_kv = computed[:nr]
@@ -227,6 +282,9 @@ class LengthAwarePolicyMixin:
         arrival = static[:, ARRIVAL]
         ttft, tpot = static[:, TTFT], static[:, TPOT]
         end_due = arrival + np.fmin(ttft + (outputs + remaining - 1.0) * tpot, static[:, DEADLINE])
+        likely_due = arrival + np.fmin(
+            ttft + (outputs + likely_remaining - 1.0) * tpot, static[:, DEADLINE]
+        )
         next_due = arrival + np.fmin(ttft + outputs * tpot, static[:, DEADLINE])
         now = inp.now
         w = self.goodput_weights
@@ -240,6 +298,7 @@ class LengthAwarePolicyMixin:
         # a request's share of each step it decodes in: the batch's time split over its seats
         share = step_s / max(nr, 1)
         cost = prefill_s + remaining * share
+        likely_cost = prefill_s + likely_remaining * share
         return GoodputView(
             requests=requests,
             num_running=nr,
@@ -255,6 +314,9 @@ class LengthAwarePolicyMixin:
             next_need_s=prefill_s + step_s,
             value=value,
             cost_s=np.maximum(cost, 1e-9),
+            likely_need_s=prefill_s + likely_remaining * step_s,
+            likely_left_s=likely_due - now,
+            likely_cost_s=np.maximum(likely_cost, 1e-9),
             step_s=step_s,
         )
 
@@ -302,19 +364,52 @@ def continue_running(
             if added:
                 k += added
                 continue
-        request = ordered[k]
         k += 1
-        if builder.is_scheduled(request) or request.num_uncomputed_tokens <= 0:
-            continue
-        if builder.add_preempting(request, None, victims) > 0:
-            continue
-        kv_blocked = builder.kv_fit_tokens(request) < min(
-            request.num_uncomputed_tokens, builder.tokens_left
-        )
-        if builder.full or not kv_blocked:
-            # out of time (or only a uselessly small chunk fits the time left): the rest waits
-            # for the next step and nobody is preempted — freeing KV would not make it fit
+        if not continue_one(builder, ordered[k - 1], victims):
             return
-        if request.num_kv_blocks > 0 and not builder.is_scheduled(request):
-            builder.preempt(request)
-            return
+
+
+def continue_one(builder: BatchBuilder, request: Request, victims: Iterator[Request]) -> bool:
+    """Give one running request the tokens it needs (:func:`continue_running`'s rule); False
+    when the walk over running requests must stop there."""
+    if builder.is_scheduled(request) or request.num_uncomputed_tokens <= 0:
+        return True
+    if builder.add_preempting(request, None, victims) > 0:
+        return True
+    kv_blocked = builder.kv_fit_tokens(request) < min(
+        request.num_uncomputed_tokens, builder.tokens_left
+    )
+    if builder.full or not kv_blocked:
+        # out of time (or only a uselessly small chunk fits the time left): the rest waits
+        # for the next step and nobody is preempted — freeing KV would not make it fit
+        return False
+    if request.num_kv_blocks > 0 and not builder.is_scheduled(request):
+        builder.preempt(request)
+    return False
+
+
+def interleave_prefills(
+    prefills: IntArray,
+    order: list[int],
+    score: FloatArray,
+    eligible: BoolArray | None = None,
+) -> list[int]:
+    """Running requests still prefilling (``prefills``, best first) placed among the waiting
+    ones (``order``, best first) by (eligible, score), higher first.
+
+    A chunked prompt must not hold every later step's prefill room against a better newcomer
+    (vLLM continues every running request first: a long prompt then delays every short one
+    behind it for as many steps as it has chunks). Pausing it keeps its KV — nothing is
+    recomputed — so it is not a preemption."""
+    if not prefills.size or not order:
+        return [*prefills.tolist(), *order]
+    key = score
+    if eligible is not None:  # every eligible request ranks above every other
+        key = np.where(eligible, score, score - (float(score.max() - score.min()) + 1.0))
+    waiting = np.asarray(order)
+    # a prefill goes before the first waiting request ranked strictly below it; ``order`` may
+    # be out of rank order (GMAX's window), so compare with the running minimum
+    low = np.minimum.accumulate(key[waiting])
+    at = np.searchsorted(-low, -key[prefills], side="right")
+    merged: list[int] = np.insert(waiting, at, prefills).tolist()
+    return merged
