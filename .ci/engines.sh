@@ -31,7 +31,7 @@ done
 [ ${#versions[@]} -gt 0 ] || versions=(0.33 0.23)
 
 pin_of() { # the `name==version` pin of package $1 in requirements file $2
-    grep -E "^$1==" "$2" | head -n 1
+    grep -m 1 -E "^$1==" "$2"
 }
 
 install_project() { # (re)install this project, editable, when pyproject.toml changed

@@ -13,4 +13,4 @@ fi
 if [ -x /etc/init.d/haproxy ]; then
     /etc/init.d/haproxy stop >/dev/null 2>&1 || true
 fi
-haproxy -v 2>&1 | head -n1
+haproxy -v 2>&1 | sed -n 1p  # sed reads it all: head would SIGPIPE haproxy under pipefail

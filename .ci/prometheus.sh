@@ -21,5 +21,5 @@ elif [ -x /etc/init.d/prometheus ]; then
     /etc/init.d/prometheus stop >/dev/null 2>&1 || true
 fi
 
-prometheus --version 2>&1 | head -n1
-promtool --version 2>&1 | head -n1
+prometheus --version 2>&1 | sed -n 1p  # not head: SIGPIPE under pipefail
+promtool --version 2>&1 | sed -n 1p

@@ -314,6 +314,7 @@ class PolicyDriver:
             estimator_error=self.policy.estimator.last_ratio_error,
             plan_deviations=self._deviations,
             steps=self._steps,
+            num_hopeless=len(plan.hopeless),
         )
 
     def _waiting_views(

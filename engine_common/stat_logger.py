@@ -13,7 +13,9 @@ so vLLM's own loggers see exactly the stats they would without us — into the g
 * ``tiergate:estimator_beta`` — the step-time momentum correction;
 * ``tiergate:estimator_error_ratio`` — |T_real / T_predicted - 1| of the latest step;
 * ``tiergate:plan_deviations`` / ``tiergate:policy_steps`` — steps where vLLM ran a batch other
-  than the plan, out of steps planned.
+  than the plan, out of steps planned;
+* ``tiergate:hopeless_requests`` — waiting requests the latest plan judged unable to meet their
+  objective (GMAX: demoted, not dropped).
 
 All carry the ``engine`` label (vLLM's engine index) and, like vLLM's gauges, report the most
 recent value across processes when Prometheus multiprocess mode is on.
@@ -43,6 +45,10 @@ _SPECS = {
         "Steps whose executed batch differed from the policy's plan.",
     ),
     "steps": ("tiergate:policy_steps", "Steps planned by the policy."),
+    "num_hopeless": (
+        "tiergate:hopeless_requests",
+        "Waiting requests the latest plan judged unable to meet their objective.",
+    ),
 }
 
 

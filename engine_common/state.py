@@ -33,6 +33,10 @@ class PolicyState:
     """Steps so far whose executed batch differed from the policy's plan."""
     steps: int = 0
     """Steps planned by the policy so far."""
+    num_hopeless: int = 0
+    """Waiting requests the latest plan judged unable to meet their objective
+    (:attr:`StepPlan.hopeless`: GMAX demotes them behind every other request; vLLM cannot
+    answer a client from inside the scheduler, so this count is how an operator sees them)."""
 
 
 _FIELDS = {
@@ -43,6 +47,7 @@ _FIELDS = {
     "estimator_error": _MICRO,
     "plan_deviations": 1,
     "steps": 1,
+    "num_hopeless": 1,
 }
 
 

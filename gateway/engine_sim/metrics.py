@@ -42,6 +42,10 @@ POLICY_GAUGES = {
         "Steps whose executed batch differed from the policy's plan.",
     ),
     "steps": ("tiergate:policy_steps", "Steps planned by the policy."),
+    "hopeless": (
+        "tiergate:hopeless_requests",
+        "Waiting requests the latest plan judged unable to meet their objective.",
+    ),
 }
 """The policy's state, by the names and with the ``engine`` label of the vLLM plugin's stat
 logger (:mod:`engine_common.stat_logger`), so one dashboard reads emulated and real engines."""
@@ -128,6 +132,7 @@ class EngineMetrics:
         gauges["beta"].set(estimator.beta)
         gauges["error"].set(estimator.last_ratio_error)
         gauges["steps"].set(core.stats.policy_calls)
+        gauges["hopeless"].set(len(plan.hopeless))
 
     def success(self, finished_reason: str) -> None:
         self._success.labels(**self._labels, finished_reason=finished_reason).inc()

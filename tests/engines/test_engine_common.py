@@ -122,6 +122,7 @@ def test_priority_maps_to_weight_when_no_weight_is_sent() -> None:
         estimator_error=st.floats(0, 100),
         plan_deviations=st.integers(0, 10**9),
         steps=st.integers(0, 10**9),
+        num_hopeless=st.integers(0, 10**6),
     )
 )
 def test_state_survives_the_stats_channel(state: PolicyState) -> None:
@@ -131,11 +132,18 @@ def test_state_survives_the_stats_channel(state: PolicyState) -> None:
     back = pop_state(lora)
     assert lora == {"real-adapter": 3}
     assert back is not None
-    assert (back.num_urgent, back.num_normal, back.plan_deviations, back.steps) == (
+    assert (
+        back.num_urgent,
+        back.num_normal,
+        back.plan_deviations,
+        back.steps,
+        back.num_hopeless,
+    ) == (
         state.num_urgent,
         state.num_normal,
         state.plan_deviations,
         state.steps,
+        state.num_hopeless,
     )
     for name in ("latency_budget_s", "beta", "estimator_error"):
         assert getattr(back, name) == pytest.approx(getattr(state, name), abs=1e-6)
