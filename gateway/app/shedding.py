@@ -49,9 +49,10 @@ batch ones sit in the engine. So a request is dispatched only while some backend
 would make a newcomer wait less than ``dispatch_horizon_s`` before its own prefill (GoRouting's
 ``Exec(p)``; for other routers, the pending prefill work); the rest waits here, in gain order,
 where its wait is predicted and bounded by its SLO. A demoted request goes only to a backend
-that is nearly idle (no prefill pending, few decodes): best effort uses what is left over, as in
-SLOs-Serve's best-effort tier, so it never delays promised work (beyond a step it may be in
-when promised work arrives), and what it leaves queued when a load ends holds no one up.
+that is nearly idle (no prefill pending, none for a while, few decodes): best effort uses
+what is left over, as in SLOs-Serve's best-effort tier, so it delays promised work by at most
+a step it may be in when promised work arrives, and rarely (:data:`BEST_EFFORT_REST`): what it
+leaves queued when a load ends holds no one up for long.
 """
 
 from __future__ import annotations
@@ -199,9 +200,9 @@ def dispatch_gate(pool: BackendPool, horizon_s: float) -> Ready:
         healthy = [b for b in group.backends if b.view.healthy]
         if not healthy:  # dispatch answers 503 no_healthy_backend at once
             return True
-        if demoted:
-            return any(_idle(b) for b in healthy)
         now = time.monotonic()
+        if demoted:
+            return any(_idle(b, now) for b in healthy)
         router = group.router
         if isinstance(router, GoRouter):
             return any(router.drain_s(b.view, now) < horizon_s for b in healthy)
@@ -215,13 +216,26 @@ BEST_EFFORT_LOAD = 0.1
 a step's fixed cost (``t_c``) to every step: a newcomer there then gets its first token within
 about that share of its idle time, so best effort never holds a recovering gateway back."""
 
+BEST_EFFORT_REST = 10.0
+"""...and only once no prefill has been pending there for this many step fixed costs
+(``t_c``; 111 ms on an A100). A promised newcomer that lands behind a best-effort prefill step
+waits for it (steps are not preempted), so that step's share of the backend's time is what best
+effort costs promised work: with a rest after every prefill, a best-effort prefill of ``P`` takes
+at most ``P / (P + rest)`` of it, whatever the outputs' lengths (the decode share above bounds
+nothing when outputs are short: every finished request lets the next prefill in at once), and a
+backend whose promised prefills come often rarely rests that long: best effort takes the gaps.
+Without it, 10x overload drills recovered in 13 s (``docs/results.md``, "Overload")."""
 
-def _idle(backend: Backend) -> bool:
-    """Nothing waiting for a first token, and decoding light (:data:`BEST_EFFORT_LOAD`)."""
+
+def _idle(backend: Backend, now: float) -> bool:
+    """Nothing waiting for a first token, none for a while (:data:`BEST_EFFORT_REST`), and
+    decoding light (:data:`BEST_EFFORT_LOAD`)."""
     view = backend.view
     if view.prefill_queue:
         return False
     estimator = view.estimator
+    if now - view.queue_updated_s < BEST_EFFORT_REST * estimator.t_c:
+        return False
     return view.num_decoding * estimator.decode_time(0) < BEST_EFFORT_LOAD * estimator.t_c
 
 
