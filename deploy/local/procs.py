@@ -106,6 +106,16 @@ def alive(proc: Proc) -> bool:
     return raw.rstrip(b"\0").split(b"\0") == [part.encode() for part in proc.cmd]
 
 
+def exited(proc: Proc) -> bool:
+    """Whether ``proc``'s pid is gone or a zombie. Unlike ``not alive``, a pid between fork and
+    exec (its command line still the spawning Python's) has not exited: it is starting."""
+    try:
+        stat = Path(f"/proc/{proc.pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rpartition(")")[2].split()[0] == "Z"
+
+
 def healthy(proc: Proc) -> bool:
     return alive(proc) and (proc.health_url is None or http_ok(proc.health_url))
 
@@ -117,7 +127,7 @@ def wait_healthy(procs: Sequence[Proc], timeout_s: float) -> list[Proc]:
     pending = list(procs)
     while pending and time.monotonic() < deadline:
         pending = [p for p in pending if not healthy(p)]
-        if any(not alive(p) for p in pending):
+        if any(exited(p) for p in pending):
             break
         if pending:
             time.sleep(0.25)

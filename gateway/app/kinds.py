@@ -28,7 +28,7 @@ workflow deadline tighter than the tier's deadline floor is 400 ``invalid_reques
 tighter SLO header is (every code: :mod:`gateway.errors`).
 
 **Redis away.** Each workflow call answered without Redis is reported to ``on_degraded`` (the
-app's ``tiergate_workflow_degraded_calls_total{tier, outcome}``): ``local`` when this process's
+app's ``tiergate_workflow_degraded_calls_total{outcome}``): ``local`` when this process's
 copy of the workflow answered (the call is still compound; a 409 from that copy counts too),
 ``default_kind`` when the workflow is one this process never saw, served as its tier's default
 kind (:class:`~gateway.app.workflows.WorkflowUnavailable`).

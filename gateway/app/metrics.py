@@ -24,6 +24,10 @@ from gateway.histogram import ITL_BUCKETS, BatchHistogram
 from priority.gain import mean_tpot_s, ttft_s
 from priority.request import SLO
 
+DEGRADED_OUTCOMES = ("local", "default_kind")
+"""The outcomes of a workflow call answered without Redis (:mod:`gateway.app.kinds`'s
+``DEGRADED_LOCAL`` and ``DEGRADED_DEFAULT_KIND``)."""
+
 OTHER_TENANT = "other"
 OBJECTIVES = ("ttft", "tpot", "deadline")
 """Values of ``objective`` in ``tiergate_slo_objective_requests_total``."""
@@ -416,9 +420,11 @@ class GatewayMetrics:
             "Workflow calls answered while Redis was unreachable, by outcome: local (this "
             "process's copy of the workflow: compound, as usual) or default_kind (a workflow "
             "this process never saw: served as the tier's default kind, without its workflow).",
-            ("tier", "outcome"),
+            ("outcome",),
             registry=reg,
         )
+        for outcome in DEGRADED_OUTCOMES:  # 0 from the start: a quiet panel reads 0, not "no data"
+            self.workflow_degraded.labels(outcome)
 
     def record_served(
         self,
@@ -464,8 +470,10 @@ class GatewayMetrics:
 
     def workflow_call_degraded(self, tier: str, outcome: str) -> None:
         """:class:`~gateway.app.kinds.RequestKinds`'s ``on_degraded``: a workflow call answered
-        without Redis (``outcome``: ``local`` or ``default_kind``). Rare: looked up per call."""
-        self.workflow_degraded.labels(tier, outcome).inc()
+        without Redis (``outcome``: ``local`` or ``default_kind``). Not by tier: a Redis outage
+        is the whole gateway's, and a series per outcome exists from the start."""
+        del tier
+        self.workflow_degraded.labels(outcome).inc()
 
     def observe_itl(self, tier: str, gaps: Sequence[float]) -> None:
         if self._itl_shared is not None:

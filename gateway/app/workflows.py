@@ -26,7 +26,7 @@ process keeps serving the workflows it has seen; Redis is tried again after a ba
 saw cannot be told apart from an unknown id while Redis is away, so it is *served* — as a
 request of its tier's default kind — not refused (:class:`WorkflowUnavailable`). Every degraded
 call is counted (:attr:`FailoverWorkflowStore.degraded_calls`; exported by the app as
-``tiergate_workflow_degraded_calls_total{tier, outcome}``, :mod:`gateway.app.kinds`) and each
+``tiergate_workflow_degraded_calls_total{outcome}``, :mod:`gateway.app.kinds`) and each
 switch is logged.
 """
 

@@ -15,8 +15,8 @@ import pytest
 import redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from gateway.app.kinds import RequestKinds
-from gateway.app.metrics import GatewayMetrics
+from gateway.app.kinds import DEGRADED_DEFAULT_KIND, DEGRADED_LOCAL, RequestKinds
+from gateway.app.metrics import DEGRADED_OUTCOMES, GatewayMetrics
 from gateway.app.slo import RequestSLO
 from gateway.app.workflows import (
     FailoverWorkflowStore,
@@ -242,7 +242,7 @@ def test_an_outage_degrades_to_process_state_counted_and_logged(
 
 def _degraded(metrics: GatewayMetrics, outcome: str) -> float:
     sample = "tiergate_workflow_degraded_calls_total"
-    value = metrics.registry.get_sample_value(sample, {"tier": "t", "outcome": outcome})
+    value = metrics.registry.get_sample_value(sample, {"outcome": outcome})
     return value or 0.0
 
 
@@ -268,14 +268,13 @@ def test_a_dead_redis_never_fails_the_request() -> None:
             assert _degraded(metrics, "local") == 2.0
             assert _degraded(metrics, "default_kind") == 1.0
             assert isinstance(store, FailoverWorkflowStore) and store.degraded_calls == 3
+            assert (DEGRADED_LOCAL, DEGRADED_DEFAULT_KIND) == DEGRADED_OUTCOMES
         finally:
             await kinds.aclose()
 
     _run(scenario())
     exposition = metrics.render().decode()
-    assert 'tiergate_workflow_degraded_calls_total{outcome="default_kind",tier="t"} 1.0' in (
-        exposition
-    )
+    assert 'tiergate_workflow_degraded_calls_total{outcome="default_kind"} 1.0' in exposition
 
 
 def test_workflow_calls_with_their_state_in_reach_are_not_counted_degraded(
