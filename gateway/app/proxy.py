@@ -293,7 +293,7 @@ class Job:
             self.request_id,
             self.tier,
             priority=priority,
-            ttl_s=self._queue_ttl(),
+            ttl_s=self._queue_ttl(demoted=verdict.action is Action.DEMOTE),
             aging_s=self.slo.ttft_ms / 1e3,
             slo_wait_s=verdict.slo_wait_s,
             demotable=policy.best_effort_allowed,
@@ -340,10 +340,13 @@ class Job:
             output_param=body.output_param(),
         )
 
-    def _queue_ttl(self) -> float:
+    def _queue_ttl(self, *, demoted: bool) -> float:
+        """How long the request may wait for a dispatch slot: ``queue_ttl_s``, and no later than
+        its deadline, for which waiting longer is pointless — unless it is demoted at admission:
+        best effort has given its deadline up and waits like any best-effort request."""
         ttl = self.state.settings.queue_ttl_s
         assert self.slo is not None
-        if self.slo.deadline_ms is not None:  # waiting past the deadline is pointless
+        if self.slo.deadline_ms is not None and not demoted:
             ttl = min(ttl, max(1e-3, self.arrival + self.slo.deadline_ms / 1e3 - time.monotonic()))
         return ttl
 

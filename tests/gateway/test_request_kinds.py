@@ -253,6 +253,18 @@ def test_a_deadline_request_that_cannot_finish_in_time_is_refused_in_the_dialect
     assert len(env.submitted) == before  # refused at admission: the engine never saw it
 
 
+def test_a_deadline_no_one_can_meet_on_a_best_effort_tier_is_demoted_and_served(
+    env: Env,
+) -> None:
+    """Demoted at admission, it has given its deadline up: it waits for a best-effort slot like
+    any best-effort request, not just until its (already missed) deadline — that was a 503
+    ``queue_ttl`` 1 ms later (found by the fuzzer)."""
+    env.chat("agents")  # a prefill just now: best effort waits for the backend to rest
+    env.ask("agents", 8, {"x-slo-deadline-ms": "1.1"})  # 8 decode steps alone take ~90 ms
+    seen = env.last("agents")
+    assert seen.kind == "deadline" and seen.slo.deadline_s == pytest.approx(1.1e-3)
+
+
 # ---- workflows ---------------------------------------------------------------------------------
 
 
