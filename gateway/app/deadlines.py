@@ -18,7 +18,8 @@ Three bounds, each ``factor x objective`` clamped to ``[min, max]`` (``TIERGATE_
   recomputes it later), which pauses one stream without anything being wrong.
 
 A deadline (``x-slo-deadline-ms`` or the tier's) caps the first two, from arrival: nothing is
-worth waiting for past it.
+worth waiting for past it — except for a best-effort request, which has given its deadline up
+(it was demoted because the deadline could not be met) and is served as best effort.
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ def attempt_budget(
         at_slo = (slo.ttft_ms + slo.tpot_ms * max(0, expected_output)) / 1e3
         wanted = ceiling if best_effort else factor * at_slo
     end = first_dispatch + _clamp(wanted, floor, ceiling)
-    if slo.deadline_ms is not None:
+    if slo.deadline_ms is not None and not best_effort:  # best effort gave its deadline up
         end = min(end, arrival + slo.deadline_ms / 1e3)
     return AttemptBudget(end=end, floor_s=floor)
 

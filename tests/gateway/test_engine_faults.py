@@ -492,6 +492,10 @@ def test_first_token_budget_comes_from_the_ttft_objective_and_shrinks_across_att
         settings, _slo(deadline_ms=2500), stream=True, best_effort=False, **common
     )
     assert capped.timeout(12.0) == pytest.approx(0.5)  # deadline at 12.5: only the floor left
+    given_up = attempt_budget(
+        settings, _slo(deadline_ms=2500), stream=True, best_effort=True, **common
+    )
+    assert given_up.timeout(12.0) == pytest.approx(60.0)  # best effort gave its deadline up
 
 
 def test_a_non_streamed_request_is_given_its_whole_answer_time() -> None:
