@@ -232,12 +232,7 @@ class GmaxPolicy(LengthAwarePolicyMixin, SchedulingPolicy):
         view = self.view(inp)
         nr = view.num_running
         score, eligible = self.score(view, inp.now)
-        builder = BatchBuilder(
-            inp,
-            estimator=self.estimator,
-            time_budget_s=self.step_budget(view),
-            min_prefill_chunk=self.min_chunk_tokens,
-        )
+        builder = self.step_builder(inp, view)
         plan = builder.plan
         requests = view.requests
         run_idx = np.lexsort((-score[:nr], ~eligible[:nr]))

@@ -220,6 +220,15 @@ class LengthAwarePolicyMixin:
         floor = view.step_s * 1.05
         return max(self.tpot_share * float(streams.min()), floor)
 
+    def step_builder(self, inp: SchedulerInput, view: GoodputView) -> BatchBuilder:
+        """The step's :class:`BatchBuilder` within :meth:`step_budget` and the minimum chunk."""
+        return BatchBuilder(
+            inp,
+            estimator=self.estimator,
+            time_budget_s=self.step_budget(view),
+            min_prefill_chunk=self.min_chunk_tokens,
+        )
+
     def ensure_progress(
         self, builder: BatchBuilder, running: Sequence[Request], waiting: Sequence[Request]
     ) -> None:

@@ -39,7 +39,7 @@ import numpy as np
 
 from priority.estimator import BatchLatencyEstimator
 from priority.gain import DEFAULT_BEST_EFFORT_DEADLINE_S, GoodputWeights
-from priority.policies.base import BatchBuilder, SchedulerInput, SchedulingPolicy, StepPlan
+from priority.policies.base import SchedulerInput, SchedulingPolicy, StepPlan
 from priority.policies.lengthaware import (
     ARRIVAL,
     PRICING_WEIGHTS,
@@ -101,12 +101,7 @@ class TempoPolicy(LengthAwarePolicyMixin, SchedulingPolicy):
         if not inp.running and not inp.waiting:
             return StepPlan()
         view = self.view(inp)
-        builder = BatchBuilder(
-            inp,
-            estimator=self.estimator,
-            time_budget_s=self.step_budget(view),
-            min_prefill_chunk=self.min_chunk_tokens,
-        )
+        builder = self.step_builder(inp, view)
         plan = builder.plan
         nr = view.num_running
         density = self.density(view, inp.now)
