@@ -74,6 +74,8 @@ DEGRADED_LOCAL = "local"
 """A workflow call answered from this process's copy while Redis is away (still compound)."""
 DEGRADED_DEFAULT_KIND = "default_kind"
 """A call of a workflow this process never saw, while Redis is away: its tier's default kind."""
+DEGRADED_OUTCOMES = (DEGRADED_LOCAL, DEGRADED_DEFAULT_KIND)
+"""Every outcome ``on_degraded`` reports (the metric has a series for each from the start)."""
 
 LENGTH_BUDGET_S = 0.005
 """The most a length prediction may take by default (issue 14's p99 target;

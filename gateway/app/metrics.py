@@ -19,14 +19,11 @@ from typing import Literal
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.metrics_core import Metric
 
+from gateway.app.kinds import DEGRADED_OUTCOMES
 from gateway.app.multiproc import multiprocess_dir, observe_many
 from gateway.histogram import ITL_BUCKETS, BatchHistogram
 from priority.gain import mean_tpot_s, ttft_s
 from priority.request import SLO
-
-DEGRADED_OUTCOMES = ("local", "default_kind")
-"""The outcomes of a workflow call answered without Redis (:mod:`gateway.app.kinds`'s
-``DEGRADED_LOCAL`` and ``DEGRADED_DEFAULT_KIND``)."""
 
 OTHER_TENANT = "other"
 OBJECTIVES = ("ttft", "tpot", "deadline")
