@@ -417,6 +417,10 @@ class Job:
         slo = self.slo
         if self.length is not None:  # the length distribution, if predicted by now
             slo = dataclasses.replace(slo, length=self.length.now())
+        if self.demoted:  # it gave its deadline up at admission: the engine serves it as such
+            slo = dataclasses.replace(
+                slo, kind="best-effort", deadline_ms=None, sub_deadline_ms=None, workflow_id=None
+            )
         xargs.update(
             engine_xargs(
                 slo,
