@@ -19,11 +19,13 @@ from rich.console import Console
 
 from gateway.app.backends import BackendSpec
 from gateway.cli import register as register_admin_commands
+from gateway.cli import register_lengths
 from gateway.engine_sim.cli import engine_sim_command
 from gateway.engine_sim.serve import EngineSpec, serve_engines, stop_engines
 from gateway.serve import serve
 from gateway.settings import split_addr
 from priority.cli import register as register_core_commands
+from priority.cli.lengths import lengths_app
 from priority.policies import POLICY_NAMES
 
 EMULATED_FLEET = ("910b-qwen2-7b", "910b-qwen2-7b", "a100-qwen2-7b", "a100-qwen2-7b")
@@ -126,6 +128,7 @@ register_core_commands(app)
 app.command("serve")(serve_command)
 app.command("engine-sim")(engine_sim_command)
 register_admin_commands(app)
+register_lengths(lengths_app)  # the gateway's `lengths train-db`, beside the core's commands
 
 __all__ = ["EMULATED_FLEET", "MODEL_NAME", "app", "emulated_fleet"]
 

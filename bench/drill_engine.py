@@ -58,6 +58,7 @@ import drills_common as common  # the drills' shared child-process helpers
 _free_port = common.free_port
 _run = common.run_on_uvloop
 _has_content = common.has_content
+_code = common.error_code
 
 
 def _spawn(
@@ -360,13 +361,6 @@ async def _exchange(
     except (aiohttp.ClientError, ValueError) as exc:
         shot.error = "after" if shot.first is not None else "before"
         shot.code = type(exc).__name__
-
-
-def _code(raw: bytes) -> str:
-    try:
-        return str(json.loads(raw)["error"]["code"])
-    except (ValueError, KeyError, TypeError):
-        return "unparsed"
 
 
 # ---- what the gateway says ----------------------------------------------------------------

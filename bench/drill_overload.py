@@ -38,8 +38,10 @@ other refusals and errors, the share of admitted requests that met their SLO (th
 definition: TTFT, TPOT and deadline, ``docs/usage.md``) and their TTFT p50/p99 (at the gateway's
 egress). ``--json`` prints one object: ``capacity_rps``, ``overload_rps``, ``tiers`` (the
 table), ``queue_depth_max``, ``gateway_rss_max_mib``, ``baseline_ttft_ms``, ``recovery_s``,
-the probes, each process's CPU use, how far the emulated engines lagged their profile, and the
-gateway's own counters (demotions, refusals by reason, upstream timeouts).
+the probes (each with its ``outcome``: HTTP status and reject reason, or the client-side failure
+class such as ``timeout:...`` or ``connection:...``; counted in ``probe_outcomes`` and per tier in
+``client_outcomes``), each process's CPU use, how far the emulated engines lagged their
+profile, and the gateway's own counters (demotions, refusals by reason, upstream timeouts).
 ``TIERGATE_DRILL_SERVER_LOG=<file>`` keeps the servers' stderr; ``TIERGATE_BENCH_PROFILE=<file>``
 runs the gateway under cProfile.
 """
@@ -361,6 +363,10 @@ class Shot:
     ttft_s: float | None = None
     tokens: int = 0
     error: str | None = None
+    outcome: str = "unsent"
+    """What became of it: the HTTP status (with the gateway's reject reason, or
+    ``then <what>`` when a 200 stream went wrong), else the client-side failure class
+    (:func:`drills_common.exception_outcome`) — never a bare status 0."""
 
 
 class Loader:
@@ -404,27 +410,39 @@ class Loader:
             "content-type": "application/json",
         }
         shot.sent = time.perf_counter()
+        shot.outcome = "sent"
         try:
             async with self.session.post(
                 f"{self.servers.gateway_url}/v1/chat/completions", data=body, headers=headers
             ) as response:
                 shot.status = response.status
+                shot.outcome = str(response.status)
                 if response.status != 200:
                     shot.reason = response.headers.get("x-tiergate-reject-reason")
                     shot.retry_after = response.headers.get("retry-after")
+                    shot.outcome += f" {shot.reason}" if shot.reason else ""
                     await response.read()
                     return
+                done = False
                 async for line in response.content:
-                    if not line.startswith(b"data: {"):
+                    if line.startswith(b"data: [DONE]"):
+                        done = True
+                    elif not line.startswith(b"data: {"):
                         continue
-                    if b'"content"' in line and _has_content(line):
+                    elif b'"content"' in line and _has_content(line):
                         if shot.ttft_s is None:
                             shot.ttft_s = time.perf_counter() - shot.sent
                         shot.tokens += 1
                     elif b'"error"' in line:
                         shot.error = "stream error event"
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+                        shot.outcome = f"200 then error event {common.error_code(line[6:])}"
+                if not done and shot.error is None:
+                    shot.error = "cut short"
+                    shot.outcome = "200 then cut short"
+        except Exception as exc:  # every failure is counted, none lost in a task
             shot.error = type(exc).__name__
+            failure = common.exception_outcome(exc)
+            shot.outcome = f"200 then {failure}" if shot.status == 200 else failure
 
     async def open_loop(
         self, rate: float, duration_s: float, pick: Any, shots: list[Shot]
@@ -687,6 +705,7 @@ def tier_table(shots: list[Shot], db_url: str) -> dict[str, dict[str, Any]]:
             "demoted_ttft_p50_ms": _round(_pct(demoted_ttfts, 50)),
             "client_errors": sum(1 for s in mine if s.error is not None),
             "client_statuses": dict(Counter(str(s.status) for s in mine)),
+            "client_outcomes": dict(Counter(s.outcome for s in mine)),
         }
     return table
 
@@ -724,6 +743,8 @@ class DrillResult:
     openings, by label, at the end (the capacity ladder included)."""
     recovery_s: float | None
     probes: list[dict[str, Any]]
+    probe_outcomes: dict[str, int]
+    """Recovery probes by outcome (HTTP status and reason, or the client-side failure)."""
     capacity_steps: list[dict[str, Any]]
     setup: dict[str, Any]
 
@@ -787,9 +808,15 @@ async def drill(
         gateway_counters=counters,
         recovery_s=_round(recovery_time(probes, stop, base)),
         probes=[
-            {"after_s": round(p.sent - stop, 2), "ttft_ms": _ms(p.ttft_s), "status": p.status}
+            {
+                "after_s": round(p.sent - stop, 2),
+                "ttft_ms": _ms(p.ttft_s),
+                "status": p.status,
+                "outcome": p.outcome,
+            }
             for p in probes
         ],
+        probe_outcomes=dict(Counter(p.outcome for p in probes)),
         capacity_steps=steps,
         setup=asdict(setup),
     )

@@ -189,6 +189,26 @@ def process_cpu_seconds(pid: int, *, user: bool = True) -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
+def exception_outcome(exc: BaseException) -> str:
+    """A client-side failure as an outcome class: ``timeout``, ``connection`` (refused, reset,
+    closed by the server) or ``error``, with the exception's class — so that a request that
+    got no HTTP status can be told apart from one the gateway answered."""
+    name = type(exc).__name__
+    if isinstance(exc, TimeoutError) or "Timeout" in name:
+        return f"timeout:{name}"
+    if isinstance(exc, OSError) or "Connect" in name or "Disconnect" in name:
+        return f"connection:{name}"
+    return f"error:{name}"
+
+
+def error_code(raw: bytes) -> str:
+    """The ``code`` of an OpenAI error body or event payload (``{"error": {"code": ...}}``)."""
+    try:
+        return str(json.loads(raw)["error"]["code"])
+    except (ValueError, KeyError, TypeError):
+        return "unparsed"
+
+
 def has_content(event: bytes) -> bool:
     """Whether an SSE event (or ``data:`` line) carries generated text."""
     if not event.startswith(b"data: {"):

@@ -2,7 +2,8 @@
 
     python bench/goodput.py [--trace azure_conv,azure_code] [--requests 600] [--profile NAME]
         [--loads 0.5,1,1.5,2,3] [--policy P,...] [--lengths predicted,oracle] [--seed 0]
-        [--jobs N] [--json] [--out PATH.json] [--markdown PATH.md] [--plot DIR]
+        [--jobs N] [--workflow-history on|off] [--json] [--out PATH.json] [--markdown PATH.md]
+        [--plot DIR]
 
 **Mix** (deterministic from ``--seed``). The first ``--requests`` rows of each trace, each
 trace's arrivals rescaled to one common span so they interleave over the same window (every
@@ -28,7 +29,9 @@ are TTFT ~2 s, TBT ~100 ms, deadline 20 s, compound 20 s x stages on its GPUs). 
   took the p95 latency of real API calls (which include queueing); the idle p95 doubled keeps
   ~every deadline meetable on an idle engine;
 * compound: D_workflow = stages x D_trace + the workflow's think times (JITServe: 20 s x
-  stages), from stage 0's arrival; calls get the simulator's cold-start sub-deadlines.
+  stages), from stage 0's arrival; calls get the simulator's cold-start sub-deadlines, or with
+  ``--workflow-history on`` φ(s) matched against the run's finished workflows (cold start
+  without a match; ``priority.sim.history``).
 
 **Load**: ``--loads`` x capacity, capacity measured on this mix as the project does everywhere
 (``priority.sim.capacity``: the highest rate at which ``vllm-v1`` keeps SLO attainment >= 90% of
@@ -232,6 +235,8 @@ class GoodputConfig:
     seed: int
     rel_tol: float
     jobs: int
+    workflow_history: bool = False
+    """Compound sub-deadlines from the run's finished workflows (``priority.sim.history``)."""
 
 
 def cell_row(summary: dict[str, Any], lengths: str, load: float, rps: float, tokens: int) -> dict:
@@ -259,11 +264,20 @@ def cell_row(summary: dict[str, Any], lengths: str, load: float, rps: float, tok
 
 
 def _run_cell(
-    mix: Trace, profile_name: str, seed: int, lengths: str, load: float, rps: float, policy: str
+    mix: Trace,
+    profile_name: str,
+    seed: int,
+    lengths: str,
+    load: float,
+    rps: float,
+    policy: str,
+    history: bool = False,
 ) -> dict[str, Any]:
     profile = load_profile(profile_name)
     workload = build_workload(mix, rps=rps, reference_profile=profile, seed=seed, lengths=lengths)
-    config = ClusterConfig([profile], CAPACITY_POLICY, CAPACITY_ROUTER, seed=seed)
+    config = ClusterConfig(
+        [profile], CAPACITY_POLICY, CAPACITY_ROUTER, seed=seed, workflow_history=history
+    )
     (summary,) = compare_policies(workload, config, [policy])
     tokens = sum(spec.output_tokens for spec in workload.specs)
     return cell_row(summary, lengths, load, rps, tokens)
@@ -282,7 +296,16 @@ def run_bench(cfg: GoodputConfig, log: Log) -> dict[str, Any]:
     capacity = find_capacity(mix, config, seed=cfg.seed, rel_tol=cfg.rel_tol)
     log(f"capacity {capacity.rps:.3f} req/s ({len(capacity.probes)} probes)")
     cells = [
-        (mix, cfg.profile, cfg.seed, lengths, load, load * capacity.rps, policy)
+        (
+            mix,
+            cfg.profile,
+            cfg.seed,
+            lengths,
+            load,
+            load * capacity.rps,
+            policy,
+            cfg.workflow_history,
+        )
         for lengths in cfg.lengths
         for load in cfg.loads
         for policy in cfg.policies
@@ -545,6 +568,12 @@ def parse_args(argv: Sequence[str] | None) -> tuple[GoodputConfig, argparse.Name
         "--rel-tol", type=float, default=0.05, help="capacity bisection tolerance (hi/lo - 1)"
     )
     parser.add_argument("--jobs", type=int, default=1, help="worker processes for the cells")
+    parser.add_argument(
+        "--workflow-history",
+        choices=("on", "off"),
+        default="off",
+        help="compound sub-deadlines from the run's finished workflows (on) or the cold start",
+    )
     parser.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
     parser.add_argument("--out", type=Path, help="also write the JSON here")
     parser.add_argument("--markdown", type=Path, help="write the tables as Markdown here")
@@ -566,6 +595,7 @@ def parse_args(argv: Sequence[str] | None) -> tuple[GoodputConfig, argparse.Name
         seed=args.seed,
         rel_tol=args.rel_tol,
         jobs=args.jobs,
+        workflow_history=args.workflow_history == "on",
     )
     return cfg, args
 

@@ -10,7 +10,7 @@ import ipaddress
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, FilePath, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_DATABASE_URL = "sqlite:///./tiergate.db"
@@ -60,6 +60,11 @@ class Settings(BaseSettings):
     scrape_interval_s: float = Field(default=1.0, gt=0, description="backend /metrics period")
     upstream_connect_timeout_s: float = Field(default=2.0, gt=0)
     upstream_timeout_s: float = Field(default=600.0, gt=0, description="read timeout upstream")
+    upstream_ca_file: FilePath | None = Field(
+        default=None,
+        description="PEM bundle of the CAs trusted for https:// engines (replaces the system "
+        "store, like REQUESTS_CA_BUNDLE); unset = the system store",
+    )
     max_attempts: int = Field(
         default=3, ge=1, description="backends tried per request before its first token"
     )
@@ -181,6 +186,48 @@ class Settings(BaseSettings):
         le=1000,
         description="the most a length prediction may take; it runs beside admission, and a "
         "request whose prediction is later goes without one",
+    )
+    # the gateway learns its length model from its own traffic (docs/operations/length-learning.md)
+    lengths_learn: bool = Field(
+        default=False,
+        description="record a length sample (hashed features, never the prompt text) per "
+        "finished request, train a model from them every lengths_train_interval_s and serve "
+        "the newest one; off by default: it costs a database row and featurizing per request",
+    )
+    lengths_store_prompts: bool = Field(
+        default=False,
+        description="also store each sample's raw prompt text (for retraining with another "
+        "feature layout); off by default: the samples then hold customers' prompts",
+    )
+    lengths_sample_rows: int = Field(
+        default=200_000,
+        ge=100,
+        le=10_000_000,
+        description="length samples kept in the database (the oldest are deleted past it); "
+        "the trainer learns from all of them",
+    )
+    lengths_train_interval_s: float = Field(
+        default=3600.0,
+        ge=0,
+        description="how often one worker retrains the length model from the samples "
+        "(0 = never: samples are only recorded, for `tiergate lengths train-db`)",
+    )
+    lengths_min_samples: int = Field(
+        default=1000,
+        ge=10,
+        description="samples needed before the first (and any) periodic training",
+    )
+    lengths_keep_versions: int = Field(
+        default=3,
+        ge=1,
+        le=100,
+        description="trained model versions kept under <data_dir>/lengths/ (older ones deleted)",
+    )
+    lengths_train_trees: int = Field(
+        default=100,
+        ge=1,
+        le=2000,
+        description="trees of a periodically trained forest",
     )
 
     # ---- part A (database outages): stale auth, usage buffer and spool ---------------------

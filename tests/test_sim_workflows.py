@@ -98,3 +98,37 @@ def test_length_modes() -> None:
     assert abs(float(np.mean(covered)) - target) < 0.02
     # and it is not the oracle
     assert any(s.to_request().length_bound(0.5) != s.output_tokens for s in predicted.specs[:50])
+
+
+HISTORY_TRACE = """arrival_s,prompt_tokens,output_tokens,kind,workflow_id,stage,think_ms,deadline_ms
+0.0,100,10,compound,w1,0,,60000
+0.0,80,30,compound,w1,1,500,60000
+100.0,100,10,compound,w2,0,,60000
+100.0,80,30,compound,w2,1,500,60000
+"""
+
+
+@pytest.mark.parametrize("history", [False, True])
+def test_workflow_history_gives_later_workflows_the_learned_share(
+    tmp_path: Path, history: bool
+) -> None:
+    path = tmp_path / "history.csv"
+    path.write_text(HISTORY_TRACE)
+    workload = build_workload(path, reference_profile=make_profile())
+    config = ClusterConfig(
+        profiles=[make_profile()], policy="gmax", router="round-robin", workflow_history=history
+    )
+    by_id = {r.request_id: r for r in simulate(workload, config).requests}
+    w1 = [by_id["history-0"], by_id["history-1"]]
+    w2 = by_id["history-2"]
+    assert all(r.is_finished for r in by_id.values())
+    cold = workload.workflow_calls["history-2"].offset_s  # token shares: 110 / 220
+    assert w1[0].slo.deadline_s == pytest.approx(workload.workflow_calls["history-0"].offset_s)
+    if not history:
+        assert w2.slo.deadline_s == pytest.approx(cold)
+        return
+    # w1's stage times (arrival to last token, think excluded) give φ(0) for w2
+    times = [r.finished_s - r.arrival_s for r in w1]
+    phi = times[0] / sum(times)
+    assert w2.slo.deadline_s == pytest.approx(phi * (60.0 - 0.5))
+    assert w2.slo.deadline_s != pytest.approx(cold)

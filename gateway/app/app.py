@@ -47,6 +47,7 @@ from gateway.app.kinds import (
 )
 from gateway.app.metrics import GatewayMetrics
 from gateway.app.operator import metrics_listener
+from gateway.app.patterns import WorkflowPatterns
 from gateway.app.proxy import Endpoint, serve
 from gateway.app.schemas import (
     ChatBody,
@@ -151,6 +152,7 @@ async def _start(
     upstream = Upstream(
         read_timeout_s=config.upstream_timeout_s,
         connect_timeout_s=config.upstream_connect_timeout_s,
+        ca_file=config.upstream_ca_file,
     )
     pool = BackendPool(config, upstream, metrics, session_factory=factory, specs=backends)
     await pool.reload()
@@ -161,6 +163,12 @@ async def _start(
     )
     if config.max_in_flight is None:
         pool.on_capacity = lambda capacity: queue.set_max_in_flight(max(1, capacity))
+    lengths = await _length_model(config)
+    learning = None
+    if config.lengths_learn:  # issue 14: the gateway learns its length model from its traffic
+        from gateway.app.length_learning import start_learning
+
+        learning = await start_learning(config, factory, secret, metrics, lengths)
     state = GatewayState(
         settings=config,
         session_factory=factory,
@@ -196,10 +204,13 @@ async def _start(
                 ttl_s=config.workflow_ttl_s,
                 timeout_s=config.redis_timeout_s,
             ),
-            lengths=await _length_model(config),
+            lengths=lengths,
             length_budget_s=config.length_budget_ms / 1e3,
             on_degraded=metrics.workflow_call_degraded,
+            learn=learning is not None,
+            patterns=WorkflowPatterns(),  # per-process history of finished workflows
         ),
+        length_samples=learning[0] if learning is not None else None,
     )
     pool.start()
     loop = asyncio.get_running_loop()
@@ -209,18 +220,23 @@ async def _start(
     background.append(loop.create_task(state.auth.keep_warm()))  # keys in use, for outages
     if backends is None:  # part E: other workers' (and the CLI's) backend changes
         background.append(loop.create_task(_refresh_backends(state)))
+    if learning is not None:
+        background.append(loop.create_task(learning[1].run()))
     return state, background
 
 
 async def _length_model(config: Settings) -> Any:
     """The output-length predictor of ``TIERGATE_LENGTH_MODEL`` (issue 14), or None: without
     one no length distribution is sent. A model that does not load stops the start-up: an
-    operator who set it wants it, not silently nothing."""
-    if config.length_model is None:
+    operator who set it wants it, not silently nothing. While learning
+    (``TIERGATE_LENGTHS_LEARN``) the handle exists without a model, for the first trained one."""
+    if config.length_model is None and not config.lengths_learn:
         return None
     from priority.lengths.serving import PredictorHandle
 
     handle = PredictorHandle()
+    if config.length_model is None:
+        return handle
     version = await asyncio.to_thread(handle.load, config.length_model.expanduser())
     log.info("length model %s loaded from %s", version, config.length_model)
     return handle
@@ -234,6 +250,8 @@ async def _stop(state: GatewayState, background: list[asyncio.Task[None]]) -> No
     await state.pool.stop()
     await state.pool.upstream.aclose()
     await asyncio.to_thread(state.usage_writer.close)
+    if state.length_samples is not None:
+        await asyncio.to_thread(state.length_samples.close)
     with contextlib.suppress(Exception):
         await asyncio.to_thread(state.auth.flush_last_used)
     await state.limiter.aclose()

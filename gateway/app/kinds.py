@@ -15,11 +15,14 @@ Issue 14's four kinds (:data:`priority.request.REQUEST_KINDS`; gains in :mod:`pr
 **Sub-deadlines.** Each workflow call is given D_s, its share of the time left to the workflow's
 deadline (``tiergate_sub_deadline_ms``; the deadline its engine schedules for). The share comes
 from :attr:`RequestKinds.sub_deadline`, a hook: ``hook(call) -> ms`` (or None: cold start).
-Without history the **cold start** gives a call all the time left (:func:`cold_start`): an
-agent's next step is unknown, and any fixed share would make the last calls of a long workflow
-look late when the workflow as a whole is on time. The historical φ(s)·D of JITServe's pattern
-graphs plugs in here. Whatever the hook says is clipped to (0, time left], and an explicit
-``x-slo-deadline-ms`` on the call caps it.
+The app installs :class:`~gateway.app.patterns.WorkflowPatterns` there: JITServe's φ(s)·D from
+historical pattern graphs, learned per process from the workflows this process served whole
+(``patterns=``; it also hears every call's end through :meth:`RequestKinds.call_ended`).
+Without a match — no history yet, or none of this structure — the **cold start** gives a call
+all the time left (:func:`cold_start`): an agent's next step is unknown, and any fixed share
+would make the last calls of a long workflow look late when the workflow as a whole is on time.
+Whatever the hook says is clipped to (0, time left], and an explicit ``x-slo-deadline-ms`` on
+the call caps it.
 
 Header values are checked like the SLO headers: a workflow id is 1–128 of ``A-Z a-z 0-9 . _ :
 -``, a workflow deadline a number of milliseconds from :data:`~gateway.bounds.MIN_SLO_MS` to
@@ -60,6 +63,7 @@ from gateway.errors import INVALID_VALUE, ApiError
 from priority.lengths.distribution import LengthDistribution
 
 if TYPE_CHECKING:  # the predictor loads only with TIERGATE_LENGTH_MODEL (imported when used)
+    from gateway.app.patterns import WorkflowPatterns
     from priority.lengths.features import RequestFeatures
     from priority.lengths.serving import PredictorHandle
 
@@ -104,13 +108,21 @@ class RequestKinds:
         lengths: PredictorHandle | None = None,
         length_budget_s: float = LENGTH_BUDGET_S,
         on_degraded: DegradedHook | None = None,
+        learn: bool = False,
+        patterns: WorkflowPatterns | None = None,
     ) -> None:
         self.store: WorkflowStore = store if store is not None else MemoryWorkflowStore()
+        self.patterns = patterns
+        """The workflow history (:mod:`gateway.app.patterns`); its hook is the default one."""
+        if sub_deadline is None and patterns is not None:
+            sub_deadline = patterns.sub_deadline
         self.sub_deadline: SubDeadlineHook | None = sub_deadline
         self.on_degraded = on_degraded
         self.lengths = lengths
         """The output-length model (``TIERGATE_LENGTH_MODEL``); None: no distribution is sent."""
         self.length_budget_s = length_budget_s
+        self.learn = learn
+        """Whether requests' features are kept for length samples (``TIERGATE_LENGTHS_LEARN``)."""
         self.served_without_workflow = 0
         """Workflow calls served as their tier's default kind: Redis away, workflow unseen."""
 
@@ -179,6 +191,34 @@ class RequestKinds:
             sub_deadline_ms=share,
         )
 
+    def call_ended(
+        self,
+        key: str,
+        stage: int,
+        *,
+        model: str,
+        prompt_tokens: int,
+        output_tokens: int,
+        end_s: float,
+        ok: bool,
+    ) -> None:
+        """A workflow call ended (the proxy, once per call): the history learns from it. Never
+        raises: learning must not fail a request's accounting."""
+        if self.patterns is None:
+            return
+        try:
+            self.patterns.call_ended(
+                key,
+                stage,
+                model=model,
+                prompt_tokens=prompt_tokens,
+                output_tokens=output_tokens,
+                end_s=end_s,
+                ok=ok,
+            )
+        except Exception:
+            log.exception("workflow history: could not record a call's end")
+
     def _degraded_if_local(self, tier: str) -> None:
         """Count the call just answered if this process's copy answered it: the failover store
         says ``degraded-local`` right after a join only then (no await in between)."""
@@ -200,9 +240,25 @@ class RequestKinds:
             share = cold_start(call)
         return min(share, call.remaining_ms)
 
-    def predict_length(
+    def length_features(
         self, body: ChatBody | CompletionBody, *, tenant: str, prompt_tokens: int
-    ) -> LengthPrediction | None:
+    ) -> RequestFeatures | None:
+        """What the length predictor sees of the request, built once for its prediction and
+        its length sample (:mod:`gateway.app.length_learning`); None when neither is wanted (no
+        model loaded and not learning)."""
+        if not self.learn and (self.lengths is None or self.lengths.current is None):
+            return None
+        from priority.lengths.features import RequestFeatures
+
+        return RequestFeatures(
+            prompt=prompt_text(body),
+            model=body.model,
+            prompt_tokens=prompt_tokens,
+            max_tokens=body.expected_output(),
+            tenant=tenant,
+        )
+
+    def predict_length(self, features: RequestFeatures | None) -> LengthPrediction | None:
         """Start predicting the request's output length *beside* admission (None: no model).
 
         The prediction runs in :mod:`priority.lengths.serving`'s pool, bounded by
@@ -210,20 +266,9 @@ class RequestKinds:
         for what is left of that budget (:meth:`LengthPrediction.ready`), if anything, and sends
         the distribution, or none when the model failed or ran late. Admission never waits.
         """
-        if self.lengths is None or self.lengths.current is None:
+        if features is None or self.lengths is None or self.lengths.current is None:
             return None
-        from priority.lengths.features import RequestFeatures
-
-        features = RequestFeatures(
-            prompt=prompt_text(body),
-            model=body.model,
-            prompt_tokens=prompt_tokens,
-            max_tokens=body.expected_output(),
-            tenant=tenant,
-        )
-        return LengthPrediction(
-            self.lengths, features, body.expected_output(), self.length_budget_s
-        )
+        return LengthPrediction(self.lengths, features, features.max_tokens, self.length_budget_s)
 
     async def aclose(self) -> None:
         await self.store.aclose()
@@ -267,9 +312,20 @@ class LengthPrediction:
         return dataclasses.replace(result, max_tokens=self.max_tokens)
 
 
+def single_sequence(body: ChatBody | CompletionBody) -> bool:
+    """Whether the request asks for one output (its completion tokens are one length): only
+    such a request makes a length sample."""
+    if (body.n or 1) != 1:
+        return False
+    if isinstance(body, CompletionBody):
+        return body.best_of in (None, 1) and len(body.prompt_lengths()) == 1
+    return True
+
+
 def prompt_text(body: ChatBody | CompletionBody) -> str:
     """The prompt's text for the length features (token-id prompts have none: their count
-    still goes in ``prompt_tokens``). Hashed into features, never stored or logged."""
+    still goes in ``prompt_tokens``). Hashed into features; stored only where the operator
+    turned ``TIERGATE_LENGTHS_STORE_PROMPTS`` on, never logged."""
     if isinstance(body, ChatBody):
         return "\n".join(m.text() for m in body.messages)
     prompt = body.prompt

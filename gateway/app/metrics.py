@@ -100,6 +100,11 @@ def _objective_values(slo: SLO) -> tuple[tuple[str, float | None], ...]:
     return (("ttft", slo.ttft_s), ("tpot", slo.tpot_s), ("deadline", slo.deadline_s))
 
 
+MAX_CACHED_CHILDREN = 4096
+"""Most label children a :class:`TenantCounter` keeps looked up (tenants past
+``metrics_max_tenants`` are ``other``; tiers, statuses and reasons are few)."""
+
+
 def _no_tenant(_: str) -> str:
     """The tenant label function when tenant labels are off: nothing about the tenant kept."""
     return ""
@@ -125,11 +130,18 @@ class TenantCounter:
         self.by_tenant = by_tenant
         names = ("tenant", *labelnames) if by_tenant else tuple(labelnames)
         self._counter = Counter(name, documentation, names, registry=registry)
+        self._children: dict[tuple[str, ...], Counter] = {}
+        """Children by label values: ``Counter.labels`` validates its values and takes a lock
+        on every call, and every request ends in one or two of these."""
 
     def labels(self, tenant: str, *values: str) -> Counter:
-        if self.by_tenant:
-            return self._counter.labels(tenant, *values)
-        return self._counter.labels(*values)
+        key = (tenant, *values) if self.by_tenant else values
+        child = self._children.get(key)
+        if child is None:
+            if len(self._children) >= MAX_CACHED_CHILDREN:  # label values are bounded; still
+                self._children.clear()
+            child = self._children[key] = self._counter.labels(*key)
+        return child
 
 
 class RequestCounter(TenantCounter):
@@ -422,6 +434,33 @@ class GatewayMetrics:
         )
         for outcome in DEGRADED_OUTCOMES:  # 0 from the start: a quiet panel reads 0, not "no data"
             self.workflow_degraded.labels(outcome)
+        # issue 14: the length model the gateway learns (gateway.app.length_learning)
+        self.length_model = gauge(
+            "tiergate_length_model_info",
+            "1 for the length model version served (0 for one served before). Workers: 1 if "
+            "any serves it.",
+            ("version",),
+            registry=reg,
+            mode="livemax",
+        )
+        self.length_samples = Counter(
+            "tiergate_length_samples",
+            "Length samples of finished requests, by outcome: written (to the database) or "
+            "dropped (queue full, or the database refused their batch: samples are not retried).",
+            ("outcome",),
+            registry=reg,
+        )
+        self.length_trainings = Counter(
+            "tiergate_length_trainings",
+            "Periodic length-model trainings by outcome: ok (a new version published), "
+            "skipped (too few samples), failed (the served model stays).",
+            ("outcome",),
+            registry=reg,
+        )
+        for outcome in ("written", "dropped"):
+            self.length_samples.labels(outcome)
+        for outcome in ("ok", "skipped", "failed"):
+            self.length_trainings.labels(outcome)
 
     def record_served(
         self,

@@ -64,7 +64,7 @@ from gateway.app.auth import authenticate_request
 from gateway.app.backends import Backend, ModelGroup
 from gateway.app.context import check_context, context_window
 from gateway.app.deadlines import AttemptBudget, attempt_budget, stall_timeout
-from gateway.app.kinds import LengthPrediction
+from gateway.app.kinds import LengthPrediction, single_sequence
 from gateway.app.metrics import objectives_met
 from gateway.app.schemas import ChatBody, CompletionBody
 from gateway.app.shedding import Action, decode_s, judge, shed_message
@@ -79,6 +79,7 @@ from gateway.errors import INVALID_REQUEST, ApiError, invalid_body, parse_json_b
 from gateway.limits import AdmissionRejected, Limits, QueueItem, RejectReason, Reservation
 from gateway.limits.backlog import gain_density
 from priority.gain import kind_slo
+from priority.lengths.features import RequestFeatures
 from priority.request import Request as CoreRequest
 from priority.routing import NoHealthyInstanceError, RouteDecision
 from priority.routing.goroute import raw_prefill_work
@@ -217,6 +218,8 @@ class Job:
         self.overhead_s = 0.0
         self.finished = False
         self.length: LengthPrediction | None = None
+        self.length_features: RequestFeatures | None = None
+        """Kept for the request's length sample (``TIERGATE_LENGTHS_LEARN``), else None."""
 
     # ---- admission ----------------------------------------------------------------------
 
@@ -238,9 +241,13 @@ class Job:
             )
         self.group = group
         fits = await self._check_context(body, group)
-        self.length = state.kinds.predict_length(  # issue 14: beside admission, never before it
+        features = state.kinds.length_features(
             body, tenant=self.identity.tenant_name, prompt_tokens=self.prompt_tokens
         )
+        # issue 14: predicted beside admission, never before it; kept for a length sample
+        self.length = state.kinds.predict_length(features)
+        if state.length_samples is not None and single_sequence(body):
+            self.length_features = features
         self.core = CoreRequest(
             request_id=self.request_id,
             arrival_s=self.arrival,
@@ -836,6 +843,16 @@ class Job:
             except Exception:  # a limiter outage must not lose the usage record
                 log.exception("could not reconcile reservation of %s", self.request_id)
         self._account(outcome, http_status, reason, times, token_times, result, now)
+        if self.slo is not None and self.slo.kind == "compound" and self.slo.workflow_id:
+            state.kinds.call_ended(  # issue 14: the workflow history learns from every call
+                f"{self.identity.tenant_id}:{self.slo.workflow_id}",
+                self.slo.stage,
+                model=self.model or "",
+                prompt_tokens=result.prompt_tokens,
+                output_tokens=result.completion_tokens,
+                end_s=token_times[-1] if token_times else now,
+                ok=outcome is Outcome.OK and result.accepted,
+            )
 
     def _account(
         self,
@@ -868,6 +885,9 @@ class Job:
             metrics.record_served(tenant, tier, result.prompt_tokens, result.completion_tokens, met)
         if reason is not None:
             metrics.rejections.labels(tenant, tier, reason).inc()
+        samples = state.length_samples
+        if samples is not None and self.length_features is not None and outcome is Outcome.OK:
+            samples.submit(self.length_features, result.completion_tokens)
         state.usage_writer.submit(
             UsageEvent(
                 request_id=self.request_id,

@@ -33,7 +33,11 @@ def served_options(app: FastAPI) -> dict[str, Any]:
 class GatewayThread(Listening):
     """``with GatewayThread(create_app(...)) as gw: gw.base_url``."""
 
-    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self, app: FastAPI, host: str = "127.0.0.1", port: int = 0, **options: Any
+    ) -> None:
+        """``options``: more of uvicorn's settings (``ssl_certfile``, ``ssl_keyfile``: a test
+        engine served over https)."""
         self.app = app
         self.host = host
         self._sock = bind(host, port)
@@ -44,7 +48,7 @@ class GatewayThread(Listening):
             access_log=False,
             lifespan="on",
             timeout_graceful_shutdown=5,
-            **served_options(app),
+            **(served_options(app) | options),
         )
         self.server = EmbeddedServer(config)
         self._thread: threading.Thread | None = None

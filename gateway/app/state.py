@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from gateway.app.auth import AuthCache
     from gateway.app.backends import BackendPool
     from gateway.app.metrics import GatewayMetrics
+    from gateway.db.length_samples import SampleWriter
 
 
 @dataclass(eq=False)
@@ -44,6 +45,8 @@ class GatewayState:
     metrics: GatewayMetrics
     kinds: RequestKinds = field(default_factory=RequestKinds)
     """Request kinds and agent workflows (:mod:`gateway.app.kinds`)."""
+    length_samples: SampleWriter | None = None
+    """Length samples of finished requests (``TIERGATE_LENGTHS_LEARN``), else None."""
 
 
 def get_state(request: Request) -> GatewayState:

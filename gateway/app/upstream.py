@@ -21,6 +21,7 @@ import socket
 import ssl
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from urllib.parse import urlsplit
 
 from gateway.app.h1 import Connection, Origin, UpstreamError, UpstreamTimeout
@@ -125,18 +126,29 @@ class Upstream:
     """A keep-alive connection pool to the engines, used in one running event loop."""
 
     def __init__(
-        self, *, read_timeout_s: float, connect_timeout_s: float, keepalive_s: float = 4.0
+        self,
+        *,
+        read_timeout_s: float,
+        connect_timeout_s: float,
+        keepalive_s: float = 4.0,
+        ca_file: str | Path | None = None,
     ) -> None:
         """``keepalive_s`` stays below the engines' own idle timeout (vLLM's uvicorn closes
         idle connections after 5 s), so a request is never sent on a connection the engine is
-        closing at that moment — which would fail it before the engine saw it."""
+        closing at that moment — which would fail it before the engine saw it. ``ca_file``: the
+        CAs trusted for https engines instead of the system store, loaded now so that a bad
+        bundle fails at start-up, not on the first request."""
         self._read_timeout_s = read_timeout_s
         self._connect_timeout_s = connect_timeout_s
         self._keepalive_s = keepalive_s
         self._idle: dict[Origin, list[Connection]] = {}
         self._open: set[Connection] = set()
         self._targets: dict[tuple[bytes, str], tuple[Origin, bytes]] = {}
-        self._ssl: ssl.SSLContext | None = None
+        self._ssl: ssl.SSLContext | None = (
+            ssl.create_default_context(cafile=str(ca_file)) if ca_file is not None else None
+        )
+        """Certificates and host names are always verified; created on the first https
+        connection when no ``ca_file`` is given (loading the system store takes a while)."""
 
     async def post_json(self, url: str, payload: bytes) -> UpstreamResponse:
         """POST a JSON body; returns once the response's status line and headers are in."""

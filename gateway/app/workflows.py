@@ -64,6 +64,8 @@ class WorkflowCall:
     remaining_ms: float
     """Time left to that deadline at this call's arrival (> 0)."""
     created: bool
+    key: str = ""
+    """The tenant-scoped key (``tenant:id``) the store knows the workflow by."""
 
 
 class WorkflowUnknown(Exception):
@@ -172,7 +174,7 @@ def _call(key: str, entry: _Entry, now_ms: float, created: bool) -> WorkflowCall
         raise WorkflowExpired(-remaining)
     stage = entry.calls
     entry.calls += 1
-    return WorkflowCall(_workflow_id(key), stage, entry.total_ms, remaining, created)
+    return WorkflowCall(_workflow_id(key), stage, entry.total_ms, remaining, created, key)
 
 
 def _workflow_id(key: str) -> str:
@@ -234,7 +236,7 @@ class RedisWorkflowStore:
         if status == 2:
             raise WorkflowExpired(-float(remaining))
         return WorkflowCall(
-            _workflow_id(key), int(stage), float(total), float(remaining), bool(created)
+            _workflow_id(key), int(stage), float(total), float(remaining), bool(created), key
         )
 
     async def aclose(self) -> None:

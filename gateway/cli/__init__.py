@@ -21,12 +21,13 @@ from gateway.cli.admin import admin_app
 from gateway.cli.backends import backends_app
 from gateway.cli.db import db_app
 from gateway.cli.keys import keys_app
+from gateway.cli.lengths import register_lengths
 from gateway.cli.profiles import profiles_app
 from gateway.cli.tenants import tenants_app
 from gateway.cli.tiers import tiers_app
 from gateway.cli.usage import usage
 
-__all__ = ["actor", "console", "err_console", "register"]
+__all__ = ["actor", "console", "err_console", "register", "register_lengths"]
 
 
 def register(app: typer.Typer) -> None:

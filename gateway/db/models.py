@@ -22,6 +22,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Text,
@@ -36,6 +37,9 @@ from gateway.bounds import MAX_LIMIT, MAX_SLO_MS, MAX_WEIGHT, MIN_LIMIT, MIN_SLO
 TENANT_STATUSES = ("active", "suspended")
 BACKEND_KINDS = ("vllm", "vllm-ascend", "emulated")
 USAGE_STATUSES = ("ok", "error", "rejected", "cancelled")
+LENGTH_FINISHES = ("stop", "length")
+"""How a length sample's request ended: ``stop`` (its true length) or ``length`` (it reached its
+``max_tokens``: censored at that cap; :mod:`gateway.app.length_learning`)."""
 
 # Named constraints: Alembic's SQLite batch mode can only drop or alter what has a name.
 NAMING_CONVENTION = {
@@ -285,6 +289,37 @@ class UsageRecord(Base):
     slo_met: Mapped[bool] = mapped_column(Boolean, default=False)
     status: Mapped[str] = mapped_column(String(16))
     reject_reason: Mapped[str | None] = mapped_column(String(128))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class LengthSample(Base):
+    """One finished request as the length predictor's trainer sees it (migration 0010).
+
+    Written by :class:`gateway.db.length_samples.SampleWriter` when ``TIERGATE_LENGTHS_LEARN`` is
+    on. ``features`` is the request's dense feature vector (float32 bytes in the ``layout``
+    named, :meth:`priority.lengths.features.FeatureConfig.layout_id`): hashed word and character
+    n-gram weights and sizes, from which the prompt's text cannot be read back. ``prompt`` is the
+    raw text only where the operator turned ``TIERGATE_LENGTHS_STORE_PROMPTS`` on, else NULL.
+    The tenant is a keyed-free hash (the same bucket the features use), not a reference: samples
+    are training data, not accounting, and are pruned to ``TIERGATE_LENGTHS_SAMPLE_ROWS``.
+    """
+
+    __tablename__ = "length_samples"
+    __table_args__ = (
+        CheckConstraint(_check_in("finish", LENGTH_FINISHES), name="finish"),
+        Index("ix_length_samples_layout_id", "layout", "id"),
+    )
+
+    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True)
+    model: Mapped[str] = mapped_column(String(256))
+    tenant_hash: Mapped[str | None] = mapped_column(String(16))
+    layout: Mapped[str] = mapped_column(String(16))
+    features: Mapped[bytes] = mapped_column(LargeBinary)
+    prompt_tokens: Mapped[int] = mapped_column(Integer)
+    max_tokens: Mapped[int | None] = mapped_column(Integer)
+    output_tokens: Mapped[int] = mapped_column(Integer)
+    finish: Mapped[str] = mapped_column(String(8))
+    prompt: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 

@@ -7,6 +7,8 @@ rest of the core's CLI) works where they are not installed; a command that needs
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
@@ -43,6 +45,21 @@ def _need_forest() -> None:
         raise typer.Exit(2) from None
 
 
+@contextmanager
+def tree_progress(trees: int) -> Iterator[Callable[[int, int], None]]:
+    """A progress bar of the forest's trees on stderr; yields the fit's ``progress`` callback
+    (also ``tiergate lengths train-db``'s, in the gateway's CLI)."""
+    with Progress(
+        TextColumn("[bold]growing trees"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+    ) as bar:
+        task = bar.add_task("trees", total=trees)
+        yield lambda done, total: bar.update(task, completed=done, total=total)
+
+
 @lengths_app.command("train")
 def train_command(
     data: DataFile,
@@ -66,20 +83,8 @@ def train_command(
     if not rows:
         raise typer.BadParameter("the file has no rows", param_hint="--data")
     params = ForestParams(n_estimators=trees, min_samples_leaf=min_leaf, random_state=seed)
-    with Progress(
-        TextColumn("[bold]growing trees"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-    ) as bar:
-        task = bar.add_task("trees", total=trees)
-        predictor = train(
-            rows,
-            params=params,
-            data_source=source or str(data),
-            progress=lambda done, total: bar.update(task, completed=done, total=total),
-        )
+    with tree_progress(trees) as progress:
+        predictor = train(rows, params=params, data_source=source or str(data), progress=progress)
     version = predictor.save(out)
     console.print(f"trained on {len(rows)} rows; wrote {out} (version {version})")
 

@@ -131,6 +131,14 @@ def sim(
             "stand-in, log-space std-dev SIGMA).",
         ),
     ] = DEFAULT_LENGTH_ERROR,
+    workflow_history: Annotated[
+        str,
+        typer.Option(
+            help="Compound sub-deadlines: on (matched against workflows that finished earlier "
+            "in the run, priority/sim/history.py; cold start without a match) or off (cold "
+            "start only).",
+        ),
+    ] = "off",
     json_out: Annotated[
         Path | None, typer.Option("--json", help="Write results as JSON here.")
     ] = None,
@@ -154,6 +162,10 @@ def sim(
         error = parse_length_error(length_error)
     except (OSError, ValueError) as exc:
         raise typer.BadParameter(str(exc), param_hint="--length-error") from None
+    if workflow_history not in ("on", "off"):
+        raise typer.BadParameter(
+            f"expected on or off, got {workflow_history!r}", param_hint="--workflow-history"
+        )
     if engine_rules not in ENGINE_RULES:
         raise typer.BadParameter(
             f"unknown engine rules {engine_rules!r}; known: {', '.join(ENGINE_RULES)}",
@@ -193,6 +205,7 @@ def sim(
         seed=seed,
         pd=PdConfig(num_prefill=prefill_instances) if prefill_instances else None,
         rules=ENGINE_RULES[engine_rules],
+        workflow_history=workflow_history == "on",
     )
     results: list[dict[str, Any]] = []
     with Progress(

@@ -15,6 +15,7 @@ time the same counts it was trained on.
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -103,6 +104,12 @@ class FeatureConfig:
         data["word_ngrams"] = list(self.word_ngrams)
         data["char_ngrams"] = list(self.char_ngrams)
         return data
+
+    def layout_id(self) -> str:
+        """A short id of this layout (12 hex digits), the same in every process: vectors stored
+        under one id can be trained on by any model of that layout, and by no other."""
+        text = json.dumps(self.to_json(), sort_keys=True).encode()
+        return hashlib.sha256(text).hexdigest()[:12]
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> FeatureConfig:

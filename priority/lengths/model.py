@@ -23,13 +23,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from priority.lengths.distribution import DEFAULT_LEVELS, OVERRUN_GROWTH, LengthDistribution
 from priority.lengths.features import FeatureConfig, Featurizer, RequestFeatures
 from priority.lengths.forest import LeafSamples, PackedForest
+
+if TYPE_CHECKING:
+    from numpy.typing import NDArray
 
 __all__ = [
     "FORMAT",
@@ -115,13 +118,44 @@ class LengthPredictor:
         chunk: int = 10,
     ) -> LengthPredictor:
         """Grow the forest ``chunk`` trees at a time (``warm_start``), reporting ``progress``."""
-        from quantile_forest import RandomForestQuantileRegressor
-
         if len(requests) != len(output_tokens) or not requests:
             raise ValueError("need one output length per request, and at least one request")
         config = config or FeatureConfig()
+        return cls.fit_matrix(
+            Featurizer(config).transform(requests),
+            output_tokens,
+            config=config,
+            models=sorted({r.model for r in requests}),
+            params=params,
+            data_source=data_source,
+            progress=progress,
+            chunk=chunk,
+        )
+
+    @classmethod
+    def fit_matrix(
+        cls,
+        x: NDArray[np.float32],
+        output_tokens: Sequence[int] | NDArray[Any],
+        *,
+        config: FeatureConfig,
+        models: Sequence[str],
+        params: ForestParams | None = None,
+        data_source: str = "unknown",
+        progress: Progress | None = None,
+        chunk: int = 10,
+    ) -> LengthPredictor:
+        """:meth:`fit` on rows featurized already (``config``'s layout): the gateway's stored
+        samples keep only the hashed vectors, never the prompt text. ``models``: the model
+        names the rows cover (recorded in the manifest)."""
+        from quantile_forest import RandomForestQuantileRegressor
+
+        x = np.asarray(x, dtype=np.float32)
+        if x.ndim != 2 or x.shape[1] != config.width:
+            raise ValueError(f"feature rows must have {config.width} columns")
+        if x.shape[0] != len(output_tokens) or x.shape[0] == 0:
+            raise ValueError("need one output length per row, and at least one row")
         params = params or ForestParams()
-        x = Featurizer(config).transform(requests)
         y = np.maximum(np.asarray(output_tokens, dtype=np.float64), 1.0)
         forest = RandomForestQuantileRegressor(
             n_estimators=min(chunk, params.n_estimators),
@@ -144,11 +178,11 @@ class LengthPredictor:
             "format": FORMAT,
             "format_version": FORMAT_VERSION,
             "created": datetime.now(UTC).isoformat(timespec="seconds"),
-            "training_rows": len(requests),
+            "training_rows": int(x.shape[0]),
             "features": config.to_json(),
             "forest": asdict(params),
             "data_source": data_source,
-            "models": sorted({r.model for r in requests}),
+            "models": sorted(set(models)),
             "levels": list(DEFAULT_LEVELS),
         }
         manifest["version"] = (

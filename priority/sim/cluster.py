@@ -27,11 +27,13 @@ from typing import Any, Protocol
 import numpy as np
 
 from priority.estimator import BatchLatencyEstimator
+from priority.patterns import PatternHistory
 from priority.policies import SchedulingPolicy, make_policy
 from priority.profiles import Profile
 from priority.request import SLO, Request
 from priority.routing.base import InstanceRole, InstanceView, RouteDecision, Router
 from priority.sim.engine import EngineCore, StepInFlight
+from priority.sim.history import SimWorkflowHistory
 from priority.sim.rules import DEFAULT_ENGINE_RULES, EngineRules
 from priority.sim.workflows import WorkflowCall
 
@@ -107,6 +109,9 @@ class ClusterConfig:
     fast_forward: bool = True
     rules: EngineRules = DEFAULT_ENGINE_RULES
     """The engine software's own admission and queue rules (``priority.sim.rules``)."""
+    workflow_history: bool = False
+    """Compound calls' sub-deadlines from the run's finished workflows (``priority.sim.history``)
+    instead of the cold start alone."""
 
     def __post_init__(self) -> None:
         if not self.profiles:
@@ -202,6 +207,9 @@ class _Simulation:
         for rid, call in self.calls.items():
             if call.previous is not None and rid in by_id and call.previous in by_id:
                 self.successor[call.previous] = by_id[rid]
+        self.history: SimWorkflowHistory | None = None
+        if config.workflow_history and self.calls:
+            self.history = SimWorkflowHistory(self.calls, PatternHistory(clock=lambda: self.now))
         deferred = {id(r) for r in self.successor.values()}
         self.stream = [r for r in requests if id(r) not in deferred]
         self.config = config
@@ -309,6 +317,8 @@ class _Simulation:
             router.on_first_token(request, placement[request.request_id], t)
         for request in outcome.finished:
             router.on_finish(request, placement[request.request_id], t, saw_first_token=True)
+            if self.history is not None:
+                self.history.finished(request, t)
             if self.successor:
                 self._release_next(request, t)
         self.done += len(outcome.finished)
@@ -333,13 +343,15 @@ class _Simulation:
 
     def _start_call(self, request: Request, now: float) -> None:
         """A workflow call arrives: stage 0 starts the workflow's clock; a compound call gets
-        its sub-deadline relative to its own arrival (cold-start shares, see workflows.py)."""
+        its sub-deadline relative to its own arrival (cold-start shares, see workflows.py, or
+        the run's history of finished workflows, see history.py)."""
         call = self.calls.get(request.request_id)
         if call is None:
             return
         start = self.workflow_start.setdefault(call.workflow_id, now)
         if request.kind == "compound" and math.isfinite(call.offset_s):
-            request.slo = SLO(deadline_s=call.sub_deadline_s(start, now))
+            offset = self.history.offset_s(request) if self.history is not None else None
+            request.slo = SLO(deadline_s=call.sub_deadline_s(start, now, offset))
 
     def _release_next(self, request: Request, t: float) -> None:
         """Stage k finished at ``t``: stage k + 1 arrives ``think_s`` later."""

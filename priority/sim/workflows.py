@@ -5,9 +5,10 @@ arrival; call s gets the absolute sub-deadline ``start + think(1..s) + φ(s) · 
 with ``φ(s)`` the share of the workflow's expected tokens (prompt + expected output) in stages
 0..s. Think times are not compute, so they are taken out of D first and added back where they
 fall. This is JITServe's ``D_s = φ(s)·D`` with φ from token shares — the rule for a workflow
-without history. JITServe's *historical pattern graphs* (match the partial call graph against
-past workflows, Gaussian-kernel similarity on token counts) are not implemented here: the
-simulator has no history to match, so every workflow is a cold start.
+without history. With ``--workflow-history on`` (``ClusterConfig.workflow_history``) JITServe's
+*historical pattern graphs* (:mod:`priority.patterns`) replace that φ when a match exists:
+workflows that finished earlier in the run are matched against each call's partial workflow at
+its release (:mod:`priority.sim.history`); a call without a match keeps the cold start.
 
 **Length bounds** (``--lengths``): ``oracle`` gives each request its true length as a point
 distribution; ``max-tokens`` gives none (policies fall back to the cap); ``predicted`` gives the
@@ -55,9 +56,13 @@ class WorkflowCall:
     deadline_s: float
     """The workflow's end-to-end deadline D."""
 
-    def sub_deadline_s(self, start_s: float, arrival_s: float) -> float:
-        """The call's ``slo.deadline_s`` (relative to its own arrival)."""
-        return max(start_s + self.offset_s - arrival_s, MIN_SUB_DEADLINE_S)
+    def sub_deadline_s(
+        self, start_s: float, arrival_s: float, offset_s: float | None = None
+    ) -> float:
+        """The call's ``slo.deadline_s`` (relative to its own arrival); ``offset_s`` replaces
+        the planned (cold-start) offset, e.g. one from the workflow history."""
+        offset = self.offset_s if offset_s is None else offset_s
+        return max(start_s + offset - arrival_s, MIN_SUB_DEADLINE_S)
 
 
 def cold_start_offsets(

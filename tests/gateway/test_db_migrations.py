@@ -20,7 +20,7 @@ from priority.profiles import load_profile
 
 INITIAL_TABLES = {"tiers", "tenants", "api_keys", "backends", "usage_records", "audit_log"}
 TABLES_0002 = INITIAL_TABLES | {"latency_profiles"}
-TABLES = TABLES_0002 | {"operator_credentials", "operator_sessions"}  # at head (0008)
+TABLES = TABLES_0002 | {"operator_credentials", "operator_sessions", "length_samples"}  # head
 
 
 def _schema_diff(url: str) -> list[object]:
@@ -295,3 +295,35 @@ def test_0009_adds_the_default_kind_and_existing_tiers_stay_latency(db_url: str)
             assert conn.execute(text("SELECT count(*) FROM tiers")).scalar_one() == 1
     finally:
         engine.dispose()
+
+
+def test_0010_adds_length_samples_and_its_downgrade_drops_them(db_url: str) -> None:
+    migrate.upgrade(db_url, "0009")
+    assert "length_samples" not in _tables(db_url)
+    migrate.upgrade(db_url, "0010")
+    assert "length_samples" in _tables(db_url)
+    engine = make_engine(db_url)
+    try:
+        with engine.begin() as conn:  # a row of each finish; any other is refused
+            for finish in ("stop", "length"):
+                conn.execute(
+                    text(
+                        "INSERT INTO length_samples (model, layout, features, prompt_tokens, "
+                        "output_tokens, finish, created_at) VALUES ('m', 'l', :f, 3, 4, :finish, "
+                        "CURRENT_TIMESTAMP)"
+                    ),
+                    {"f": b"\x00\x01", "finish": finish},
+                )
+        with pytest.raises(IntegrityError), engine.begin() as conn:
+            conn.execute(
+                text(
+                    "INSERT INTO length_samples (model, layout, features, prompt_tokens, "
+                    "output_tokens, finish, created_at) VALUES ('m', 'l', :f, 3, 4, 'cancel', "
+                    "CURRENT_TIMESTAMP)"
+                ),
+                {"f": b"\x00"},
+            )
+    finally:
+        engine.dispose()
+    migrate.downgrade("0009", db_url)
+    assert "length_samples" not in _tables(db_url)

@@ -401,6 +401,19 @@ def test_drill_recovery_is_the_first_probe_from_which_every_window_is_near_basel
     assert drill.recovery_time(probes(40, 40, 40, 40), 99.0, base) == 1.0
 
 
+def test_drill_failures_get_an_outcome_class_not_status_0(drill: ModuleType) -> None:
+    import aiohttp
+
+    common = sys.modules["drills_common"]  # imported by the drill from bench/
+    assert common.exception_outcome(TimeoutError()) == "timeout:TimeoutError"
+    assert common.exception_outcome(ConnectionResetError()) == "connection:ConnectionResetError"
+    disconnected = aiohttp.ServerDisconnectedError()
+    assert common.exception_outcome(disconnected) == "connection:ServerDisconnectedError"
+    assert common.exception_outcome(ValueError("Line is too long")) == "error:ValueError"
+    assert common.error_code(b'{"error": {"code": "upstream_error"}}') == "upstream_error"
+    assert common.error_code(b"not json") == "unparsed"
+
+
 @pytest.mark.slow
 def test_drill_tiny_run_accounts_for_every_request(
     drill: ModuleType, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
@@ -416,7 +429,11 @@ def test_drill_tiny_run_accounts_for_every_request(
     for tier, row in result["tiers"].items():
         assert row["sent"] > 0 and row["records"] == row["sent"], tier  # no usage record lost
         assert set(row["client_statuses"]) <= {"200", "429", "503"}, tier
+        assert sum(row["client_outcomes"].values()) == row["sent"], tier
+        assert not {"sent", "unsent"} & set(row["client_outcomes"]), tier  # each one classed
     assert sum(row["shed"] for row in result["tiers"].values()) > 0
     assert result["tiers"]["batch"]["shed"] == 0  # demoted, never shed
     assert result["queue_depth_max"] <= 1024 and result["gateway_rss_max_mib"] > 0
     assert "recovery_s" in result and len(result["probes"]) == 4
+    assert sum(result["probe_outcomes"].values()) == 4
+    assert all(p["outcome"] not in ("sent", "unsent") for p in result["probes"])
