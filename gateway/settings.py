@@ -174,6 +174,14 @@ class Settings(BaseSettings):
         description="how long a workflow's state is kept after its deadline (a later call is "
         "told it expired, 409); in Redis when redis_url is set, else in process",
     )
+    workflow_history: int = Field(
+        default=500,
+        ge=0,
+        le=100_000,
+        description="pattern graphs of finished workflows each process keeps for compound "
+        "calls' sub-deadlines (JITServe's φ(s)·D, gateway/app/patterns.py); 0 turns the "
+        "history off: every call gets the cold start (all the time left)",
+    )
     length_model: Path | None = Field(
         default=None,
         description="directory of a trained output-length model (`tiergate lengths train`): "

@@ -76,6 +76,7 @@ from gateway.heap import freeze_startup_objects
 from gateway.limits import AdmissionQueue, AdmissionRejected, make_rate_limiter
 from gateway.settings import Settings, get_settings
 from gateway.worker_limits import per_worker_limits
+from priority.patterns import PatternHistory
 
 log = logging.getLogger(__name__)
 
@@ -208,7 +209,7 @@ async def _start(
             length_budget_s=config.length_budget_ms / 1e3,
             on_degraded=metrics.workflow_call_degraded,
             learn=learning is not None,
-            patterns=WorkflowPatterns(),  # per-process history of finished workflows
+            patterns=_workflow_patterns(config),
         ),
         length_samples=learning[0] if learning is not None else None,
     )
@@ -223,6 +224,14 @@ async def _start(
     if learning is not None:
         background.append(loop.create_task(learning[1].run()))
     return state, background
+
+
+def _workflow_patterns(config: Settings) -> WorkflowPatterns | None:
+    """The per-process history of finished workflows (``TIERGATE_WORKFLOW_HISTORY`` graphs),
+    or None when the operator turned it off (every call the cold start)."""
+    if config.workflow_history == 0:
+        return None
+    return WorkflowPatterns(PatternHistory(config.workflow_history), grace_s=config.workflow_ttl_s)
 
 
 async def _length_model(config: Settings) -> Any:

@@ -203,3 +203,13 @@ def test_after_a_few_workflows_a_call_gets_the_learned_share(
     first = submitted[-1]
     assert (first.kind, first.stage) == ("compound", 0)
     assert first.slo.deadline_s == pytest.approx(phi * 60.0, rel=1e-6)  # not the cold start's 60 s
+
+
+def test_the_operator_sizes_the_history_or_turns_it_off(tmp_path: Path) -> None:
+    from gateway.app.app import _workflow_patterns
+
+    base = {"database_url": "sqlite://", "secret": SecretStr(SECRET), "data_dir": tmp_path}
+    assert _workflow_patterns(Settings(**base, workflow_history=0)) is None  # cold start only
+    patterns = _workflow_patterns(Settings(**base, workflow_history=7, workflow_ttl_s=90.0))
+    assert patterns is not None
+    assert patterns.history.capacity == 7 and patterns.grace_s == 90.0
