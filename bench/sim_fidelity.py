@@ -23,6 +23,21 @@ row: the share of requests with identical token times (1e-9 s), both TDG ratios,
 (mean and p99; CPU, this machine). The readable output adds, per cell, the policies' ranking on
 both sides.
 
+**``--mix goodput``** re-runs ``bench/goodput.py``'s headline cells in the real scheduler:
+JITServe's 1:1:1 mix of latency, deadline and compound (agent-workflow) requests built by that
+bench's own ``build_mix`` from ``--trace`` (default ``azure_conv,azure_code``, ``--requests``
+rows of each, default 300), its capacity measured the same way, ``--lengths`` bounds (default
+``predicted``). Each request carries its kind, deadline, workflow id and stage, sub-deadline and
+length distribution in ``vllm_xargs`` as the gateway sends them, and produces its true length
+under the ``max_tokens`` cap; a later workflow stage arrives ``think`` after its previous stage
+finished *in that replay*, on both sides (``engine_common.sim_replay.ArrivalQueue``). Defaults:
+``gmax,slide,vllm-v1`` (slide with the workload's gain weights, as in ``bench/goodput.py``) at
+1.5x and 2x capacity, with the profile's KV pool and a KV-pressure pool (67,659 and 2,048
+blocks). Each row adds the request goodput on both sides (``engine_common.sim_replay.
+request_goodput``: the simulator's scorer) and the output the ratios gmax / vllm-v1, gmax /
+slide (and gmax / stock vLLM) per side. Not replayed: ``bench/goodput.py --workflow-history on``
+(sub-deadlines here are the cold start).
+
 Needs vLLM (run it with a ``.ci/venvs/vllm-*`` interpreter); ``--sim-only`` runs the simulator
 side alone (no vLLM) to check a configuration quickly.
 """
@@ -37,7 +52,7 @@ import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -51,20 +66,42 @@ from engine_common.sim_replay import (
     arrivals_from_workload,
     identical_share,
     replay_simulator,
+    request_goodput,
     tdg_ratio,
     ttft_abs_p99_s,
 )
 from priority.gain import GainWeights
 from priority.policies import POLICY_NAMES, policy_class
 from priority.profiles import load_profile
-from priority.sim import build_workload, load_trace
-from priority.sim.capacity import single_instance_capacity, trace_first
+from priority.sim import ClusterConfig, build_workload, load_trace
+from priority.sim.capacity import (
+    CAPACITY_POLICY,
+    CAPACITY_ROUTER,
+    find_capacity,
+    single_instance_capacity,
+    trace_first,
+)
+from priority.sim.compare import GAIN_AWARE_POLICIES
+from priority.sim.workflows import LENGTH_MODES
+
+sys.path.append(str(Path(__file__).resolve().parent))  # bench/ is no package
+import goodput as goodput_bench  # the mix of --mix goodput: that bench's own
 
 DEFAULT_PROFILE = "a100-qwen2-7b"
 DEFAULT_KV_BLOCKS = (67_659, 12_288, 8_192)
 DEFAULT_POLICIES = ("vllm-v1", "vllm-v1-priority", "sarathi-priority", "slide")
+MIXES = ("latency", "goodput")
+GOODPUT_TRACES = ("azure_conv", "azure_code")
+GOODPUT_REQUESTS = 300
+"""Rows of each trace in ``--mix goodput`` (600 requests with the two default traces)."""
+GOODPUT_RATES = (1.5, 2.0)
+"""bench/goodput.py's target loads (x capacity)."""
+GOODPUT_KV_BLOCKS = (67_659, 2_048)
+"""The profile's pool (never binds) and one that binds (gmax and vllm-v1 preempt at 1.5x)."""
+GOODPUT_POLICIES = ("gmax", "slide", "vllm-v1")
 STOCK = {"vllm-v1": ("stock-vllm", "fcfs"), "vllm-v1-priority": ("stock-vllm-priority", "priority")}
 """Policies with a stock vLLM counterpart: row name and vLLM's ``--scheduling-policy``."""
+STOCK_ROWS = frozenset(name for name, _ in STOCK.values())
 VERSIONED = frozenset(STOCK)
 """Policies that take ``version`` (vLLM 0.23 and 0.33 differ)."""
 
@@ -90,13 +127,20 @@ class Cell:
     profile: str
     arrivals: tuple[Arrival, ...]
     gain_weights: GainWeights
+    mix: str = "latency"
 
 
-def policy_params(policy: str, vllm_version: str | None) -> dict[str, Any]:
-    """The policy's parameters for the vLLM version replayed (the V1 transcriptions follow it)."""
+def policy_params(
+    policy: str, vllm_version: str | None, gain_weights: GainWeights | None = None
+) -> dict[str, Any]:
+    """The policy's parameters for the vLLM version replayed (the V1 transcriptions follow it);
+    with ``gain_weights``, a gain-aware policy gets them (as ``bench/goodput.py`` wires it)."""
+    params: dict[str, Any] = {}
     if policy in VERSIONED and vllm_version is not None and vllm_version.startswith("0.23"):
-        return {"version": "0.23"}
-    return {}
+        params["version"] = "0.23"
+    if gain_weights is not None and policy in GAIN_AWARE_POLICIES:
+        params["gain_weights"] = asdict(gain_weights)  # JSON, as TIERGATE_POLICY_PARAMS holds it
+    return params
 
 
 def row(cell: Cell, name: str, real: Replay | None, sim: Replay) -> dict[str, Any]:
@@ -116,6 +160,9 @@ def row(cell: Cell, name: str, real: Replay | None, sim: Replay) -> dict[str, An
         "decision_ms_per_step_real": None,
         "decision_ms_p99_real": None,
         "rps": cell.rps,
+        **_goodput(sim, arrivals, "sim"),
+        "goodput_real": None,
+        "attainment_real": None,
     }
     if real is not None:
         steps = len(real.decision_s)
@@ -128,14 +175,25 @@ def row(cell: Cell, name: str, real: Replay | None, sim: Replay) -> dict[str, An
             "decision_ms_p99_real": 1e3 * float(np.percentile(real.decision_s, 99))
             if steps
             else 0.0,
+            **_goodput(real, arrivals, "real"),
         }
     return out
+
+
+def _goodput(replay: Replay, arrivals: Sequence[Arrival], side: str) -> dict[str, Any]:
+    """Request goodput (share of submitted) and per-kind attainment of one side."""
+    scored = request_goodput(replay, arrivals)
+    return {
+        f"goodput_{side}": scored["request_goodput_share"],
+        f"attainment_{side}": {k: v["attained"] for k, v in scored["per_kind"].items()},
+    }
 
 
 def run_cell(cell: Cell, *, sim_only: bool = False) -> list[dict[str, Any]]:
     """The cell's rows: the policy in vLLM and, with a stock counterpart, stock vLLM too."""
     version = None if sim_only else _vllm_version()
-    params = policy_params(cell.policy, version)
+    weights = cell.gain_weights if cell.mix == "goodput" else None
+    params = policy_params(cell.policy, version, weights)
     profile = load_profile(cell.profile)
     sim = replay_simulator(
         cell.arrivals, profile, cell.policy, num_blocks=cell.kv_blocks, params=params
@@ -188,6 +246,7 @@ def _run_cell_sim(cell: Cell) -> list[dict[str, Any]]:
 @dataclass(frozen=True)
 class Config:
     trace: str
+    """One trace (``--mix latency``) or comma-separated traces (``--mix goodput``)."""
     requests: int
     rate_scales: tuple[float, ...]
     kv_blocks: tuple[int, ...]
@@ -198,17 +257,29 @@ class Config:
     sim_only: bool
     json: bool
     out: Path | None
+    mix: str = "latency"
+    lengths: str = "predicted"
+    """``--mix goodput``'s length bounds (``priority.sim.workflows``)."""
 
 
 def build_cells(cfg: Config) -> tuple[list[Cell], float]:
     """Every cell of the sweep, and the capacity (req/s) the rates are relative to."""
     profile = load_profile(cfg.profile)
-    segment = trace_first(load_trace(cfg.trace), cfg.requests)
-    capacity = single_instance_capacity(segment, profile, seed=cfg.seed).rps
+    if cfg.mix == "goodput":
+        traces = [load_trace(t) for t in cfg.trace.split(",")]
+        segment, _ = goodput_bench.build_mix(traces, profile, cfg.requests, cfg.seed)
+        config = ClusterConfig([profile], CAPACITY_POLICY, CAPACITY_ROUTER, seed=cfg.seed)
+        capacity = find_capacity(segment, config, seed=cfg.seed).rps
+    else:
+        segment = trace_first(load_trace(cfg.trace), cfg.requests)
+        capacity = single_instance_capacity(segment, profile, seed=cfg.seed).rps
+    lengths = cfg.lengths if cfg.mix == "goodput" else None
     cells = []
     for scale in cfg.rate_scales:
         rps = scale * capacity
-        workload = build_workload(segment, rps=rps, reference_profile=profile, seed=cfg.seed)
+        workload = build_workload(
+            segment, rps=rps, reference_profile=profile, seed=cfg.seed, lengths=lengths
+        )
         arrivals = tuple(arrivals_from_workload(workload))
         for blocks in cfg.kv_blocks:
             for policy in cfg.policies:
@@ -222,6 +293,7 @@ def build_cells(cfg: Config) -> tuple[list[Cell], float]:
                         cfg.profile,
                         arrivals,
                         workload.gain_weights,
+                        cfg.mix,
                     )
                 )
     return cells, capacity
@@ -229,9 +301,10 @@ def build_cells(cfg: Config) -> tuple[list[Cell], float]:
 
 def run(cfg: Config) -> list[dict[str, Any]]:
     cells, capacity = build_cells(cfg)
+    size = len(cells[0].arrivals) if cells else 0
     console.log(
-        f"{cfg.trace}: {cfg.requests} requests, capacity {capacity:.3f} req/s on {cfg.profile}; "
-        f"{len(cells)} cells, {cfg.jobs} job(s)"
+        f"{cfg.mix} mix of {cfg.trace}: {size} requests, capacity {capacity:.3f} req/s on "
+        f"{cfg.profile}; {len(cells)} cells, {cfg.jobs} job(s)"
     )
     work = _run_cell_sim if cfg.sim_only else _run_cell_real
     rows: list[dict[str, Any]] = []
@@ -256,29 +329,32 @@ def run(cfg: Config) -> list[dict[str, Any]]:
 
 def _brief(r: dict[str, Any]) -> str:
     if r["tdg_real"] is None:
-        return f"{r['policy']} sim {r['tdg_sim']:.3f}"
+        return f"{r['policy']} sim TDG {r['tdg_sim']:.3f} goodput {r['goodput_sim']:.3f}"
     return (
-        f"{r['policy']} real {r['tdg_real']:.3f} sim {r['tdg_sim']:.3f} "
-        f"identical {r['identical_share']:.3f}"
+        f"{r['policy']} real TDG {r['tdg_real']:.3f} sim {r['tdg_sim']:.3f}, goodput real "
+        f"{r['goodput_real']:.3f} sim {r['goodput_sim']:.3f}, identical {r['identical_share']:.3f}"
     )
 
 
 # ---- reporting -----------------------------------------------------------------------------------
 
 
-def rankings(rows: Sequence[dict[str, Any]], policies: Sequence[str]) -> list[dict[str, Any]]:
-    """Per (trace, rate, KV pool): the policies ranked by TDG on each side, and whether the two
-    rankings agree (stock rows left out: they duplicate their transcription's)."""
+def rankings(
+    rows: Sequence[dict[str, Any]], policies: Sequence[str], metric: str = "tdg"
+) -> list[dict[str, Any]]:
+    """Per (trace, rate, KV pool): the policies ranked by ``metric`` (``tdg`` or ``goodput``)
+    on each side, and whether the two rankings agree (stock rows left out: they duplicate their
+    transcription's)."""
     cells: dict[tuple[str, float, int], list[dict[str, Any]]] = {}
     for r in rows:
         if r["policy"] in policies:
             cells.setdefault((r["trace"], r["rate_scale"], r["kv_blocks"]), []).append(r)
     out = []
     for (trace, scale, blocks), members in cells.items():
-        sim = _ranked(members, "tdg_sim")
+        sim = _ranked(members, f"{metric}_sim")
         real = None
-        if all(r["tdg_real"] is not None for r in members):
-            real = _ranked(members, "tdg_real")
+        if all(r[f"{metric}_real"] is not None for r in members):
+            real = _ranked(members, f"{metric}_real")
         out.append(
             {
                 "trace": trace,
@@ -292,6 +368,30 @@ def rankings(rows: Sequence[dict[str, Any]], policies: Sequence[str]) -> list[di
     return out
 
 
+GOODPUT_RATIOS = (("gmax", "vllm-v1"), ("gmax", "slide"), ("gmax", "stock-vllm"))
+"""Request-goodput ratios reported per cell, on each side (stock vLLM: real side only, its
+simulator side is ``vllm-v1``'s)."""
+
+
+def goodput_ratios(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (trace, rate, KV pool): ``num/den`` request-goodput ratios on the real side and the
+    simulator side, where both policies ran (None where a side is missing or den is 0)."""
+    cells: dict[tuple[str, float, int], dict[str, dict[str, Any]]] = {}
+    for r in rows:
+        cells.setdefault((r["trace"], r["rate_scale"], r["kv_blocks"]), {})[r["policy"]] = r
+    out = []
+    for (trace, scale, blocks), members in cells.items():
+        ratios: dict[str, Any] = {}
+        for num, den in GOODPUT_RATIOS:
+            if num in members and den in members:
+                for side in ("real",) if den in STOCK_ROWS else ("real", "sim"):
+                    a, b = members[num][f"goodput_{side}"], members[den][f"goodput_{side}"]
+                    value = a / b if a is not None and b else None
+                    ratios[f"{num}/{den} {side}"] = value
+        out.append({"trace": trace, "rate_scale": scale, "kv_blocks": blocks, "ratios": ratios})
+    return out
+
+
 def _ranked(members: Sequence[dict[str, Any]], key: str) -> list[str]:
     """Policies by TDG, best first; values equal to 1e-9 tie and keep the command line's order
     (summation-order noise must not flip a ranking)."""
@@ -302,13 +402,18 @@ def _fmt(value: Any, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
-def print_table(rows: Sequence[dict[str, Any]], policies: Sequence[str], out: Console) -> None:
+def print_table(
+    rows: Sequence[dict[str, Any]], policies: Sequence[str], out: Console, *, goodput: bool = False
+) -> None:
     table = Table(title="sim fidelity: real vLLM scheduler vs simulator (virtual clock)")
     headers = ["rate", "KV blocks", "policy", "identical", "TDG real", "TDG sim"]
+    if goodput:
+        headers += ["goodput real", "goodput sim"]
     headers += ["|ΔTTFT| p99 s", "preempt real", "preempt sim", "sched ms mean/p99"]
     for col in headers:
         table.add_column(col, justify="left" if col == "policy" else "right")
     for r in rows:
+        extra = [_fmt(r["goodput_real"], ".3f"), _fmt(r["goodput_sim"], ".3f")] if goodput else []
         table.add_row(
             f"{r['rate_scale']:g}x",
             str(r["kv_blocks"]),
@@ -316,6 +421,7 @@ def print_table(rows: Sequence[dict[str, Any]], policies: Sequence[str], out: Co
             _fmt(r["identical_share"], ".3f"),
             _fmt(r["tdg_real"], ".3f"),
             _fmt(r["tdg_sim"], ".3f"),
+            *extra,
             _fmt(r["ttft_abs_p99_s"], ".3g"),
             _fmt(r["preemptions_real"], "d"),
             _fmt(r["preemptions_sim"], "d"),
@@ -324,13 +430,18 @@ def print_table(rows: Sequence[dict[str, Any]], policies: Sequence[str], out: Co
             + _fmt(r["decision_ms_p99_real"], ".2f"),
         )
     out.print(table)
-    for rank in rankings(rows, policies):
-        real = " > ".join(rank["ranking_real"]) if rank["ranking_real"] else "-"
-        verdict = {True: "agree", False: "DIFFER", None: "-"}[rank["agree"]]
-        out.print(
-            f"{rank['rate_scale']:g}x · {rank['kv_blocks']} blocks: real {real} | "
-            f"sim {' > '.join(rank['ranking_sim'])} | {verdict}"
-        )
+    for metric in ("tdg", "goodput") if goodput else ("tdg",):
+        for rank in rankings(rows, policies, metric):
+            real = " > ".join(rank["ranking_real"]) if rank["ranking_real"] else "-"
+            verdict = {True: "agree", False: "DIFFER", None: "-"}[rank["agree"]]
+            out.print(
+                f"{rank['rate_scale']:g}x · {rank['kv_blocks']} blocks · by {metric}: real "
+                f"{real} | sim {' > '.join(rank['ranking_sim'])} | {verdict}"
+            )
+    if goodput:
+        for cell in goodput_ratios(rows):
+            text = ", ".join(f"{k} {_fmt(v, '.3f')}" for k, v in cell["ratios"].items())
+            out.print(f"{cell['rate_scale']:g}x · {cell['kv_blocks']} blocks: {text}")
 
 
 # ---- command line ------------------------------------------------------------------------------
@@ -350,15 +461,42 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
     parser = argparse.ArgumentParser(
         prog="sim_fidelity", description=(__doc__ or "").splitlines()[0]
     )
-    parser.add_argument("--trace", required=True, help="named trace or CSV path")
-    parser.add_argument("--requests", type=int, default=1000, help="first N requests (1000)")
-    parser.add_argument("--rate-scale", default="1.0,1.5", help="x capacity, comma-separated")
+    parser.add_argument(
+        "--mix",
+        choices=MIXES,
+        default="latency",
+        help="latency: one trace's latency requests; goodput: bench/goodput.py's JITServe mix",
+    )
+    parser.add_argument(
+        "--trace",
+        help="named trace or CSV path (--mix goodput: two or more, comma-separated, default "
+        f"{','.join(GOODPUT_TRACES)})",
+    )
+    parser.add_argument(
+        "--requests",
+        type=int,
+        help=f"first N requests (1000); --mix goodput: of each trace ({GOODPUT_REQUESTS})",
+    )
+    parser.add_argument(
+        "--rate-scale", help="x capacity, comma-separated (1.0,1.5; --mix goodput 1.5,2)"
+    )
     parser.add_argument(
         "--kv-blocks",
-        default=",".join(map(str, DEFAULT_KV_BLOCKS)),
-        help="vLLM KV pools in blocks, comma-separated",
+        help="vLLM KV pools in blocks, comma-separated "
+        f"({','.join(map(str, DEFAULT_KV_BLOCKS))}; --mix goodput "
+        f"{','.join(map(str, GOODPUT_KV_BLOCKS))})",
     )
-    parser.add_argument("--policy", default=",".join(DEFAULT_POLICIES), help="comma-separated")
+    parser.add_argument(
+        "--policy",
+        help=f"comma-separated ({','.join(DEFAULT_POLICIES)}; --mix goodput "
+        f"{','.join(GOODPUT_POLICIES)})",
+    )
+    parser.add_argument(
+        "--lengths",
+        choices=LENGTH_MODES,
+        default="predicted",
+        help="--mix goodput: length bounds sent with each request (predicted)",
+    )
     parser.add_argument("--profile", default=DEFAULT_PROFILE)
     parser.add_argument("--seed", type=int, default=0, help="workload seed (tiers, SLOs)")
     parser.add_argument("--jobs", type=int, default=1, help="worker processes (cells in parallel)")
@@ -366,12 +504,24 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
     parser.add_argument("--out", type=Path, help="also write the JSON rows here")
     args = parser.parse_args(argv)
+    goodput = args.mix == "goodput"
+    if args.trace is None and not goodput:
+        parser.error("--trace is required with --mix latency")
+    trace = args.trace or ",".join(GOODPUT_TRACES)
+    if goodput and len(set(trace.split(","))) < 2:
+        parser.error("--mix goodput needs two or more different traces")
+    requests = args.requests or (GOODPUT_REQUESTS if goodput else 1000)
+    rate_text = args.rate_scale or ",".join(map(str, GOODPUT_RATES if goodput else (1.0, 1.5)))
+    blocks_text = args.kv_blocks or ",".join(
+        map(str, GOODPUT_KV_BLOCKS if goodput else DEFAULT_KV_BLOCKS)
+    )
+    policy_text = args.policy or ",".join(GOODPUT_POLICIES if goodput else DEFAULT_POLICIES)
     try:
-        rates = _list(args.rate_scale, float, "--rate-scale")
-        blocks = _list(args.kv_blocks, int, "--kv-blocks")
+        rates = _list(rate_text, float, "--rate-scale")
+        blocks = _list(blocks_text, int, "--kv-blocks")
     except argparse.ArgumentTypeError as exc:
         parser.error(str(exc))
-    policies = tuple(p.strip() for p in args.policy.split(",") if p.strip())
+    policies = tuple(p.strip() for p in policy_text.split(",") if p.strip())
     for name in policies:
         if name not in POLICY_NAMES:
             parser.error(f"unknown policy {name!r}; known: {', '.join(POLICY_NAMES)}")
@@ -379,8 +529,8 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
             parser.error(f"{name} needs true output lengths: it cannot run in vLLM")
     if not policies:
         parser.error("--policy: at least one policy")
-    if args.requests < 2:
-        parser.error("--requests must be >= 2")
+    if requests < (3 if goodput else 2):
+        parser.error("--requests must be >= 2 (--mix goodput: >= 3, one row of each kind)")
     if args.jobs < 1:
         parser.error("--jobs must be >= 1")
     try:
@@ -388,8 +538,8 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
     except (KeyError, ValueError, OSError) as exc:
         parser.error(f"--profile: {exc}")
     return Config(
-        trace=args.trace,
-        requests=args.requests,
+        trace=trace,
+        requests=requests,
         rate_scales=rates,
         kv_blocks=blocks,
         policies=policies,
@@ -399,6 +549,8 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
         sim_only=args.sim_only,
         json=args.json,
         out=args.out,
+        mix=args.mix,
+        lengths=args.lengths,
     )
 
 
@@ -415,7 +567,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if cfg.json:
         print(json.dumps(rows, indent=1))
     else:
-        print_table(rows, cfg.policies, Console(width=max(Console().width, 130)))
+        width = max(Console().width, 160 if cfg.mix == "goodput" else 130)
+        print_table(rows, cfg.policies, Console(width=width), goodput=cfg.mix == "goodput")
     return 0
 
 

@@ -2,10 +2,12 @@
 
 A local model directory holds only a tiny Llama ``config.json`` (no weights, no tokenizer); the
 KV cache is one full-attention group of ``num_blocks`` blocks. A step is ``schedule()`` → a
-synthetic ``ModelRunnerOutput`` (token 7 for every request whose scheduled tokens complete it) →
-``update_from_output()``. Each step lasts the profile's prediction (beta = 1, no noise) for the
-batch vLLM actually scheduled, on a fake clock, so a trace runs in virtual time and the
-scheduler's own step-time measurement sees exactly those times. The scheduler is stock vLLM's
+synthetic ``ModelRunnerOutput`` (token 7 for every request whose scheduled tokens complete it;
+a request whose true length is below its ``max_tokens`` samples ``STOP``, one of its
+``stop_token_ids``, as its last token) → ``update_from_output()``. Each step lasts the profile's
+prediction (beta = 1, no noise) for the batch vLLM actually scheduled, on a fake clock, so a
+trace runs in virtual time and the scheduler's own step-time measurement sees exactly those
+times. The scheduler is stock vLLM's
 (``fcfs`` / ``priority`` mode) or ours with any policy; :func:`replay_vllm` returns the same
 :class:`Replay` as the simulator side (:mod:`engine_common.sim_replay`), plus the wall time of
 every ``schedule()``.
@@ -37,6 +39,7 @@ from engine_common.sim_replay import (
     MAX_NUM_SEQS,
     TOKEN_BUDGET,
     Arrival,
+    ArrivalQueue,
     Replay,
     arrivals_from_workload,
     priority_of,
@@ -45,6 +48,7 @@ from engine_common.sim_replay import (
 from priority.estimator import LatencyCoefficients
 
 __all__ = [
+    "STOP",
     "TINY_LLAMA",
     "TOKEN",
     "Arrival",
@@ -70,6 +74,8 @@ Trace = Replay
 """The harness's old name of a replay's result."""
 
 TOKEN = 7
+STOP = 8
+"""The token a request samples last when it ends before ``max_tokens`` (its stop token)."""
 MAX_MODEL_LEN = 8192
 TINY_LLAMA = {
     "architectures": ["LlamaForCausalLM"],
@@ -217,9 +223,13 @@ def make_request(
     extra_args: Mapping[str, Any] | None = None,
     priority: int = 0,
     sampling_params: SamplingParams | None = None,
+    stop_token_ids: list[int] | None = None,
 ) -> VllmRequest:
     params = sampling_params or SamplingParams(
-        max_tokens=max_tokens, ignore_eos=True, extra_args=dict(extra_args or {}) or None
+        max_tokens=max_tokens,
+        ignore_eos=True,
+        stop_token_ids=stop_token_ids,
+        extra_args=dict(extra_args or {}) or None,
     )
     return VllmRequest(
         request_id=request_id,
@@ -259,14 +269,21 @@ def step_time(coefficients: LatencyCoefficients, scheduler: Any, output: Any) ->
     return (c.t_c + prefill) + (c.a_d * decode_kv + n_decode * c.b_d)
 
 
-def model_output(scheduler: Any, output: Any) -> ModelRunnerOutput:
-    """Sample ``TOKEN`` for every request whose scheduled tokens reach the end of its sequence."""
+def model_output(
+    scheduler: Any, output: Any, lengths: Mapping[str, int] | None = None
+) -> ModelRunnerOutput:
+    """Sample ``TOKEN`` for every request whose scheduled tokens reach the end of its sequence;
+    ``STOP`` instead for its ``lengths[request_id]``-th output token (its true length)."""
     ids = list(output.num_scheduled_tokens)
-    sampled = []
+    sampled: list[list[int]] = []
+    lengths = lengths or {}
     for request_id in ids:
         request = scheduler.requests[request_id]
-        done = request.num_computed_tokens >= request.num_tokens
-        sampled.append([TOKEN] if done else [])
+        if request.num_computed_tokens < request.num_tokens:
+            sampled.append([])
+            continue
+        last = request.num_output_tokens + 1 >= lengths.get(request_id, request.max_tokens + 1)
+        sampled.append([STOP if last else TOKEN])
     return ModelRunnerOutput(
         req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)}, sampled_token_ids=sampled
     )
@@ -281,15 +298,19 @@ def run_trace(
     max_steps: int | None = 10_000,
     on_step: Callable[[Any, Any], None] | None = None,
 ) -> Replay:
-    """Run ``arrivals`` to completion on a synchronous scheduler in virtual time."""
-    pending = sorted(arrivals, key=lambda a: a.time)
+    """Run ``arrivals`` to completion on a synchronous scheduler in virtual time; a later
+    workflow stage arrives ``think_s`` after its previous stage finished here
+    (:class:`~engine_common.sim_replay.ArrivalQueue`, the simulator side's too)."""
+    queue = ArrivalQueue(arrivals)
     trace = Replay()
-    i = 0
+    lengths: dict[str, int] = {}
     steps = 0
     while max_steps is None or steps < max_steps:
         steps += 1
-        while i < len(pending) and pending[i].time <= clock.t:
-            a = pending[i]
+        for a in queue.pop_due(clock.t):
+            stop = a.target_tokens < a.max_tokens
+            if stop:
+                lengths[a.request_id] = a.target_tokens
             scheduler.add_request(
                 make_request(
                     a.request_id,
@@ -298,36 +319,45 @@ def run_trace(
                     arrival_time=a.time,
                     extra_args=a.extra_args,
                     priority=a.priority,
+                    stop_token_ids=[STOP] if stop else None,
                 )
             )
             trace.token_times[a.request_id] = []
-            i += 1
         if not scheduler.has_unfinished_requests():
-            if i == len(pending):
+            due = queue.next_time()
+            if due is None:
+                assert not queue.held, f"{queue.held} workflow stage(s) never released"
+                trace.arrivals = queue.released
                 return trace
-            clock.t = pending[i].time
+            clock.t = due
             continue
         started = time.perf_counter()
         output = scheduler.schedule()
         decided = time.perf_counter() - started
         if output.total_num_scheduled_tokens == 0:
-            scheduler.update_from_output(output, model_output(scheduler, output))
-            assert i < len(pending), "the scheduler stalled with work queued"
-            clock.t = pending[i].time
+            scheduler.update_from_output(output, model_output(scheduler, output, lengths))
+            due = queue.next_time()
+            assert due is not None, "the scheduler stalled with work queued"
+            clock.t = due
             continue
         if on_step is not None:
             on_step(scheduler, output)
         clock.t += step_time(coefficients, scheduler, output)
-        runner_output = model_output(scheduler, output)
+        runner_output = model_output(scheduler, output, lengths)
         trace.batches.append(dict(output.num_scheduled_tokens))
         trace.preempted.append(set(output.preempted_req_ids or ()))
         trace.decision_s.append(decided)
+        emitted = []
         for request_id, sampled in zip(
             runner_output.req_ids, runner_output.sampled_token_ids, strict=True
         ):
             if sampled:
                 trace.token_times[request_id].append(clock.t)
+                emitted.append(scheduler.requests[request_id])
         scheduler.update_from_output(output, runner_output)
+        for request in emitted:
+            if request.is_finished():
+                queue.finished(request.request_id, clock.t)
     raise AssertionError(f"trace did not finish in {max_steps} steps")
 
 
@@ -348,8 +378,8 @@ def replay_vllm(
 ) -> Replay:
     """``arrivals`` through a fresh real scheduler (see :func:`build_scheduler`), steps timed by
     ``coefficients``; the clock starts at the first arrival."""
-    pending = sorted(arrivals, key=lambda a: a.time)
-    clock = FakeClock(pending[0].time if pending else 0.0)
+    pending = list(arrivals)
+    clock = FakeClock(min((a.time for a in pending), default=0.0))
     scheduler = build_scheduler(
         model_dir,
         num_blocks=num_blocks,

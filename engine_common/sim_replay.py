@@ -6,14 +6,23 @@ A replay is a list of :class:`Arrival` (what a client sends vLLM: lengths, SLO m
 through the real vLLM scheduler; both return a :class:`Replay`, so the two can be compared
 request by request and step by step (``bench/sim_fidelity.py``, ``tests/engines/``).
 
-The simulator side reads each request's SLO, weight, tier and tenant from the arrival's extra
-args exactly as the plugin parses them (milliseconds / 1e3), so both sides plan with bit-identical
-inputs.
+The simulator side reads each request's metadata (SLO, weight, tier, tenant, kind, workflow,
+length distribution) from the arrival's extra args with the plugin's own reader
+(:func:`engine_common.protocol.parse`), so both sides plan with bit-identical inputs.
+
+**Workflows.** An arrival that is a later stage of an agent workflow (``call.previous`` set) has
+no fixed time: :class:`ArrivalQueue` holds it until its previous stage finishes *in that replay*
+and releases it ``think_s`` later, with the ``tiergate_sub_deadline_ms`` and
+``tiergate_deadline_ms`` the gateway would send at that moment (its share of the workflow
+deadline, the time left to it). Both replays use the one queue, so they release identically
+given identical finish times. :func:`request_goodput` scores a replay with the simulator's own
+scorer (:func:`priority.sim.metrics.kind_metrics`) on the arrivals as that replay released them.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import math
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -24,19 +33,29 @@ import numpy as np
 
 from engine_common.protocol import (
     DEADLINE_MS,
+    KIND,
+    LENGTH,
+    STAGE,
+    SUB_DEADLINE_MS,
     TENANT,
     TIER,
     TPOT_MS,
     TTFT_MS,
     WEIGHT,
+    WORKFLOW_ID,
+    BestEffortDefaults,
+    RequestMeta,
+    parse,
     priority_from_weight,
 )
 from priority.gain import GainWeights, ideal_tdg, tdg
 from priority.policies import make_policy
 from priority.profiles import EngineConfig, Profile
-from priority.request import SLO, Request
+from priority.request import SLO, Request, RequestStatus
 from priority.sim.engine import EngineCore
+from priority.sim.metrics import kind_metrics
 from priority.sim.rules import DEFAULT_ENGINE_RULES, EngineRules
+from priority.sim.workflows import MIN_SUB_DEADLINE_S, WorkflowCall
 from priority.sim.workload import Workload
 
 BLOCK_SIZE = 16
@@ -46,15 +65,30 @@ MAX_NUM_SEQS = 256
 
 @dataclass(frozen=True)
 class Arrival:
-    """One request as a client sends it to vLLM (``ignore_eos``: it produces ``max_tokens``)."""
+    """One request as a client sends it to vLLM (``ignore_eos``: it produces ``output_tokens``,
+    by default ``max_tokens``)."""
 
     time: float
+    """When it arrives; for a later workflow stage (``call.previous`` set) only the planned time:
+    the replay releases it ``call.think_s`` after its previous stage finished."""
     request_id: str
     prompt_tokens: int
     max_tokens: int
     extra_args: dict[str, Any] = field(default_factory=dict)
     priority: int = 0
     """vLLM's ``priority`` (lower first), consistent with the weight: ``2 ** -priority``."""
+    output_tokens: int | None = None
+    """The true output length, below the cap the client sent (None: ``max_tokens``); the real
+    replay's model ends the request there with a stop token."""
+    call: WorkflowCall | None = None
+    """Its place in an agent workflow (None: not a workflow call)."""
+
+    @property
+    def target_tokens(self) -> int:
+        """How many output tokens it produces."""
+        if self.output_tokens is None:
+            return self.max_tokens
+        return min(self.output_tokens, self.max_tokens)
 
 
 @dataclass
@@ -68,6 +102,9 @@ class Replay:
     """Per step: requests preempted in it."""
     decision_s: list[float] = field(default_factory=list)
     """Per step: wall-clock seconds of the scheduling decision (vLLM: ``schedule()``)."""
+    arrivals: dict[str, Arrival] = field(default_factory=dict)
+    """Every request as this replay released it (a workflow stage at its actual time, with its
+    sub-deadline); a request missing here never arrived."""
 
     @property
     def preemptions(self) -> int:
@@ -80,51 +117,159 @@ def priority_of(weight: float) -> int:
 
 
 def arrivals_from_workload(workload: Workload) -> list[Arrival]:
-    """The workload's requests as vLLM would receive them, SLOs in ``vllm_xargs``."""
+    """The workload's requests as vLLM would receive them from the gateway: SLO, kind, workflow
+    and length distribution in ``vllm_xargs`` (keys: :mod:`engine_common.protocol`).
+
+    As in the simulator, a deadline or compound request carries no TTFT/TPOT (the gateway adds
+    its tier's, which kind-aware policies ignore and the scorer does too). A compound call's
+    ``tiergate_deadline_ms`` is the time left to its workflow's deadline and
+    ``tiergate_sub_deadline_ms`` its share, both as planned here and set again when a replay
+    releases it (:class:`ArrivalQueue`)."""
     arrivals = []
+    calls = workload.workflow_calls
     for spec in workload.specs:
-        xargs: dict[str, Any] = {WEIGHT: spec.weight, TIER: spec.tier, TENANT: spec.tenant}
+        xargs: dict[str, Any] = {
+            WEIGHT: spec.weight,
+            TIER: spec.tier,
+            TENANT: spec.tenant,
+            KIND: spec.kind,
+        }
         if spec.slo.ttft_s is not None and spec.slo.tpot_s is not None:
             xargs[TTFT_MS] = spec.slo.ttft_s * 1e3
             xargs[TPOT_MS] = spec.slo.tpot_s * 1e3
         if spec.slo.deadline_s is not None:
             xargs[DEADLINE_MS] = spec.slo.deadline_s * 1e3
-        arrivals.append(
-            Arrival(
-                time=spec.arrival_s,
-                request_id=spec.request_id,
-                prompt_tokens=spec.prompt_tokens,
-                max_tokens=spec.output_tokens,
-                extra_args=xargs,
-                priority=priority_of(spec.weight),
-            )
+        call = calls.get(spec.request_id)
+        if spec.workflow_id is not None:
+            xargs[WORKFLOW_ID] = spec.workflow_id
+            xargs[STAGE] = spec.stage
+        if spec.length is not None:
+            xargs[LENGTH] = spec.length.to_wire()
+        arrival = Arrival(
+            time=spec.arrival_s,
+            request_id=spec.request_id,
+            prompt_tokens=spec.prompt_tokens,
+            max_tokens=spec.max_tokens or spec.output_tokens,
+            extra_args=xargs,
+            priority=priority_of(spec.weight),
+            output_tokens=spec.output_tokens,
+            call=call,
         )
-    return arrivals
+        arrivals.append(arrival)
+    starts = {a.call.workflow_id: a.time for a in arrivals if a.call and a.call.previous is None}
+    return [
+        released(a, starts.get(a.call.workflow_id, a.time), a.time) if a.call is not None else a
+        for a in arrivals
+    ]
+
+
+def released(arrival: Arrival, start_s: float, now: float) -> Arrival:
+    """``arrival`` arriving at ``now`` in a workflow started at ``start_s``: a compound call
+    gets the gateway's ``tiergate_deadline_ms`` (time left to the workflow deadline) and
+    ``tiergate_sub_deadline_ms`` (the simulator's cold-start share,
+    :meth:`~priority.sim.workflows.WorkflowCall.sub_deadline_s`; the gateway answers 409 once
+    the workflow expired, the simulator still runs the call against a 1 ms deadline)."""
+    call = arrival.call
+    xargs = dict(arrival.extra_args)
+    if call is not None and xargs.get(KIND) == "compound" and math.isfinite(call.offset_s):
+        left = max(start_s + call.deadline_s - now, MIN_SUB_DEADLINE_S)
+        xargs[DEADLINE_MS] = left * 1e3
+        xargs[SUB_DEADLINE_MS] = call.sub_deadline_s(start_s, now) * 1e3
+    return dataclasses.replace(arrival, time=now, extra_args=xargs)
+
+
+class ArrivalQueue:
+    """One replay's arrivals in time order; a later workflow stage is held until its previous
+    stage finishes (:meth:`finished`) and arrives ``think_s`` after that (the simulator's rule,
+    ``priority.sim.cluster``). Simultaneous arrivals keep their order."""
+
+    def __init__(self, arrivals: Iterable[Arrival]) -> None:
+        self._heap: list[tuple[float, int, Arrival]] = []
+        self._held: dict[str, Arrival] = {}
+        """Previous stage's request id -> the stage waiting for it."""
+        self._start: dict[str, float] = {}
+        """Workflow id -> its first call's arrival."""
+        self._seq = 0
+        self.released: dict[str, Arrival] = {}
+        """Every arrival handed out, as released."""
+        for a in sorted(arrivals, key=lambda a: a.time):
+            if a.call is not None and a.call.previous is not None:
+                self._held[a.call.previous] = a
+            else:
+                self._push(a.time, a)
+
+    def _push(self, t: float, arrival: Arrival) -> None:
+        heapq.heappush(self._heap, (t, self._seq, arrival))
+        self._seq += 1
+
+    def next_time(self) -> float | None:
+        """When the next arrival is due (None: none is scheduled; some may still be held)."""
+        return self._heap[0][0] if self._heap else None
+
+    @property
+    def held(self) -> int:
+        """Stages still waiting for their previous stage to finish."""
+        return len(self._held)
+
+    def pop_due(self, now: float) -> list[Arrival]:
+        """The arrivals due by ``now``, in order, as they are sent."""
+        out = []
+        while self._heap and self._heap[0][0] <= now:
+            t, _, arrival = heapq.heappop(self._heap)
+            if arrival.call is not None:
+                start = self._start.setdefault(arrival.call.workflow_id, t)
+                arrival = released(arrival, start, t)
+            self.released[arrival.request_id] = arrival
+            out.append(arrival)
+        return out
+
+    def finished(self, request_id: str, t: float) -> None:
+        """``request_id`` finished at ``t``: its workflow's next stage arrives ``think_s`` on."""
+        nxt = self._held.pop(request_id, None)
+        if nxt is not None:
+            assert nxt.call is not None
+            self._push(t + nxt.call.think_s, nxt)
+
+
+REPLAY_DEFAULTS = BestEffortDefaults()
+"""The plugin's defaults in a replay (``TIERGATE_DEFAULT_*`` unset)."""
+
+
+def meta_of(arrival: Arrival, profile: Profile | None = None) -> RequestMeta:
+    """What the plugin parses from the arrival's ``priority`` and extra args (the default TTFT of
+    a request without an objective needs the ``profile``; replays always send one)."""
+    zero_load = profile.zero_load_ttft_s(max(1, arrival.prompt_tokens)) if profile else 0.0
+    return parse(
+        arrival.extra_args, arrival.priority, defaults=REPLAY_DEFAULTS, zero_load_ttft_s=zero_load
+    )
 
 
 def slo_of(arrival: Arrival) -> SLO:
     """The SLO the plugin parses from the arrival's extra args."""
-    args = arrival.extra_args
-
-    def seconds(key: str) -> float | None:
-        value = args.get(key)
-        return None if value is None else float(value) / 1e3
-
-    return SLO(ttft_s=seconds(TTFT_MS), tpot_s=seconds(TPOT_MS), deadline_s=seconds(DEADLINE_MS))
+    return meta_of(arrival).slo
 
 
-def request_of(arrival: Arrival) -> Request:
-    """The simulator's request for an arrival, with the metadata the plugin would read."""
-    args = arrival.extra_args
+def request_of(arrival: Arrival, profile: Profile | None = None) -> Request:
+    """The simulator's request for an arrival, with the metadata the plugin would read (its
+    length distribution capped by ``max_tokens``, as the plugin does)."""
+    meta = meta_of(arrival, profile)
+    length = meta.length
+    if length is not None:
+        length = dataclasses.replace(length, max_tokens=arrival.max_tokens)
     return Request(
         request_id=arrival.request_id,
         arrival_s=arrival.time,
         prompt_tokens=max(1, arrival.prompt_tokens),
-        slo=slo_of(arrival),
-        weight=float(args.get(WEIGHT, 2.0**-arrival.priority)),
-        tier=str(args.get(TIER, "default")),
-        tenant=str(args.get(TENANT, "default")),
+        slo=meta.slo,
+        weight=meta.weight,
+        tier=meta.tier,
+        tenant=meta.tenant,
         max_output_tokens=arrival.max_tokens,
+        true_output_tokens=arrival.output_tokens,
+        kind=meta.kind,
+        workflow_id=meta.workflow_id,
+        stage=meta.stage,
+        length=length,
     )
 
 
@@ -173,29 +318,36 @@ def replay_simulator(
         fast_forward=False,
         rules=rules,
     )
-    requests = [request_of(a) for a in sorted(arrivals, key=lambda a: a.time)]
+    queue = ArrivalQueue(arrivals)
+    requests: list[Request] = []
     replay = Replay()
-    now = requests[0].arrival_s if requests else 0.0
-    i = 0
+    now = queue.next_time() or 0.0
     while True:
-        while i < len(requests) and requests[i].arrival_s <= now:
-            if not core.add_request(requests[i], now):
-                raise ValueError(f"{requests[i].request_id} can never fit {num_blocks} blocks")
-            i += 1
+        for arrival in queue.pop_due(now):
+            request = request_of(arrival, profile)
+            requests.append(request)
+            if not core.add_request(request, now):
+                raise ValueError(f"{request.request_id} can never fit {num_blocks} blocks")
         started = time.perf_counter()
         step = core.start_step(now) if core.has_work else None
         decided = time.perf_counter() - started
         if step is None:
-            if i == len(requests):
+            due = queue.next_time()
+            if due is None:
                 break
-            now = requests[i].arrival_s
+            now = due
             continue
         replay.decision_s.append(decided)
         replay.batches.append({r.request_id: tokens for r, tokens in step.plan.scheduled})
         replay.preempted.append({r.request_id for r in step.plan.preempted})
-        core.finish_step(step)
+        outcome = core.finish_step(step)
         now = step.end_s
+        for request in outcome.finished:
+            queue.finished(request.request_id, now)
+    if queue.held:
+        raise AssertionError(f"{queue.held} workflow stage(s) never released")
     replay.token_times = {r.request_id: list(r.token_times) for r in requests}
+    replay.arrivals = queue.released
     return replay
 
 
@@ -206,11 +358,40 @@ def tdg_ratio(replay: Replay, arrivals: Sequence[Arrival], weights: GainWeights)
     """PROSERVE's TDG ratio of the replayed requests (gain / gain if every token were on time)."""
     gain = ideal = 0.0
     for a in arrivals:
-        weight = float(a.extra_args.get(WEIGHT, 2.0**-a.priority))
+        sent = replay.arrivals.get(a.request_id, a)
+        meta = meta_of(sent)
         times = replay.token_times.get(a.request_id, [])
-        gain += tdg(a.time, slo_of(a), weight, times, weights)
-        ideal += ideal_tdg(weight, a.max_tokens, weights)
+        gain += tdg(sent.time, meta.slo, meta.weight, times, weights)
+        ideal += ideal_tdg(meta.weight, a.target_tokens, weights)
     return gain / ideal if ideal > 0 else math.nan
+
+
+def request_goodput(replay: Replay, arrivals: Sequence[Arrival]) -> dict[str, Any]:
+    """The replay's request goodput by the simulator's scorer (``bench/goodput.py``'s numbers):
+    ``request_goodput`` (requests on time by their kind's rule, a workflow's calls together),
+    its ``request_goodput_share`` of the submitted, ``per_kind`` and ``jain_tenant``
+    (:func:`priority.sim.metrics.kind_metrics`), on the arrivals as the replay released them. A
+    request finished when it produced its ``target_tokens``."""
+    requests = []
+    calls: dict[str, WorkflowCall] = {}
+    for a in arrivals:
+        request = request_of(replay.arrivals.get(a.request_id, a))
+        times = list(replay.token_times.get(a.request_id, []))
+        request.token_times = times
+        request.num_output_tokens = len(times)
+        if times and len(times) >= a.target_tokens:
+            request.status = RequestStatus.FINISHED
+            request.finished_s = times[-1]
+        if a.call is not None:
+            calls[a.request_id] = a.call
+        requests.append(request)
+    metrics = kind_metrics(requests, calls)
+    good = sum(int(v["goodput_requests"]) for v in metrics["per_kind"].values())
+    return {
+        "request_goodput": good,
+        "request_goodput_share": good / len(requests) if requests else math.nan,
+        **metrics,
+    }
 
 
 def identical_share(

@@ -109,3 +109,43 @@ def test_replay_metrics(bench: ModuleType) -> None:
     assert tdg_ratio(late, cell.arrivals, cell.gain_weights) < tdg_ratio(
         a, cell.arrivals, cell.gain_weights
     )
+
+
+def test_goodput_mix_defaults(bench: ModuleType) -> None:
+    cfg = bench.parse_args(["--mix", "goodput"])
+    assert cfg.trace == "azure_conv,azure_code" and cfg.requests == 300
+    assert cfg.rate_scales == (1.5, 2.0) and cfg.kv_blocks == (67_659, 2_048)
+    assert cfg.policies == ("gmax", "slide", "vllm-v1") and cfg.lengths == "predicted"
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--mix", "goodput", "--trace", "azure_conv"])  # one trace: no mix
+
+
+def test_slide_gets_the_workload_gain_weights_as_json(bench: ModuleType) -> None:
+    from priority.gain import GainWeights
+    from priority.policies import make_policy
+
+    weights = GainWeights(first_token=3.0, decode_token=1.0)
+    params = bench.policy_params("slide", "0.33.0", weights)
+    assert params == {"gain_weights": {"first_token": 3.0, "decode_token": 1.0}}
+    json.dumps(params)  # what TIERGATE_POLICY_PARAMS carries into the plugin
+    policy = make_policy("slide", load_profile("a100-qwen2-7b").estimator(), **params)
+    assert policy.gain_weights == weights
+    assert bench.policy_params("gmax", "0.33.0", weights) == {}
+    assert bench.policy_params("vllm-v1", "0.23.0") == {"version": "0.23"}
+
+
+def test_goodput_mix_sim_only_run(bench: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--mix", "goodput", "--requests", "15", "--rate-scale", "2", "--kv-blocks", "67659"]
+    assert bench.main([*argv, "--sim-only", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["policy"] for r in rows] == ["gmax", "slide", "vllm-v1"]
+    for r in rows:
+        assert r["requests"] == 30 and r["goodput_real"] is None
+        assert 0 < r["goodput_sim"] <= 1
+        assert set(r["attainment_sim"]) == {"latency", "deadline", "compound"}
+    (cell,) = bench.goodput_ratios(rows)
+    by = {r["policy"]: r["goodput_sim"] for r in rows}
+    assert cell["ratios"]["gmax/vllm-v1 sim"] == pytest.approx(by["gmax"] / by["vllm-v1"])
+    assert cell["ratios"]["gmax/slide real"] is None
+    ranks = bench.rankings(rows, ("gmax", "slide", "vllm-v1"), "goodput")
+    assert ranks[0]["ranking_sim"][0] == max(by, key=lambda p: by[p])

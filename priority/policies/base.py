@@ -251,9 +251,16 @@ class BatchBuilder:
                     return 0
             else:
                 tokens = self.estimator.max_chunk(request.num_computed_tokens, left, tokens)
-        if tokens < request.num_uncomputed_tokens and tokens < self.min_prefill_chunk:
+        if tokens < request.num_uncomputed_tokens and tokens < self.smallest_chunk:
             return 0  # a uselessly small chunk that does not finish the prefill
         return tokens
+
+    @property
+    def smallest_chunk(self) -> int:
+        """The smallest prefill chunk that may not finish a prompt: ``min_prefill_chunk``, but
+        never more than the step has left (a prompt may start beside the decodes already placed
+        in a small budget, as vLLM's own scheduler lets it)."""
+        return min(self.min_prefill_chunk, self.tokens_left)
 
     # ---- mutations ------------------------------------------------------------------------
 

@@ -303,10 +303,14 @@ class SlideBatchingPolicy(SchedulingPolicy):
         piece, tail_min, run_end = ranking.piece_s, ranking.tail_min_piece_s, ranking.decode_run_end
         next_running = ranking.next_running
         skip_waiting = not self.preempt_for_admission
+        ranked_chunk = min(self.min_chunk_tokens, inp.limits.token_budget)
         k = 0
         while k < len(ordered):
             left = budget - builder.time_used_s
-            if builder.full or left < tail_min[k]:
+            # the ranking's pieces assume a whole minimum chunk fits the step's tokens; once
+            # fewer are left, the smallest piece is smaller and only the builder can tell
+            exact = builder.smallest_chunk >= ranked_chunk
+            if builder.full or (exact and left < tail_min[k]):
                 break
             if skip_waiting and builder.num_seqs >= builder.max_num_seqs and next_running[k] > k:
                 k = next_running[k]  # no seat for a waiting request: on to the next running one
@@ -322,7 +326,7 @@ class SlideBatchingPolicy(SchedulingPolicy):
                     k += added
                     continue
             k += 1
-            if piece[k - 1] > left:
+            if exact and piece[k - 1] > left:
                 continue
             want = None
             if request.request_id in ranking.starved and request.num_uncomputed_tokens > 1:
