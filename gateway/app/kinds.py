@@ -63,7 +63,7 @@ from gateway.errors import INVALID_VALUE, ApiError
 from priority.lengths.distribution import LengthDistribution
 
 if TYPE_CHECKING:  # the predictor loads only with TIERGATE_LENGTH_MODEL (imported when used)
-    from gateway.app.patterns import WorkflowPatterns
+    from gateway.app.patterns import CallEnd, WorkflowPatterns
     from priority.lengths.features import RequestFeatures
     from priority.lengths.serving import PredictorHandle
 
@@ -191,31 +191,13 @@ class RequestKinds:
             sub_deadline_ms=share,
         )
 
-    def call_ended(
-        self,
-        key: str,
-        stage: int,
-        *,
-        model: str,
-        prompt_tokens: int,
-        output_tokens: int,
-        end_s: float,
-        ok: bool,
-    ) -> None:
+    def call_ended(self, end: CallEnd) -> None:
         """A workflow call ended (the proxy, once per call): the history learns from it. Never
         raises: learning must not fail a request's accounting."""
         if self.patterns is None:
             return
         try:
-            self.patterns.call_ended(
-                key,
-                stage,
-                model=model,
-                prompt_tokens=prompt_tokens,
-                output_tokens=output_tokens,
-                end_s=end_s,
-                ok=ok,
-            )
+            self.patterns.call_ended(end)
         except Exception:
             log.exception("workflow history: could not record a call's end")
 

@@ -58,6 +58,22 @@ class _Ended:
     end_s: float
 
 
+@dataclass(frozen=True, slots=True)
+class CallEnd:
+    """How one workflow call ended, as the proxy reports it (no text: sizes and times)."""
+
+    key: str
+    """``tenant_id:workflow_id``: workflow ids are per tenant."""
+    stage: int
+    model: str
+    prompt_tokens: int
+    output_tokens: int
+    end_s: float
+    """Its last token (or its end), on the history's clock."""
+    ok: bool
+    """Answered in full: only workflows whose every call ended ok are learned."""
+
+
 @dataclass(slots=True)
 class _Open:
     start_s: float
@@ -125,27 +141,20 @@ class WorkflowPatterns:
         share = (phi - before) / (1.0 - before) if before < 1.0 else 1.0
         return max(phi * call.deadline_ms - elapsed_ms, share * call.remaining_ms)
 
-    def call_ended(
-        self,
-        key: str,
-        stage: int,
-        *,
-        model: str,
-        prompt_tokens: int,
-        output_tokens: int,
-        end_s: float,
-        ok: bool,
-    ) -> None:
-        """A call of workflow ``key`` ended (``end_s``: its last token, on the hook's clock)."""
-        flow = self._open.get(key)
+    def call_ended(self, end: CallEnd) -> None:
+        """A call of workflow ``end.key`` ended (``end.end_s``: its last token, on the hook's
+        clock)."""
+        flow = self._open.get(end.key)
         if flow is not None:
             flow.in_flight = max(flow.in_flight - 1, 0)
-            if ok and stage not in flow.ended:
-                flow.ended[stage] = _Ended(model_hash(model), prompt_tokens, output_tokens, end_s)
+            if end.ok and end.stage not in flow.ended:
+                flow.ended[end.stage] = _Ended(
+                    model_hash(end.model), end.prompt_tokens, end.output_tokens, end.end_s
+                )
             else:
                 flow.broken = True
             if flow.overdue and flow.in_flight == 0:
-                self._close(key)
+                self._close(end.key)
         self._close_due(self._clock())
 
     def _track(self, key: str, start_s: float, deadline_s: float) -> _Open:

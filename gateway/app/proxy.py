@@ -66,6 +66,7 @@ from gateway.app.context import check_context, context_window
 from gateway.app.deadlines import AttemptBudget, attempt_budget, stall_timeout
 from gateway.app.kinds import LengthPrediction, single_sequence
 from gateway.app.metrics import objectives_met
+from gateway.app.patterns import CallEnd
 from gateway.app.schemas import ChatBody, CompletionBody
 from gateway.app.shedding import Action, decode_s, judge, shed_message
 from gateway.app.slo import RequestSLO, engine_priority, engine_xargs, resolve_slo
@@ -844,7 +845,7 @@ class Job:
                 log.exception("could not reconcile reservation of %s", self.request_id)
         self._account(outcome, http_status, reason, times, token_times, result, now)
         if self.slo is not None and self.slo.kind == "compound" and self.slo.workflow_id:
-            state.kinds.call_ended(  # issue 14: the workflow history learns from every call
+            end = CallEnd(  # issue 14: the workflow history learns from every call
                 f"{self.identity.tenant_id}:{self.slo.workflow_id}",
                 self.slo.stage,
                 model=self.model or "",
@@ -853,6 +854,7 @@ class Job:
                 end_s=token_times[-1] if token_times else now,
                 ok=outcome is Outcome.OK and result.accepted,
             )
+            state.kinds.call_ended(end)
 
     def _account(
         self,

@@ -30,6 +30,7 @@ from gateway.db.session import make_engine, make_session_factory
 from gateway.engine_sim import EngineSpec, EngineThread, RunningEngine
 from gateway.settings import Settings
 from priority.request import Request as CoreRequest
+from tests.gateway.engine_spy import record_submissions
 
 MODEL = "qwen2-7b"
 SECRET = "app-test-secret"
@@ -107,16 +108,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
         metrics_addr="127.0.0.1:0",  # the operator listener, on a free port
     )
     with EngineThread(specs) as engines:
-        submitted: list[CoreRequest] = []
-        for running in engines:  # record what each engine receives
-            loop = running.sim.engine
-            original = loop.submit
-
-            def spy(request: CoreRequest, reason: str, _original: Any = original) -> Any:
-                submitted.append(request)
-                return _original(request, reason)
-
-            loop.submit = spy  # type: ignore[method-assign,assignment]
+        submitted = record_submissions(engines)  # what each engine receives
         backends = [
             BackendSpec(f"engine-{i}", e.url, MODEL, e.spec.profile) for i, e in enumerate(engines)
         ]

@@ -23,7 +23,7 @@ from openai.types.chat import ChatCompletionMessageParam
 from pydantic import SecretStr
 from sqlalchemy.orm import Session, sessionmaker
 
-from gateway.app import BackendSpec, create_app
+from gateway.app import create_app
 from gateway.app.kinds import WORKFLOW_DEADLINE_HEADER, WORKFLOW_ID_HEADER
 from gateway.app.server import GatewayThread
 from gateway.bounds import MIN_WEIGHT
@@ -31,9 +31,9 @@ from gateway.db import crud
 from gateway.db.models import Base
 from gateway.db.seed import seed_defaults
 from gateway.db.session import make_engine, make_session_factory
-from gateway.engine_sim import EngineSpec, EngineThread
 from gateway.settings import Settings
 from priority.request import Request as CoreRequest
+from tests.gateway.engine_spy import spied_engine
 
 MODEL = "qwen2-7b"
 SECRET = "kinds-test-secret"
@@ -148,22 +148,12 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
         redis_prefix=prefix,
         metrics_addr="127.0.0.1:0",
     )
-    with EngineThread([EngineSpec("a100-qwen2-7b", "vllm-v1-priority", MODEL)]) as engines:
-        submitted: list[CoreRequest] = []
-        loop = engines[0].sim.engine
-        original = loop.submit
-
-        def spy(request: CoreRequest, reason: str) -> Any:
-            submitted.append(request)
-            return original(request, reason)
-
-        loop.submit = spy  # type: ignore[method-assign,assignment]
-        backends = [BackendSpec("engine-0", engines[0].url, MODEL, engines[0].spec.profile)]
-        with (
-            GatewayThread(create_app(settings, backends=backends)) as first,
-            GatewayThread(create_app(settings, backends=backends)) as second,
-        ):
-            yield Env([first, second], keys, factory, prefix, submitted)
+    with (
+        spied_engine(MODEL) as (backends, submitted),
+        GatewayThread(create_app(settings, backends=backends)) as first,
+        GatewayThread(create_app(settings, backends=backends)) as second,
+    ):
+        yield Env([first, second], keys, factory, prefix, submitted)
     client = redis.Redis.from_url(REDIS_URL)
     try:
         stale = list(client.scan_iter(match=f"{prefix}:*"))
@@ -386,19 +376,11 @@ def length_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
         length_model=root / "model",
         length_budget_ms=1000.0,  # a loaded test machine: the point is the wiring, not speed
     )
-    with EngineThread([EngineSpec("a100-qwen2-7b", "vllm-v1-priority", MODEL)]) as engines:
-        submitted: list[CoreRequest] = []
-        loop = engines[0].sim.engine
-        original = loop.submit
-
-        def spy(request: CoreRequest, reason: str) -> Any:
-            submitted.append(request)
-            return original(request, reason)
-
-        loop.submit = spy  # type: ignore[method-assign,assignment]
-        backends = [BackendSpec("engine-0", engines[0].url, MODEL, engines[0].spec.profile)]
-        with GatewayThread(create_app(settings, backends=backends)) as gateway:
-            yield Env([gateway], keys, factory, "", submitted)
+    with (
+        spied_engine(MODEL) as (backends, submitted),
+        GatewayThread(create_app(settings, backends=backends)) as gateway,
+    ):
+        yield Env([gateway], keys, factory, "", submitted)
     engine.dispose()
 
 

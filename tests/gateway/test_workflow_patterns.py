@@ -13,18 +13,18 @@ import openai
 import pytest
 from pydantic import SecretStr
 
-from gateway.app import BackendSpec, create_app
+from gateway.app import create_app
 from gateway.app.kinds import WORKFLOW_DEADLINE_HEADER, WORKFLOW_ID_HEADER
-from gateway.app.patterns import WorkflowPatterns
+from gateway.app.patterns import CallEnd, WorkflowPatterns
 from gateway.app.server import GatewayThread
 from gateway.app.workflows import WorkflowCall
 from gateway.db import crud
 from gateway.db.models import Base
 from gateway.db.seed import seed_defaults
 from gateway.db.session import make_engine, make_session_factory
-from gateway.engine_sim import EngineSpec, EngineThread
 from gateway.settings import Settings
 from priority.request import Request as CoreRequest
+from tests.gateway.engine_spy import spied_engine
 
 MODEL = "qwen2-7b"
 SECRET = "patterns-test-secret"
@@ -51,7 +51,7 @@ def _run(patterns: WorkflowPatterns, clock: Clock, key: str, ends: list[float]) 
         patterns.sub_deadline(_call(key, k, 10_000.0, elapsed * 1e3))
         clock.t = start + end
         patterns.call_ended(
-            key, k, model="m", prompt_tokens=100, output_tokens=10, end_s=clock.t, ok=True
+            CallEnd(key, k, model="m", prompt_tokens=100, output_tokens=10, end_s=clock.t, ok=True)
         )
 
 
@@ -64,7 +64,7 @@ def test_a_finished_workflow_is_learned_after_its_deadline_and_sets_phi() -> Non
     assert len(patterns.history) == 0  # its deadline has not passed: maybe more calls come
     clock.t = 100.0
     patterns.call_ended(
-        "1:nobody", 0, model="m", prompt_tokens=1, output_tokens=1, end_s=0, ok=True
+        CallEnd("1:nobody", 0, model="m", prompt_tokens=1, output_tokens=1, end_s=0, ok=True)
     )
     assert patterns.learned == 1
     (graph,) = patterns.history.graphs
@@ -74,7 +74,7 @@ def test_a_finished_workflow_is_learned_after_its_deadline_and_sets_phi() -> Non
     assert patterns.sub_deadline(_call("1:b", 0, 10_000.0, 0.0)) == pytest.approx(2_500.0)
     clock.t += 1.0
     patterns.call_ended(
-        "1:b", 0, model="m", prompt_tokens=100, output_tokens=10, end_s=clock.t, ok=True
+        CallEnd("1:b", 0, model="m", prompt_tokens=100, output_tokens=10, end_s=clock.t, ok=True)
     )
     # on schedule: stage 1 due at φ(1)·D = 5 s from the start, 3 s after 2 s elapsed
     assert patterns.sub_deadline(_call("1:b", 1, 10_000.0, 2_000.0)) == pytest.approx(3_000.0)
@@ -87,7 +87,7 @@ def test_behind_schedule_a_call_gets_its_stages_share_of_what_is_left() -> None:
     clock.t = 100.0
     patterns.sub_deadline(_call("1:late", 0, 10_000.0, 0.0))
     patterns.call_ended(
-        "1:late", 0, model="m", prompt_tokens=100, output_tokens=10, end_s=105.0, ok=True
+        CallEnd("1:late", 0, model="m", prompt_tokens=100, output_tokens=10, end_s=105.0, ok=True)
     )
     clock.t = 106.0
     # 6 s elapsed, φ(1)·D = 5 s is past: (0.5 - 0.25) / (1 - 0.25) of the 4 s left
@@ -100,12 +100,12 @@ def test_a_workflow_with_a_failed_call_or_a_missing_stage_is_not_learned() -> No
     patterns = WorkflowPatterns(clock=clock)
     patterns.sub_deadline(_call("1:failed", 0, 1_000.0, 0.0))
     patterns.call_ended(
-        "1:failed", 0, model="m", prompt_tokens=1, output_tokens=0, end_s=0.1, ok=False
+        CallEnd("1:failed", 0, model="m", prompt_tokens=1, output_tokens=0, end_s=0.1, ok=False)
     )
     clock.t = 0.5  # stage 1 only: stage 0 was served by another process
     patterns.sub_deadline(_call("1:partial", 1, 1_000.0, 200.0))
     patterns.call_ended(
-        "1:partial", 1, model="m", prompt_tokens=1, output_tokens=1, end_s=0.6, ok=True
+        CallEnd("1:partial", 1, model="m", prompt_tokens=1, output_tokens=1, end_s=0.6, ok=True)
     )
     clock.t = 10.0
     patterns.sub_deadline(_call("1:next", 0, 1_000.0, 0.0))
@@ -121,7 +121,7 @@ def test_a_call_running_past_the_deadline_is_waited_for() -> None:
     assert patterns.learned == 0 and len(patterns) == 2
     clock.t = 3.0
     patterns.call_ended(
-        "1:slow", 0, model="m", prompt_tokens=5, output_tokens=5, end_s=3.0, ok=True
+        CallEnd("1:slow", 0, model="m", prompt_tokens=5, output_tokens=5, end_s=3.0, ok=True)
     )
     assert patterns.learned == 1  # closed as soon as its last call ended
 
@@ -157,19 +157,11 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, str
         redis_url=None,
         metrics_addr="127.0.0.1:0",
     )
-    with EngineThread([EngineSpec("a100-qwen2-7b", "vllm-v1-priority", MODEL)]) as engines:
-        submitted: list[CoreRequest] = []
-        loop = engines[0].sim.engine
-        original = loop.submit
-
-        def spy(request: CoreRequest, reason: str) -> Any:
-            submitted.append(request)
-            return original(request, reason)
-
-        loop.submit = spy  # type: ignore[method-assign,assignment]
-        backends = [BackendSpec("engine-0", engines[0].url, MODEL, engines[0].spec.profile)]
-        with GatewayThread(create_app(settings, backends=backends)) as thread:
-            yield thread, key, submitted
+    with (
+        spied_engine(MODEL) as (backends, submitted),
+        GatewayThread(create_app(settings, backends=backends)) as thread,
+    ):
+        yield thread, key, submitted
     engine.dispose()
 
 
