@@ -39,10 +39,10 @@ TRANSIENT = {
     "_proposals": "WVTC's plans awaiting on_step_end (committed only for the plan that ran)",
     "_planned_at": "RR-SJF's plans awaiting on_step_end (idem)",
     "_last_executed": "RR-SJF's last plan reported (fast-forward repeats its report)",
-    "_columns": "SlideBatching's static per-request columns (a memo keyed by request id)",
+    "_columns": "SlideBatching's static per-request columns (a memo keyed by request object)",
     "lengths": "the oracle policies' noisy-length draws (seeded by request id, memoised)",
     "columns": "GMAX's and Tempo's per-request column table (a memo keyed by request id)",
-    "_boundary_plan": "GMAX's plan at a frame boundary (the frame restarts only if it ran)",
+    "_boundary_plan": "GMAX's/Tempo's plan at a frame boundary (the frame restarts only if it ran)",
     "_charges": "GMAX-fair's per-plan tenant charges awaiting on_step_end (only the plan that ran)",
     "_proposed_counters": "GMAX-fair's counters as the plan being built would leave them",
 }
