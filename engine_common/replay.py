@@ -46,6 +46,7 @@ from engine_common.sim_replay import (
     replay_simulator,
 )
 from priority.estimator import LatencyCoefficients
+from priority.sim.stall import DEFAULT_MAX_STALLED_STEPS, StallGuard
 
 __all__ = [
     "STOP",
@@ -297,14 +298,20 @@ def run_trace(
     *,
     max_steps: int | None = 10_000,
     on_step: Callable[[Any, Any], None] | None = None,
+    label: str = "vllm",
+    max_stalled_steps: int | None = DEFAULT_MAX_STALLED_STEPS,
 ) -> Replay:
     """Run ``arrivals`` to completion on a synchronous scheduler in virtual time; a later
     workflow stage arrives ``think_s`` after its previous stage finished here
-    (:class:`~engine_common.sim_replay.ArrivalQueue`, the simulator side's too)."""
+    (:class:`~engine_common.sim_replay.ArrivalQueue`, the simulator side's too).
+    ``max_stalled_steps`` consecutive steps without a token raise
+    :class:`~priority.sim.stall.LivelockError` naming ``label`` (the policy) and the queued
+    requests, so a livelocked scheduler fails the replay instead of hanging it."""
     queue = ArrivalQueue(arrivals)
     trace = Replay()
     lengths: dict[str, int] = {}
     steps = 0
+    stall = StallGuard(label, max_stalled_steps)
     while max_steps is None or steps < max_steps:
         steps += 1
         for a in queue.pop_due(clock.t):
@@ -358,7 +365,21 @@ def run_trace(
         for request in emitted:
             if request.is_finished():
                 queue.finished(request.request_id, clock.t)
+        stall.step(bool(emitted), lambda: _queued(scheduler))
     raise AssertionError(f"trace did not finish in {max_steps} steps")
+
+
+def _queued(scheduler: Any) -> list[str]:
+    """The scheduler's queued requests, most preempted first (the livelock guard's report)."""
+    queued = sorted(
+        [*scheduler.running, *scheduler.waiting],
+        key=lambda r: -getattr(r, "num_preemptions", 0),
+    )
+    return [
+        f"{r.request_id} ({r.num_computed_tokens}/{r.num_tokens} tokens computed, "
+        f"{getattr(r, 'num_preemptions', '?')} preemptions)"
+        for r in queued
+    ]
 
 
 def replay_vllm(
@@ -392,4 +413,12 @@ def replay_vllm(
         max_num_seqs=max_num_seqs,
         clock=clock,
     )
-    return run_trace(scheduler, pending, coefficients, clock, max_steps=None, on_step=on_step)
+    return run_trace(
+        scheduler,
+        pending,
+        coefficients,
+        clock,
+        max_steps=None,
+        on_step=on_step,
+        label=policy or f"stock vLLM ({stock_policy})",
+    )

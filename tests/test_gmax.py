@@ -8,7 +8,7 @@ import pytest
 from priority.estimator import BatchLatencyEstimator, LatencyCoefficients
 from priority.lengths.distribution import LengthDistribution
 from priority.policies import make_policy
-from priority.policies.base import EngineLimits, SchedulerInput, cdiv
+from priority.policies.base import EngineLimits, SchedulerInput, StepPlan, cdiv
 from priority.policies.gmax import GmaxPolicy
 from priority.request import SLO, Request, RequestStatus
 
@@ -251,3 +251,86 @@ def test_a_stream_past_its_ttft_is_hopeless_for_request_goodput() -> None:
     inp = SchedulerInput(now=0.5, running=[], waiting=[late], limits=limits)
     assert GmaxPolicy(_estimator()).schedule(inp).hopeless == [("late", "deadline_unreachable")]
     assert GmaxPolicy(_estimator(), objective="tokens").schedule(inp).hopeless == []
+
+
+# ---- Tempo's cost-aware preemption (Tempo §4.2: every 20 steps, gain vs stall loss) ----------
+#
+# One seat, deadlines 1000 s away (no decay: ESG = R = w_in·L_in + w_out·L_out, w = 1 : 2), the
+# victim decoding. With the test coefficients a step of the running batch is
+# t_c + a_d·kv + b_d, a prefill of n tokens n·(a_p·n + c_p), and the victim's stall is the
+# prefill of its computed tokens.
+
+
+def _tempo_seat(victim: Request, newcomer: Request) -> SchedulerInput:
+    limits = EngineLimits(token_budget=512, max_num_seqs=1, block_size=16, num_free_blocks=500)
+    return SchedulerInput(now=2.0, running=[victim], waiting=[newcomer], limits=limits)
+
+
+def _ids(plan: StepPlan) -> tuple[list[str], list[str]]:
+    return [r.request_id for r in plan.preempted], [r.request_id for r, _ in plan.scheduled]
+
+
+def test_tempo_preempts_for_a_denser_newcomer_at_the_frame_boundary() -> None:
+    """Victim: 100-token prompt, 10 of 1,000 tokens generated (109 computed): step 5e-3 +
+    2e-7·109 + 2e-4 = 5.222 ms; R = 100 + 2·1,000 = 2,100 over 990 steps (5.170 s): density
+    406. Newcomer: 50-token prompt, 5 tokens: R = 50 + 2·5 = 60 over 2.525 ms + 5 steps
+    (28.6 ms): density 2,095 > 406. Stall: prefill of 109 tokens = 5.569 ms = 1.066 steps ×
+    2,100 / 990 per token = 2.26 < 60. So the first step (a frame boundary) preempts."""
+    est = _estimator()
+    assert est.prefill_time(109, 0) / (5e-3 + est.decode_time(109)) == pytest.approx(1.066, 1e-3)
+    victim = _running("long", prompt=100, outputs=10, length=1000)
+    plan = make_policy("tempo", est).schedule(_tempo_seat(victim, _waiting("short", 50, 5)))
+    assert _ids(plan) == (["long"], ["short"])
+
+
+def test_tempo_does_not_preempt_when_the_stall_costs_more_than_the_gain() -> None:
+    """Victim: 4,000-token prompt, 10 of 1,010 generated (4,009 computed): step 5e-3 + 2e-7·4,009
+    + 2e-4 = 6.002 ms; R = 4,000 + 2·1,010 = 6,020 over 1,000 steps (6.0 s): density 1,003, 6.02
+    per token. Its stall is the prefill of 4,009 tokens: 4,009·(1e-8·4,009 + 5e-5) = 0.3612 s =
+    60.2 steps, a loss of 60.2 × 6.02 = 362. Newcomer of 100 prompt tokens, 5 to generate:
+    R = 110 over 5.1 ms + 5 steps (35.1 ms), density 3,133 — denser, but 110 < 362: no
+    preemption. One of 400 prompt tokens (R = 410 > 362, density 410 / 51.6 ms = 7,944) does."""
+    est = _estimator()
+    step = 5e-3 + est.decode_time(4009)
+    assert est.prefill_time(4009, 0) / step * 6020 / 1000 == pytest.approx(362.3, 1e-3)
+    for prompt, preempted in ((100, False), (400, True)):
+        victim = _running("big", prompt=4000, outputs=10, length=1010)
+        policy = make_policy("tempo", est)
+        plan = policy.schedule(_tempo_seat(victim, _waiting("new", prompt, 5)))
+        want = (["big"], ["new"]) if preempted else ([], ["big"])
+        assert _ids(plan) == want, prompt
+
+
+def test_tempo_preemption_margin() -> None:
+    """Victim: 100-token prompt, 10 of 24 generated: R = 100 + 2·24 = 148 over 14 steps of
+    5.222 ms (73.1 ms): density 2,025. Newcomer as above: density 2,095, 1.035× the victim's;
+    its gain 60 beats the stall loss (1.066 steps × 148 / 14 = 11.3). Tempo asks only for a
+    higher density (margin 0): preempt. With JITServe's δ = 0.1 it needs 1.1×: no preemption."""
+    for margin, want in ((0.0, (["long"], ["short"])), (0.1, ([], ["long"]))):
+        victim = _running("long", prompt=100, outputs=10, length=24)
+        policy = make_policy("tempo", _estimator(), preempt_margin=margin)
+        plan = policy.schedule(_tempo_seat(victim, _waiting("short", 50, 5)))
+        assert _ids(plan) == want, margin
+
+
+def test_tempo_preempts_only_at_frame_boundaries() -> None:
+    """The state of the first test preempts at the boundary step. Once that plan ran, the next
+    19 executed steps are inside the frame (no preemption, the victim keeps its seat); after
+    the 20th the next step is a boundary again. A boundary plan that did not run (an engine
+    re-planned the step) starts no frame: the next plan is still a boundary."""
+
+    def state() -> SchedulerInput:
+        victim = _running("long", prompt=100, outputs=10, length=1000)
+        return _tempo_seat(victim, _waiting("short", 50, 5))
+
+    policy = make_policy("tempo", _estimator())
+    discarded = policy.schedule(state())
+    assert _ids(discarded) == (["long"], ["short"])
+    boundary = policy.schedule(state())  # the discarded plan never ran: still a boundary
+    assert _ids(boundary) == (["long"], ["short"])
+    policy.on_step_end(boundary, 2.01)
+    for step in range(1, 20):
+        inside = policy.schedule(state())
+        assert _ids(inside) == ([], ["long"]), step
+        policy.on_step_end(inside, 2.01 + step)
+    assert _ids(policy.schedule(state())) == (["long"], ["short"])

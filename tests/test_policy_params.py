@@ -72,6 +72,9 @@ EXAMPLES: dict[str, dict[str, Any]] = {
         "best_effort_deadline_s": 60.0,
         "tpot_share": 0.8,
         "min_chunk_tokens": 32,
+        "frame_steps": 10,
+        "preempt_margin": 0.1,
+        "max_preempt_per_frame": 2,
     },
 }
 EXAMPLES["gmax-fair"] = EXAMPLES["gmax-oracle"] = EXAMPLES["gmax-fair-oracle"] = EXAMPLES["gmax"]

@@ -51,6 +51,7 @@ def _policy_params() -> list[Any]:
         ),
         pytest.param("gmax-fair", {"fairness": 1.0, "refine_every": 1}, id="gmax-pure-vtc"),
         pytest.param("tempo", {"decay_alpha": 50.0}, id="tempo-steep-decay"),
+        pytest.param("tempo", {"frame_steps": 1}, id="tempo-every-step-frames"),
     ]
     return params
 

@@ -239,9 +239,16 @@ class BatchBuilder:
             return 0
         if request.num_kv_blocks == 0 and self.num_seqs >= self.max_num_seqs:
             return 0
-        tokens = min(
-            want, self.tokens_left, request.num_uncomputed_tokens, self.kv_fit_tokens(request)
-        )
+        return self._step_fit(request, min(want, self.kv_fit_tokens(request)))
+
+    def step_fit_tokens(self, request: Request, want: int | None = None) -> int:
+        """Tokens of ``request`` (up to ``want``, default all it needs) the step could still
+        take were KV no limit: the token and latency budgets and the smallest chunk. Freeing KV
+        for it (a preemption) can win no more than this."""
+        return self._step_fit(request, request.num_uncomputed_tokens if want is None else want)
+
+    def _step_fit(self, request: Request, want: int) -> int:
+        tokens = min(want, self.tokens_left, request.num_uncomputed_tokens)
         if tokens <= 0:
             return 0
         if self.time_budget_s is not None and self.estimator is not None:

@@ -39,9 +39,12 @@ goodput at stake, generation time):
   best waiting candidate that finds no room preempts the lowest-priority running request only if
   its goodput exceeds what the victim loses while recomputing (stall time × the victim's token
   rate × its goodput per token) *and* its priority exceeds the victim's by ``1 + preempt_margin``;
-  at most ``max_preempt_per_frame`` victims per frame. Outside frames, KV shortage preempts as in
-  vLLM (lowest priority first), and admissions leave ``kv_reserve_tokens`` of growth for every
-  running request (SlideBatching's lesson: admitting into a full cache thrashes).
+  at most ``max_preempt_per_frame`` victims per frame (the rule is shared with Tempo:
+  :class:`~priority.policies.frames.FramePreemptionMixin`). Outside frames, KV shortage
+  preempts as in vLLM (lowest priority first), and admissions leave the rest of every started
+  prompt plus ``kv_reserve_tokens`` of growth for every running request (SlideBatching's lesson:
+  admitting into a full cache thrashes; admitting into a started prompt's blocks livelocked
+  GMAX, issue 14).
 
 ``gmax-fair`` blends in per-tenant virtual-time counters (VTC): every executed step charges each
 tenant its service (prefill tokens × 1 + decode tokens × 2, VTC's weights); a tenant that becomes
@@ -56,6 +59,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from itertools import takewhile
 from typing import ClassVar, Literal
 
 import numpy as np
@@ -63,6 +67,7 @@ import numpy as np
 from priority.estimator import BatchLatencyEstimator
 from priority.gain import DEFAULT_BEST_EFFORT_DEADLINE_S, GoodputWeights
 from priority.policies.base import BatchBuilder, SchedulerInput, SchedulingPolicy, StepPlan, cdiv
+from priority.policies.frames import FramePreemptionMixin, growth_reserve_blocks
 from priority.policies.lengthaware import (
     ARRIVAL,
     KIND,
@@ -87,7 +92,7 @@ from priority.request import Request
 Objective = Literal["requests", "tokens"]
 
 
-class GmaxPolicy(LengthAwarePolicyMixin, SchedulingPolicy):
+class GmaxPolicy(FramePreemptionMixin, LengthAwarePolicyMixin, SchedulingPolicy):
     """JITServe's GMAX on the shared batch latency estimator, with a slack-aware term."""
 
     name: ClassVar[str] = "gmax"
@@ -144,10 +149,14 @@ class GmaxPolicy(LengthAwarePolicyMixin, SchedulingPolicy):
         ):
             if not 0.0 <= value <= 1.0:
                 raise ValueError(f"{label} must be in [0, 1], got {value}")
-        if frame_steps < 1 or max_preempt_per_frame < 0 or kv_reserve_tokens < 0:
-            raise ValueError("frame_steps >= 1, max_preempt_per_frame >= 0, kv_reserve >= 0")
+        if kv_reserve_tokens < 0:
+            raise ValueError(f"kv_reserve_tokens must be >= 0, got {kv_reserve_tokens}")
+        self._init_frames(
+            frame_steps=frame_steps,
+            preempt_margin=preempt_margin,
+            max_preempt_per_frame=max_preempt_per_frame,
+        )
         for label, value in (
-            ("preempt_margin", preempt_margin),
             ("aging", aging),
             ("wait_timeout_s", wait_timeout_s),
         ):
@@ -155,16 +164,11 @@ class GmaxPolicy(LengthAwarePolicyMixin, SchedulingPolicy):
                 raise ValueError(f"{label} must be finite and >= 0, got {value}")
         self.objective = objective
         self.cutoff = cutoff
-        self.frame_steps = frame_steps
-        self.preempt_margin = preempt_margin
-        self.max_preempt_per_frame = max_preempt_per_frame
         self.aging = aging
         self.slack_weight = slack_weight
         self.wait_timeout_s = wait_timeout_s
         self.kv_reserve_tokens = kv_reserve_tokens
         self.fairness = fairness
-        self._steps_in_frame = frame_steps  # the first step is a frame boundary
-        self._boundary_plan: StepPlan | None = None
         self._vtc = np.zeros(16)
         self._active = np.zeros(16, dtype=bool)
         self._charges: dict[int, tuple[IntArray, FloatArray, FloatArray, BoolArray]] = {}
@@ -237,15 +241,22 @@ class GmaxPolicy(LengthAwarePolicyMixin, SchedulingPolicy):
         requests = view.requests
         run_idx = np.lexsort((-score[:nr], ~eligible[:nr]))
         running = [requests[i] for i in run_idx.tolist()]
-        at_boundary = self._steps_in_frame >= self.frame_steps
-        if at_boundary:
-            self._boundary_plan = plan
+        at_boundary = self.frame_boundary(plan)
         admit_order: list[int] = []
         if inp.waiting:
             admit_order = self._admission_order(view, score, eligible, builder)
             self._report_hopeless(view, eligible, plan, inp.now)
             if at_boundary and nr and self.max_preempt_per_frame:
-                self._frame_preempt(builder, view, score, eligible, admit_order, run_idx)
+                worth = view.value if self.objective == "tokens" else view.static[:, WEIGHT]
+                self.frame_preempt(  # JITServe's frame rule (stall cost, 1 + margin)
+                    builder,
+                    view,
+                    takewhile(eligible.__getitem__, admit_order),
+                    run_idx[::-1].tolist(),  # lowest score first (hopeless ones first)
+                    worth,
+                    score,
+                    self.kv_reserve_tokens,
+                )
         before = len(plan.preempted)
         victims = (r for r in reversed(running) if r.num_kv_blocks > 0)
         decoding = view.uncomputed[run_idx] <= 1
@@ -307,69 +318,6 @@ class GmaxPolicy(LengthAwarePolicyMixin, SchedulingPolicy):
         picked = by_length[start : start + size]
         return np.sort(picked)  # positions are in priority order already
 
-    def _frame_preempt(
-        self,
-        builder: BatchBuilder,
-        view: GoodputView,
-        score: FloatArray,
-        eligible: BoolArray,
-        admit_order: list[int],
-        run_idx: IntArray,
-    ) -> None:
-        """JITServe's frame rule: preempt only when the newcomer's goodput beats the victim's
-        stall cost and its priority beats the victim's by 1 + margin."""
-        block_size = builder.block_size
-        reserve = self._kv_reserve(view, block_size)
-        victims = run_idx[::-1].tolist()  # lowest score first (hopeless ones first)
-        worth = view.value if self.objective == "tokens" else view.static[:, WEIGHT]
-        est = self.estimator
-        taken = 0
-        v = 0
-        for c in admit_order[: self.max_preempt_per_frame]:
-            if not eligible[c]:
-                break
-            request = view.requests[c]
-            need_blocks = cdiv(request.num_tokens, block_size)
-            while not self._room(builder, need_blocks, reserve):
-                if taken >= self.max_preempt_per_frame or v >= len(victims):
-                    return
-                victim_i = victims[v]
-                victim = view.requests[victim_i]
-                if victim.num_kv_blocks == 0 or builder.is_scheduled(victim):
-                    v += 1
-                    continue
-                stall_s = est.prefill_time(float(view.computed[victim_i]), 0.0)
-                per_token = worth[victim_i] / view.remaining[victim_i]
-                stall_loss = stall_s / view.step_s * per_token
-                if not (
-                    worth[c] > stall_loss
-                    and score[c] > (1.0 + self.preempt_margin) * score[victim_i]
-                ):
-                    return  # victims only get stronger from here
-                builder.preempt(victim)
-                reserve = max(0, reserve - self._reserve_of(victim, block_size))
-                taken += 1
-                v += 1
-            # room for c now; it is admitted in order after the running requests continue
-            reserve += cdiv(self.kv_reserve_tokens, block_size) if self.kv_reserve_tokens else 0
-
-    def _room(self, builder: BatchBuilder, need_blocks: int, reserve: int) -> bool:
-        return (
-            builder.num_seqs < builder.max_num_seqs and builder.free_blocks - need_blocks >= reserve
-        )
-
-    def _reserve_of(self, request: Request, block_size: int) -> int:
-        need = cdiv(request.num_computed_tokens + self.kv_reserve_tokens, block_size)
-        return max(0, need - request.num_kv_blocks)
-
-    def _kv_reserve(self, view: GoodputView, block_size: int) -> int:
-        if not self.kv_reserve_tokens or not view.num_running:
-            return 0
-        computed = view.computed[: view.num_running]
-        held = -(-computed // block_size)
-        need = -(-(computed + self.kv_reserve_tokens) // block_size) - held
-        return int(need.clip(min=0).sum())
-
     def _fill(
         self,
         builder: BatchBuilder,
@@ -385,7 +333,7 @@ class GmaxPolicy(LengthAwarePolicyMixin, SchedulingPolicy):
         running requests) allow, none after a preemption this step, giving up after a few
         that do not fit."""
         block_size = builder.block_size
-        reserve = self._kv_reserve(view, block_size)
+        reserve = growth_reserve_blocks(view, block_size, self.kv_reserve_tokens)
         nr = view.num_running
         misses = 0
         for at, i in enumerate(order):
@@ -446,10 +394,7 @@ class GmaxPolicy(LengthAwarePolicyMixin, SchedulingPolicy):
 
     def on_step_end(self, plan: StepPlan, now: float) -> None:
         """Count executed steps (frames) and charge tenants their service (gmax-fair)."""
-        self._steps_in_frame += 1
-        if plan is self._boundary_plan:
-            self._steps_in_frame = 1
-            self._boundary_plan = None
+        self.count_frame_step(plan)
         if self.fairness > 0:
             charge = self._charges.pop(id(plan), None)
             if charge is not None:

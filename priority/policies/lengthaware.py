@@ -383,15 +383,18 @@ def continue_one(builder: BatchBuilder, request: Request, victims: Iterator[Requ
     when the walk over running requests must stop there."""
     if builder.is_scheduled(request) or request.num_uncomputed_tokens <= 0:
         return True
-    if builder.add_preempting(request, None, victims) > 0:
-        return True
-    kv_blocked = builder.kv_fit_tokens(request) < min(
-        request.num_uncomputed_tokens, builder.tokens_left
-    )
-    if builder.full or not kv_blocked:
+    # what the step's token and time budgets leave it: KV freed beyond that cannot be used
+    usable = builder.step_fit_tokens(request)
+    if usable <= 0:
         # out of time (or only a uselessly small chunk fits the time left): the rest waits
-        # for the next step and nobody is preempted — freeing KV would not make it fit
+        # for the next step and nobody is preempted — freeing KV would not make it fit (sizing
+        # the need on the token budget instead preempted prompts for chunks the step had no
+        # time for: issue 14's GMAX livelock)
         return False
+    if builder.add_preempting(request, usable, victims) > 0:
+        return True
+    if builder.full or builder.kv_fit_tokens(request) >= usable:
+        return False  # not KV that blocks it
     if request.num_kv_blocks > 0 and not builder.is_scheduled(request):
         builder.preempt(request)
     return False

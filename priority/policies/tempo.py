@@ -15,19 +15,38 @@ serving bandwidth to meet each SLO": the bandwidth handed out is a step's time,
 stream's TPOT, shared with GMAX). In density order within it: running decodes continue, then
 running prefills and waiting requests compete by density
 (:func:`~priority.policies.lengthaware.interleave_prefills`); KV shortage preempts the lowest
-density, and waiting requests are admitted only in steps without preemptions, stopping at the
-first that does not fit. (Filling the batch to the engine's own limits instead — 256 seats, 8,192
-tokens — admitted every waiting request within a step or two on the goodput bench, so density
-only sequenced what vLLM admits anyway: ``tempo`` was within 0.01 of ``vllm-v1`` at every load.)
+density, and waiting requests are admitted only in steps without such preemptions, stopping at
+the first that does not fit. (Filling the batch to the engine's own limits instead — 256 seats,
+8,192 tokens — admitted every waiting request within a step or two on the goodput bench, so
+density only sequenced what vLLM admits anyway: ``tempo`` was within 0.01 of ``vllm-v1`` at
+every load.)
+
+**Cost-aware preemption** (Tempo §4.2, "Cost-aware Preemption in Scheduling": "since the
+preemption overhead primarily depends on the size of the KV cache to be freed, the stall time
+is predictable. Tempo uses this to estimate the potential loss in service gain during
+preemption. A preemption is allowed only if the expected gain from switching to a
+higher-density request exceeds the estimated loss … Tempo limits preemptions to fixed time
+quanta (e.g., every 20 decoding steps)"). Every ``frame_steps`` (20) executed steps, the
+densest waiting requests that find no seat or KV room preempt the lowest-density running ones,
+each preemption only if the newcomer's ESG exceeds the victim's stall loss — its recompute time
+(estimator prefill of its computed tokens) in steps × its ESG per remaining token — and the
+newcomer's density exceeds ``1 + preempt_margin`` times the victim's (0: "a higher-density
+request"); at most ``max_preempt_per_frame`` victims per frame. The walk is GMAX's
+(:class:`~priority.policies.frames.FramePreemptionMixin`); a step whose only preemptions are
+the frame's still admits (they were made for that).
 
 **Where it differs from GMAX** (:mod:`priority.policies.gmax`): no eligibility cut — a late
 request keeps a decayed value instead of being demoted or dropped, so Tempo still spends capacity
-on requests that will miss; no length-grouped window; no frame-based preemption rule (KV shortage
-alone preempts, at any step; Tempo's cost-aware preemption every 20 steps is not built); no
-aging, fairness or slack-aware term, and the length bound everywhere (GMAX ranks and judges
-eligibility by the likely length) — density alone, so a request with ample slack is served as
-soon as its density says, not just in time. The ``tempo-oracle`` variant reads the true output
-lengths (simulator only).
+on requests that will miss (and a late newcomer may still preempt at a frame boundary, where
+GMAX lets only eligible ones); no length-grouped window; the frame rule on Tempo's own terms —
+frames of 20 steps (JITServe Δ = 50), gain the decayed service gain in tokens and priority the
+density (GMAX: one request's goodput and its aged, slack-weighted score), no margin by default
+(JITServe's δ = 0.1 comes from its competitive analysis; Tempo asks for a higher density only),
+no KV growth reserve at admission; no aging, fairness or slack-aware term, and the length bound
+everywhere (GMAX ranks and judges eligibility by the likely length) — density alone, so a
+request with ample slack is served as soon as its density says, not just in time.
+
+The ``tempo-oracle`` variant reads the true output lengths (simulator only).
 """
 
 from __future__ import annotations
@@ -40,6 +59,7 @@ import numpy as np
 from priority.estimator import BatchLatencyEstimator
 from priority.gain import DEFAULT_BEST_EFFORT_DEADLINE_S, GoodputWeights
 from priority.policies.base import SchedulerInput, SchedulingPolicy, StepPlan
+from priority.policies.frames import FramePreemptionMixin
 from priority.policies.lengthaware import (
     ARRIVAL,
     PRICING_WEIGHTS,
@@ -53,7 +73,7 @@ from priority.policies.lengthaware import (
 from priority.policies.ordering import all_decode_repeatable, room_for_new
 
 
-class TempoPolicy(LengthAwarePolicyMixin, SchedulingPolicy):
+class TempoPolicy(FramePreemptionMixin, LengthAwarePolicyMixin, SchedulingPolicy):
     """Tempo's service-gain-density order with graded decay."""
 
     name: ClassVar[str] = "tempo"
@@ -69,12 +89,16 @@ class TempoPolicy(LengthAwarePolicyMixin, SchedulingPolicy):
         best_effort_deadline_s: float = DEFAULT_BEST_EFFORT_DEADLINE_S,
         tpot_share: float = 0.9,
         min_chunk_tokens: int = 64,
+        frame_steps: int = 20,
+        preempt_margin: float = 0.0,
+        max_preempt_per_frame: int = 4,
     ) -> None:
         """``decay_alpha``: Tempo's α (1 in the paper; large values approach all-or-nothing);
         ``goodput_weights``: w_in : w_out (Tempo's pricing ratio 1 : 2); ``tpot_share``: a step
         lasts at most this share of the tightest running stream's TPOT (the bandwidth the
         density order hands out); ``min_chunk_tokens``: smallest prefill chunk that does not
-        end a prompt."""
+        end a prompt; ``frame_steps``/``preempt_margin``/``max_preempt_per_frame``: the
+        cost-aware preemption (every 20 steps in Tempo; margin 0: any higher density)."""
         super().__init__(estimator)
         if not (decay_alpha > 0 and math.isfinite(decay_alpha)):
             raise ValueError(f"decay_alpha must be a positive number, got {decay_alpha}")
@@ -87,15 +111,24 @@ class TempoPolicy(LengthAwarePolicyMixin, SchedulingPolicy):
             min_chunk_tokens=min_chunk_tokens,
         )
         self.decay_alpha = decay_alpha
+        self._init_frames(
+            frame_steps=frame_steps,
+            preempt_margin=preempt_margin,
+            max_preempt_per_frame=max_preempt_per_frame,
+        )
 
-    def density(self, view: GoodputView, now: float) -> FloatArray:
-        """Expected service gain density of every request in ``view``."""
+    def gain(self, view: GoodputView, now: float) -> FloatArray:
+        """Expected service gain (ESG, graded decay) of every request in ``view``."""
         since = now - view.static[:, ARRIVAL]
         projected = np.maximum(since + view.need_s, 1e-9)
         span = np.maximum(since + view.left_s, 0.0)
         span = np.where(np.isfinite(span), span, projected)  # no due time: no decay
         decay = np.minimum(1.0, span / projected) ** self.decay_alpha  # = min(1, (.)^α)
-        return view.value * decay / view.cost_s
+        return view.value * decay
+
+    def density(self, view: GoodputView, now: float) -> FloatArray:
+        """Expected service gain density of every request in ``view``."""
+        return self.gain(view, now) / view.cost_s
 
     def schedule(self, inp: SchedulerInput) -> StepPlan:
         if not inp.running and not inp.waiting:
@@ -104,10 +137,16 @@ class TempoPolicy(LengthAwarePolicyMixin, SchedulingPolicy):
         builder = self.step_builder(inp, view)
         plan = builder.plan
         nr = view.num_running
-        density = self.density(view, inp.now)
+        gain = self.gain(view, inp.now)
+        density = gain / view.cost_s
         requests = view.requests
         run_idx = np.argsort(-density[:nr], kind="stable")
         running = [requests[i] for i in run_idx.tolist()]
+        order = (nr + np.argsort(-density[nr:], kind="stable")).tolist()
+        at_boundary = self.frame_boundary(plan)
+        if at_boundary and nr and order and self.max_preempt_per_frame:
+            self.frame_preempt(builder, view, order, run_idx[::-1].tolist(), gain, density)
+        before = len(plan.preempted)  # the frame's preemptions make room for admissions
         victims = (r for r in reversed(running) if r.num_kv_blocks > 0)
         decoding = view.uncomputed[run_idx] <= 1
         first = run_idx[decoding]
@@ -118,14 +157,13 @@ class TempoPolicy(LengthAwarePolicyMixin, SchedulingPolicy):
             view.uncomputed[first],
             victims,
         )
-        order = (nr + np.argsort(-density[nr:], kind="stable")).tolist()
-        admitting = not plan.preempted
+        admitting = len(plan.preempted) == before
         for i in interleave_prefills(run_idx[~decoding], order, density):
             if builder.full:
                 break
             if i < nr:
                 continue_one(builder, requests[i], victims)
-                admitting &= not plan.preempted
+                admitting &= len(plan.preempted) == before
             elif admitting and (not room_for_new(builder) or builder.add(requests[i]) <= 0):
                 admitting = False  # vLLM's rule: admission stops at the first that does not fit
         waiting = [requests[i] for i in order]
@@ -133,6 +171,10 @@ class TempoPolicy(LengthAwarePolicyMixin, SchedulingPolicy):
             self.ensure_progress(builder, running, waiting)
         plan.repeatable = all_decode_repeatable(inp, plan)
         return plan
+
+    def on_step_end(self, plan: StepPlan, now: float) -> None:
+        """Count executed steps (the preemption frames)."""
+        self.count_frame_step(plan)
 
 
 class TempoOraclePolicy(TempoPolicy):

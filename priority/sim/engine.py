@@ -39,6 +39,7 @@ from priority.request import Request, RequestStatus
 from priority.routing.base import InstanceRole
 from priority.sim.kv import KvBlockPool
 from priority.sim.rules import DEFAULT_ENGINE_RULES, EngineRules
+from priority.sim.stall import DEFAULT_MAX_STALLED_STEPS, StallGuard
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -128,7 +129,11 @@ class EngineCore:
         fast_forward: bool = True,
         max_fast_forward_steps: int = DEFAULT_MAX_FAST_FORWARD_STEPS,
         rules: EngineRules = DEFAULT_ENGINE_RULES,
+        max_stalled_steps: int | None = DEFAULT_MAX_STALLED_STEPS,
     ) -> None:
+        """``max_stalled_steps``: consecutive executed steps without a token or a finish after
+        which :meth:`finish_step` raises :class:`~priority.sim.stall.LivelockError` (a
+        scheduler livelock; None: never)."""
         if noise_sigma < 0 or not math.isfinite(noise_sigma):
             raise ValueError(f"noise_sigma must be finite and >= 0, got {noise_sigma}")
         if max_fast_forward_steps < 1:
@@ -155,6 +160,7 @@ class EngineCore:
         self.in_flight: StepInFlight | None = None
         self.stats = EngineStats()
         self._aborted: set[str] = set()
+        self._stall = StallGuard(policy.name, max_stalled_steps)
 
     # ---- state ----------------------------------------------------------------------------
 
@@ -404,6 +410,7 @@ class EngineCore:
 
         self.stats.steps += k
         self.stats.busy_s += end - step.start_s
+        self._stall.step(bool(outcome.emitted or outcome.finished), self._stuck, k)
         observe = self.policy.estimator.observe
         if k == 1:
             observe(float(step.raw_predicted_s[0]), end - step.start_s)
@@ -418,6 +425,15 @@ class EngineCore:
         return outcome
 
     # ---- internals ------------------------------------------------------------------------
+
+    def _stuck(self) -> list[str]:
+        """The queued requests, most preempted first (the livelock guard's report)."""
+        queued = sorted(self.running + self.waiting, key=lambda r: -r.num_preemptions)
+        return [
+            f"{r.request_id} ({r.num_computed_tokens}/{r.num_tokens} tokens computed, "
+            f"{r.num_preemptions} preemptions)"
+            for r in queued
+        ]
 
     def _emit(self, request: Request, t: float, outcome: StepOutcome, done: list[Request]) -> None:
         request.token_times.append(t)
