@@ -3,12 +3,14 @@
     python bench/worker_routing.py [--workers 1,2] [--rps R] [--duration S] [--max-tokens N]
         [--prompt-chars C] [--profiles 910b-qwen2-7b,a100-qwen2-7b] [--scrape-interval S] [--json]
 
-Each worker routes with its own view: the requests it dispatched itself (exact) plus what each
-engine's ``/metrics`` said at the last scrape (every ``TIERGATE_SCRAPE_INTERVAL_S``), which counts
-the other workers' requests as the engine's own load (:meth:`BackendPool.reconcile`). Whether
-that is enough is measured here: two emulated engines of different speed (child processes,
-registered as backends), ``tiergate serve --no-emulated --workers N`` in front of them, and one
-open-loop Poisson load of streamed chat requests. For each N, on fresh engines: the share of
+Each worker routes with its own view: the requests it dispatched itself (exact), the other
+workers' queued prefills as they publish them (``gateway/app/shared_queue.py``: a shared-memory
+table under ``--workers N``), and what each engine's ``/metrics`` said at the last scrape (every
+``TIERGATE_SCRAPE_INTERVAL_S``), which counts the rest of the other workers' requests as the
+engine's own load (:meth:`BackendPool.reconcile`). Whether that is enough is measured here:
+two emulated engines of different speed (child processes, registered as backends),
+``tiergate serve --no-emulated --workers N`` in front of them, and one open-loop Poisson load of
+streamed chat requests. For each N, on fresh engines: the share of
 requests each backend served (from the usage records), TTFT at the client (p50, p99), the
 gateway's own TTFT and SLO attainment per backend (usage records), and errors. If N workers
 split the load as one does and their latency matches, per-worker routing state is enough.

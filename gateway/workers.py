@@ -19,6 +19,10 @@ own event loop (``uvicorn.Server(...).serve(sockets=[sock])``), and serves the w
   after 0.5 s, doubling up to :data:`MAX_BACKOFF_S` while it keeps failing within
   :data:`STABLE_S`; one that fails before any worker ever served (a broken configuration) stops
   the whole server with status 1. A worker whose supervisor disappears drains and exits.
+* **Shared prefill queues.** The supervisor creates one shared-memory table
+  (:mod:`gateway.app.shared_queue`) in which each worker publishes, per backend, the prefills it
+  dispatched there and has not seen a first token for; every worker's router adds the others'
+  to its view of each backend. A worker's rows are zeroed when it exits.
 * **Shutdown.** SIGTERM or SIGINT: the supervisor closes its copy of the socket and sends each
   worker SIGTERM; each drains (:mod:`gateway.graceful`: readiness false, no new connections,
   in-flight requests finish within ``TIERGATE_SHUTDOWN_DRAIN_S``, usage flushed) and exits 0. A
@@ -46,7 +50,7 @@ from typing import Any
 
 import uvicorn
 
-from gateway.app import multiproc
+from gateway.app import multiproc, shared_queue
 from gateway.app.backends import BackendSpec
 from gateway.app.http_limits import http_options
 from gateway.app.multiproc import forget_process
@@ -121,10 +125,24 @@ async def multiprocess_metrics(addr: str | None) -> AsyncIterator[str]:
 # ---- the worker process -------------------------------------------------------------------
 
 
-def worker_main(spec: WorkerSpec, sock: socket.socket, ready: Connection) -> None:
+@dataclass(frozen=True)
+class SharedSlot:
+    """Where a worker publishes its queued prefills: the table's name, size and its row."""
+
+    table: str
+    workers: int
+    slot: int
+
+
+def worker_main(
+    spec: WorkerSpec, sock: socket.socket, ready: Connection, shared: SharedSlot | None = None
+) -> None:
     """A worker: the gateway app on the inherited socket until SIGTERM (or its supervisor
     goes away); says when it serves by sending its pid on ``ready``."""
     from gateway.app.app import create_app  # after spawn: prometheus_client in multiprocess mode
+
+    if shared is not None:  # before the app: its backend pool publishes there
+        shared_queue.join(shared.table, shared.workers, shared.slot, os.getpid())
 
     early: list[int] = []  # a stop before the server's own handlers are in place is kept
     for sig in SIGNALS:
@@ -224,6 +242,8 @@ class Supervisor:
         self._done: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._kill_timer: asyncio.TimerHandle | None = None
+        self.shared: shared_queue.PrefillTable | None = None
+        """The workers' shared prefill table, while :meth:`run` runs."""
         self.on_ready: Callable[[list[int]], None] | None = None
         """Called once with the workers' pids when all of them serve."""
 
@@ -237,11 +257,14 @@ class Supervisor:
         self._done = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal, sig)
+        self.shared = shared_queue.PrefillTable.create(self.count)
         try:
             for slot in range(self.count):
                 self._start(slot)
             await self._done.wait()
         finally:
+            self.shared.close()
+            self.shared = None
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(sig)
             if self._kill_timer is not None:
@@ -289,9 +312,11 @@ class Supervisor:
         if self.stopping:
             return
         receive, send = self._ctx.Pipe(duplex=False)
+        assert self.shared is not None
+        shared = SharedSlot(self.shared.name, self.count, slot)
         process = self._ctx.Process(
             target=worker_main,
-            args=(self.spec, self.sock, send),
+            args=(self.spec, self.sock, send, shared),
             name=f"tiergate-worker-{slot}",
         )
         process.start()
@@ -333,6 +358,8 @@ class Supervisor:
             worker.ready_conn.close()
         worker.process.join(JOIN_TIMEOUT_S)  # its sentinel says it is ending: reap it
         worker.exited = True
+        if self.shared is not None:  # its queued prefills are no one's now
+            self.shared.clear_worker(worker.slot)
         pid, code = worker.process.pid, worker.process.exitcode
         if self.metrics_path is not None and pid is not None:
             forget_process(pid, self.metrics_path)

@@ -40,6 +40,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gateway.app.breaker import Breaker, OpenReason, breaker_state
 from gateway.app.metrics import GatewayMetrics
+from gateway.app.shared_queue import Publisher, backend_key, joined
 from gateway.app.upstream import Upstream, UpstreamError, UpstreamTimeout
 from gateway.app.watchdog import (
     EXTERNAL_PROMPT_TOKENS,
@@ -52,6 +53,7 @@ from gateway.settings import Settings
 from priority.gain import GainWeights
 from priority.profiles import Profile, load_profile
 from priority.routing import InstanceView, Router, make_router
+from priority.routing.goroute import own_prefills
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +103,8 @@ class Backend:
     """Monotonic time the last upstream read from this backend brought data."""
     attempts: set[asyncio.Timeout] = field(default_factory=set)
     """Deadlines of attempts waiting here for a first token or a non-streamed answer."""
+    shared_key: float = 0.0
+    """This backend's key in the workers' shared prefill table (:mod:`gateway.app.shared_queue`)."""
     next_probe: float = 0.0
     probe_task: asyncio.Task[None] | None = None
     checked_at: float | None = None
@@ -166,6 +170,8 @@ class BackendPool:
         self.lagged_at = -1e9
         """When the health loop last found the event loop late (its own tick overdue)."""
         self._tasks: list[asyncio.Task[None]] = []
+        self.shared: Publisher | None = joined()
+        """With several workers: this worker's side of the shared prefill table (else None)."""
 
     # ---- configuration ------------------------------------------------------------------
 
@@ -221,11 +227,15 @@ class BackendPool:
                     else load_profile(spec.profile)
                 )
                 view = InstanceView(index, spec.name, profile, profile.estimator())
-                backends.append(Backend(spec, profile, view, self._new_breaker()))
+                backend = Backend(spec, profile, view, self._new_breaker())
+                backend.shared_key = backend_key(spec.name, spec.root_url, profile.name)
+                backends.append(backend)
                 self._declare(spec.name)
             router = self._make_router([b.view for b in backends])
             groups[model] = ModelGroup(model, backends, router)
         self.groups = groups
+        if self.shared is not None:  # new routers start from empty queues: so do our rows
+            self.shared.reset()
         if self.on_capacity is not None:
             self.on_capacity(self.capacity)
 
@@ -264,6 +274,25 @@ class BackendPool:
             decode_kv=[EXTERNAL_PROMPT_TOKENS // 4] * decodes,
         )
         return max(self.settings.backend_stall_min_s, STEP_MARGIN * step)
+
+    # ---- prefills queued by the other workers ---------------------------------------------
+
+    def queue_changed(self, backend: Backend) -> None:
+        """This worker's prefill queue on ``backend`` changed (dispatch, first token, end):
+        publish its summary to the other workers (nothing to do in a single process)."""
+        if self.shared is not None:
+            self.shared.publish(backend.shared_key, own_prefills(backend.view), time.monotonic())
+
+    def see_others(self, backends: Sequence[Backend]) -> None:
+        """Bring ``backends``' views of the other workers' queued prefills up to date (before a
+        routing decision). An unchanged summary is left in place: it keeps the router's memo."""
+        if self.shared is None:
+            return
+        others = self.shared.others(time.monotonic())
+        for backend in backends:
+            summary = others.get(backend.shared_key)
+            if summary != backend.view.external_prefills:
+                backend.view.external_prefills = summary
 
     def _make_router(self, views: list[InstanceView]) -> Router:
         if self.settings.router == "goroute":
@@ -408,6 +437,8 @@ class BackendPool:
                         backend.probe_task = loop.create_task(self._check(backend))
                 if on_time:
                     self._watch(now, loop.time())
+                if self.shared is not None:
+                    self.shared.beat(now)
             except Exception:  # a bug here must not end health checking for good
                 log.exception("health loop tick failed")
             await asyncio.sleep(tick)
@@ -487,11 +518,19 @@ class BackendPool:
         ``running`` beyond what we account for is counted as extra decoding load (it interferes
         with prefills just the same). It never drops below our own count between scrapes'
         reconciliation, since our own requests are tracked exactly.
+
+        With several workers, the prefills the *other* workers queued here are known from the
+        shared table (:meth:`see_others`) and counted as queued prefill work; they are also in
+        the engine's running/waiting, so they are subtracted with our own requests: a request
+        is counted once, as prefill work until a first token is seen for it, then as load we
+        did not send (the other workers' decoding requests).
         """
         backend.running = int(gauges.get(RUNNING, 0))
         backend.waiting = int(gauges.get(WAITING, 0))
         backend.kv_usage = gauges.get(KV_USAGE)
-        ours = backend.own_decoding + len(backend.view.prefill_queue)
+        self.see_others([backend])
+        view = backend.view
+        ours = backend.own_decoding + len(view.prefill_queue) + view.num_external_prefills
         external = max(0, backend.running + backend.waiting - ours)
         backend.external = external
         backend.view.num_decoding = backend.own_decoding + external
@@ -501,6 +540,7 @@ class BackendPool:
         m.backend_healthy.labels(name).set(1.0 if backend.view.healthy else 0.0)
         m.backend_breaker.labels(name).set(breaker_state(backend.breaker, time.monotonic()))
         m.backend_prefills.labels(name).set(len(backend.view.prefill_queue))
+        m.backend_prefills_others.labels(name).set(backend.view.num_external_prefills)
         m.backend_decoding.labels(name).set(backend.view.num_decoding)
         if backend.running is not None:
             m.backend_running.labels(name).set(backend.running)
@@ -509,6 +549,7 @@ class BackendPool:
             m.backend_kv.labels(name).set(backend.kv_usage)
 
     def export_all(self) -> None:
+        self.see_others(self.backends)
         for backend in self.backends:
             self._export(backend)
 

@@ -295,6 +295,15 @@ class GatewayMetrics:
             registry=reg,
             mode="livesum",
         )
+        self.backend_prefills_others = gauge(
+            "tiergate_backend_prefill_queue_others",
+            "The other workers' dispatched requests awaiting their first token, as this "
+            "worker's router sees them (shared table; 0 with one worker). Several workers: the "
+            "largest.",
+            ("backend",),
+            registry=reg,
+            mode="livemax",
+        )
         self.backend_decoding = gauge(
             "tiergate_backend_decoding",
             "Requests decoding on the backend (reconciled; with several workers: the largest "

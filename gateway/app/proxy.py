@@ -398,6 +398,7 @@ class Job:
         for b in hidden:  # no await until restored: other requests never see this
             b.view.healthy = False
         started = time.perf_counter()
+        self.state.pool.see_others(self.group.backends)  # the other workers' queued prefills
         try:
             return self.group.router.route(self.core, now)
         except NoHealthyInstanceError:
@@ -542,6 +543,7 @@ class Job:
         self.backend, self.decision_live = backend, decision
         self.state.metrics.count_routed(backend.name, self.tier)
         self.group.router.on_dispatch(self.core, decision, now)
+        self.state.pool.queue_changed(backend)
 
     def _undispatch(self) -> None:
         """Tell the router a failed attempt is gone (a non-streaming one may have been
@@ -550,6 +552,8 @@ class Job:
         self.group.router.on_finish(
             self.core, self.decision_live, time.monotonic(), saw_first_token=self.first_token
         )
+        if self.backend is not None:
+            self.state.pool.queue_changed(self.backend)
         if self.first_token and self.backend is not None:
             self.backend.own_decoding = max(0, self.backend.own_decoding - 1)
         self.first_token = False
@@ -634,6 +638,7 @@ class Job:
         self.first_token = True
         backend.own_decoding += 1
         self.group.router.on_first_token(self.core, self.decision_live, time.monotonic())
+        self.state.pool.queue_changed(backend)
 
     def _read_usage(self, content: bytes) -> None:
         answer = _json_object(content)
@@ -814,6 +819,7 @@ class Job:
             self.group.router.on_finish(
                 self.core, self.decision_live, now, saw_first_token=self.first_token
             )
+            self.state.pool.queue_changed(self.backend)
             if self.first_token:
                 self.backend.own_decoding = max(0, self.backend.own_decoding - 1)
         if self.slot:

@@ -8,7 +8,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from priority.routing.base import InstanceRole, InstanceView, RouteDecision, Router
+from priority.routing.base import (
+    ExternalPrefills,
+    InstanceRole,
+    InstanceView,
+    RouteDecision,
+    Router,
+)
 from priority.routing.goroute import GoRouter, InstanceEstimate
 from priority.routing.simple import (
     MinLoadRouter,
@@ -43,6 +49,7 @@ def make_router(name: str, instances: Sequence[InstanceView], **params: Any) -> 
 
 __all__ = [
     "ROUTER_NAMES",
+    "ExternalPrefills",
     "GoRouter",
     "InstanceEstimate",
     "InstanceRole",

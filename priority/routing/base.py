@@ -4,6 +4,11 @@ Routers keep gateway-side state about each instance from the events the caller r
 (dispatch, first token, finish, scraped metrics), so the same objects serve the simulator and the
 gateway. PROSERVE's GoRouting needs exactly this state: each instance's queued prefills with the
 time they were last updated, and its count of decoding requests.
+
+A router that is one of several in front of the same engines (gateway workers) also sees the
+prefills the *others* queued there, as one :class:`ExternalPrefills` summary per instance that
+its caller fills in (:attr:`InstanceView.external_prefills`); this package never learns where
+the summary comes from.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
+from math import inf
 
 from priority.estimator import BatchLatencyEstimator
 from priority.profiles import Profile
@@ -22,6 +28,29 @@ class InstanceRole(Enum):
     COLOCATED = "colocated"  # prefill and decode on the same instance
     PREFILL = "prefill"  # PD-disaggregated prefill-only instance
     DECODE = "decode"  # PD-disaggregated decode-only instance
+
+
+@dataclass(frozen=True, slots=True)
+class ExternalPrefills:
+    """Prefills queued on an instance by other routers (other gateway workers), summarised.
+
+    Pure data, so that it can cross a process boundary as a few numbers: what GoRouting's
+    ``phi`` needs of a queue, not the requests themselves. ``raw_work`` and ``chunks`` are in
+    the instance's own estimator units (every router in front of an instance uses its profile).
+    Frozen and compared by value: an unchanged summary keeps a router's memo of the queue.
+    """
+
+    count: int
+    prompt_tokens: int
+    raw_work: float
+    """Sum of the uncorrected (beta = 1) chunked prefill time of the prompts (seconds)."""
+    chunks: int
+    min_tpot_s: float = inf
+    """Smallest TPOT SLO among them (inf: none)."""
+    earliest_deadline_s: float = inf
+    """Earliest first-token deadline among them (same clock as ``Request.arrival_s``)."""
+    updated_s: float = 0.0
+    """When the latest of those queues last changed (for lag compensation)."""
 
 
 @dataclass(slots=True)
@@ -42,10 +71,18 @@ class InstanceView:
     """Requests past their first token and not finished (n_d)."""
     num_free_kv_blocks: int | None = None
     """Last reported free KV blocks (decode-instance choice in PD-disaggregation)."""
+    external_prefills: ExternalPrefills | None = None
+    """Prefills other routers queued here and have not seen a first token for (None: none
+    known). Counted as queued prefill work, so callers must not count them again in
+    :attr:`num_decoding`."""
+
+    @property
+    def num_external_prefills(self) -> int:
+        return 0 if self.external_prefills is None else self.external_prefills.count
 
     @property
     def num_outstanding(self) -> int:
-        return len(self.prefill_queue) + self.num_decoding
+        return len(self.prefill_queue) + self.num_external_prefills + self.num_decoding
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,6 +44,14 @@ with a negative maximum it exceeds every Delta), so the choice is random — by 
 instances where the request harms the queued requests least (``Delta_p == Delta_max``), which is
 Algorithm 2's uniform RandomSelect whenever no placement harms anyone.
 
+**Other routers' prefills** (gateway workers in front of the same engines): an instance's
+``external_prefills`` summary (:class:`~priority.routing.base.ExternalPrefills`) joins Q_p as
+work only: its raw work and chunks add to phi, its smallest TPOT SLO and earliest deadline
+join the batch budget t_b (the deadline enters the sorted deadlines with value 0, so that it
+bounds t_b without counting as gain), and its update time joins the lag: lag_p = now - the
+latest of the two updates. The Gain terms stay over this router's own requests: pushing
+another router's request past its deadline is not seen (the summary has no per-request values).
+
 ``route`` changes no routing state; it only draws from the random generator (fallback branch)
 and memoizes each queue's summary (sorted deadlines, value suffix sums, total work), which the
 ``on_*`` callbacks drop when that queue changes. Per decision the cost is then O(log |Q|) per
@@ -63,7 +71,13 @@ import numpy as np
 from priority.estimator import BatchLatencyEstimator, LatencyCoefficients
 from priority.gain import GainWeights
 from priority.request import Request
-from priority.routing.base import InstanceRole, InstanceView, RouteDecision, Router
+from priority.routing.base import (
+    ExternalPrefills,
+    InstanceRole,
+    InstanceView,
+    RouteDecision,
+    Router,
+)
 from priority.routing.simple import pick_decode_instance, prefill_candidates
 
 DEFAULT_ALPHA = 0.9
@@ -170,7 +184,9 @@ class GoRouter(Router):
         self.avoid_harm_on_fallback = avoid_harm_on_fallback
         # Memo of each queue's summary, keyed by a fingerprint of the queue; the callbacks also
         # drop it, which catches changes that leave length and timestamp alike.
-        self._summaries: dict[int, tuple[tuple[int, int, float], _QueueSummary]] = {}
+        self._summaries: dict[
+            int, tuple[tuple[int, int, float, ExternalPrefills | None], _QueueSummary]
+        ] = {}
 
     # ---- Algorithm 2 ----------------------------------------------------------------------
 
@@ -257,7 +273,10 @@ class GoRouter(Router):
 
     @staticmethod
     def _exec(instance: InstanceView, phi: float, now: float) -> float:
-        lag = max(0.0, now - instance.queue_updated_s)
+        updated = instance.queue_updated_s
+        if instance.external_prefills is not None:
+            updated = max(updated, instance.external_prefills.updated_s)
+        lag = max(0.0, now - updated)
         return max(0.0, phi - lag) + instance.num_decoding * instance.estimator.decode_time(0)
 
     def _batch_factor(self, remain_s: float, min_tpot_s: float, t_c: float) -> float:
@@ -271,8 +290,8 @@ class GoRouter(Router):
         return budget / (budget - t_c)
 
     def _summary(self, instance: InstanceView) -> _QueueSummary:
-        queue = instance.prefill_queue
-        key = (id(queue), len(queue), instance.queue_updated_s)
+        queue, external = instance.prefill_queue, instance.external_prefills
+        key = (id(queue), len(queue), instance.queue_updated_s, external)
         cached = self._summaries.get(instance.index)
         if cached is not None and cached[0] == key:
             return cached[1]
@@ -287,6 +306,12 @@ class GoRouter(Router):
             if r.slo.tpot_s is not None:
                 min_tpot = min(min_tpot, r.slo.tpot_s)
             rows.append((r.arrival_s + r.slo.token_due_s(1), self.weights.token_value(r.weight, 1)))
+        if external is not None:  # work and deadline pressure only: no gain of ours (docstring)
+            raw_work += external.raw_work
+            chunks += external.chunks
+            min_tpot = min(min_tpot, external.min_tpot_s)
+            if math.isfinite(external.earliest_deadline_s):
+                rows.append((external.earliest_deadline_s, 0.0))
         rows.sort()
         suffix = [0.0] * (len(rows) + 1)
         for i in range(len(rows) - 1, -1, -1):
@@ -310,3 +335,29 @@ class GoRouter(Router):
     ) -> None:
         super().on_finish(request, decision, now, saw_first_token=saw_first_token)
         self._summaries.pop(decision.instance, None)
+
+
+def own_prefills(instance: InstanceView) -> ExternalPrefills:
+    """This router's queued prefills on ``instance`` as the summary another router in front of
+    the same instance adds to its own view (:attr:`InstanceView.external_prefills`)."""
+    chunk_tokens = instance.profile.engine.max_num_batched_tokens
+    coefficients = instance.estimator.coefficients
+    prompt_tokens, raw_work, chunks = 0, 0.0, 0
+    min_tpot, earliest = math.inf, math.inf
+    for r in instance.prefill_queue.values():
+        raw, k = raw_prefill_work(coefficients, chunk_tokens, r.prompt_tokens)
+        prompt_tokens += r.prompt_tokens
+        raw_work += raw
+        chunks += k
+        if r.slo.tpot_s is not None:
+            min_tpot = min(min_tpot, r.slo.tpot_s)
+        earliest = min(earliest, r.arrival_s + r.slo.token_due_s(1))
+    return ExternalPrefills(
+        len(instance.prefill_queue),
+        prompt_tokens,
+        raw_work,
+        chunks,
+        min_tpot,
+        earliest,
+        instance.queue_updated_s,
+    )

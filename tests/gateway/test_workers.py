@@ -8,6 +8,7 @@ merged over real processes, the drain middleware and server); the end-to-end one
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -585,3 +586,44 @@ def test_worker_routing_bench_reports_the_split(capsys: pytest.CaptureFixture[st
         served = sum(b["requests"] for b in row["backends"].values())
         assert served == row["requests"]  # every answered request has its usage record
         assert sum(b["share"] for b in row["backends"].values()) == pytest.approx(1, abs=0.01)
+
+
+def _prefills_seen_from_others(served: Served) -> float:
+    """The largest number of another worker's queued prefills any worker's router sees."""
+    family = served.metrics().get("tiergate_backend_prefill_queue_others")
+    return 0.0 if family is None else max((s.value for s in family.samples), default=0.0)
+
+
+def _long_prefill(client: openai.OpenAI, prompt: str) -> None:
+    """One request that spends most of its time in prefill (shedding it under the burst is
+    fine: the test looks at the ones dispatched)."""
+    with contextlib.suppress(openai.APIStatusError):
+        client.chat.completions.create(
+            model=MODEL_NAME, messages=[{"role": "user", "content": prompt}], max_tokens=2
+        )
+
+
+@pytest.mark.slow
+def test_each_worker_routes_with_the_other_workers_queued_prefills(tmp_path: Path) -> None:
+    """Bursts of long prompts over fresh connections (so both workers dispatch) until a
+    worker's sampled gauge shows prefills the *other* worker queued, read from the shared
+    table; then, all answered, nobody sees any."""
+    prompt = "tell me about the weather " * 600
+    with serving(tmp_path, workers=2) as served:
+        assert _prefills_seen_from_others(served) == 0.0
+        seen, bursts = 0.0, 0
+        while seen == 0.0:
+            bursts += 1
+            assert bursts <= 15, f"no worker saw the other's prefills: {served.metrics()}"
+            clients = [served.client() for _ in range(16)]
+            threads = [threading.Thread(target=_long_prefill, args=(c, prompt)) for c in clients]
+            for t in threads:
+                t.start()
+            while any(t.is_alive() for t in threads) and seen == 0.0:
+                seen = _prefills_seen_from_others(served)
+                time.sleep(0.2)
+            for t in threads:
+                t.join()
+        assert seen >= 1.0
+        # every request answered: the workers' rows are empty again (gauges sampled each 1 s)
+        _wait_for(lambda: _prefills_seen_from_others(served) == 0.0, "emptied the table", served)
