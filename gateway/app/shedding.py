@@ -70,6 +70,7 @@ from priority.routing.goroute import GoRouter, raw_prefill_work
 if TYPE_CHECKING:
     from gateway.app.backends import Backend, BackendPool
     from priority.estimator import BatchLatencyEstimator
+    from priority.routing.base import InstanceView
 
 
 MIN_RETRY_AFTER_S = 1.0
@@ -229,27 +230,40 @@ Without it, 10x overload drills recovered in 13 s (``docs/results.md``, "Overloa
 
 def _idle(backend: Backend, now: float) -> bool:
     """Nothing waiting for a first token, none for a while (:data:`BEST_EFFORT_REST`), and
-    decoding light (:data:`BEST_EFFORT_LOAD`)."""
+    decoding light (:data:`BEST_EFFORT_LOAD`) — counting what the other gateway workers have
+    queued there (``view.external_prefills``) as this worker's own."""
     view = backend.view
-    if view.prefill_queue:
+    if view.prefill_queue or view.num_external_prefills:
         return False
     estimator = view.estimator
-    if now - view.queue_updated_s < BEST_EFFORT_REST * estimator.t_c:
+    if now - _queue_changed_s(view) < BEST_EFFORT_REST * estimator.t_c:
         return False
     return view.num_decoding * estimator.decode_time(0) < BEST_EFFORT_LOAD * estimator.t_c
 
 
 def pending_prefill_s(backend: Backend, now: float) -> float:
     """For routers that estimate no drain time: prefill work dispatched to ``backend`` and not
-    yet through its first token (seconds of its profile's estimator), less the time since that
-    set last changed (progress made meanwhile, as GoRouting compensates its lag)."""
+    yet through its first token (seconds of its profile's estimator), this worker's and the
+    other workers' (``view.external_prefills``), less the time since that set last changed
+    (progress made meanwhile, as GoRouting compensates its lag)."""
     view = backend.view
-    if not view.prefill_queue:
+    external = view.external_prefills
+    if not view.prefill_queue and external is None:
         return 0.0
     estimator = view.estimator
     chunk = backend.profile.engine.max_num_batched_tokens
     total = 0.0
+    if external is not None:
+        total += estimator.beta * external.raw_work + estimator.t_c * external.chunks
     for request in view.prefill_queue.values():
         raw, chunks = raw_prefill_work(estimator.coefficients, chunk, request.prompt_tokens)
         total += estimator.beta * raw + estimator.t_c * chunks
-    return max(0.0, total - (now - view.queue_updated_s))
+    return max(0.0, total - (now - _queue_changed_s(view)))
+
+
+def _queue_changed_s(view: InstanceView) -> float:
+    """When the backend's prefill queue last changed, this worker's or another's."""
+    external = view.external_prefills
+    if external is None:
+        return view.queue_updated_s
+    return max(view.queue_updated_s, external.updated_s)

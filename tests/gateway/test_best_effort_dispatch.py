@@ -4,11 +4,18 @@ while, and light decoding — so a promised request rarely lands behind a best-e
 
 from __future__ import annotations
 
+import pytest
+
 from gateway.app.backends import Backend, BackendSpec
-from gateway.app.shedding import BEST_EFFORT_LOAD, BEST_EFFORT_REST, _idle
+from gateway.app.shedding import (
+    BEST_EFFORT_LOAD,
+    BEST_EFFORT_REST,
+    _idle,
+    pending_prefill_s,
+)
 from priority.profiles import load_profile
 from priority.request import SLO, Request
-from priority.routing.base import InstanceView
+from priority.routing.base import ExternalPrefills, InstanceView
 
 LAST_PREFILL_END_S = 100.0
 
@@ -49,3 +56,35 @@ def test_heavy_decoding_keeps_best_effort_out_after_the_rest() -> None:
     later = LAST_PREFILL_END_S + 2 * _rest_s(light)
     assert _idle(light, later)
     assert not _idle(heavy, later)
+
+
+def _others(count: int, updated_s: float) -> ExternalPrefills:
+    """Another worker's queued prefills on the backend: ``count`` prompts of ~1 s of work."""
+    return ExternalPrefills(count, 500 * count, 1.0 * count, count, updated_s=updated_s)
+
+
+def test_another_workers_pending_prefill_keeps_best_effort_out() -> None:
+    backend = _backend()
+    later = LAST_PREFILL_END_S + 2 * _rest_s(backend)
+    assert _idle(backend, later)
+    backend.view.external_prefills = _others(1, LAST_PREFILL_END_S)
+    assert not _idle(backend, later)
+    # the other worker's prefill just went through: the backend rests from *its* change too
+    backend.view.external_prefills = _others(0, later)
+    assert not _idle(backend, later + 0.5 * _rest_s(backend))
+    assert _idle(backend, later + 1.01 * _rest_s(backend))
+
+
+def test_pending_prefill_work_counts_the_other_workers_queue() -> None:
+    backend = _backend()
+    assert pending_prefill_s(backend, LAST_PREFILL_END_S) == 0.0
+    backend.view.external_prefills = _others(2, LAST_PREFILL_END_S)
+    estimator = backend.view.estimator
+    work = estimator.beta * 2.0 + estimator.t_c * 2
+    assert pending_prefill_s(backend, LAST_PREFILL_END_S) == pytest.approx(work)
+    # progress since the other worker's queue last changed is taken off, as for our own
+    assert pending_prefill_s(backend, LAST_PREFILL_END_S + 0.5) == pytest.approx(work - 0.5)
+    mine = _backend(pending=1)
+    alone = pending_prefill_s(mine, LAST_PREFILL_END_S)
+    mine.view.external_prefills = _others(2, LAST_PREFILL_END_S)
+    assert pending_prefill_s(mine, LAST_PREFILL_END_S) == pytest.approx(alone + work)
