@@ -201,8 +201,10 @@ class ApiKey(Base):
     """An API key, kept only as ``HMAC-SHA256(server secret, key)`` plus its display prefix."""
 
     __tablename__ = "api_keys"
-    # the keys list, newest first (migration 0007)
-    __table_args__ = (Index("ix_api_keys_created", "created_at", "id"),)
+    __table_args__ = (
+        Index("ix_api_keys_created", "created_at", "id"),  # the keys list, newest first (0007)
+        Index("uq_api_keys_form_token_hash", "form_token_hash", unique=True),  # (0011)
+    )
 
     id: Mapped[int] = mapped_column(primary_key=True)
     tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
@@ -216,6 +218,10 @@ class ApiKey(Base):
     expires_at: Mapped[datetime | None] = mapped_column()
     revoked_at: Mapped[datetime | None] = mapped_column()
     last_used_at: Mapped[datetime | None] = mapped_column()
+    form_token_hash: Mapped[str | None] = mapped_column(String(64))
+    """``HMAC(server secret, label + token)`` of the dashboard form that issued the key (unique:
+    a re-sent form cannot issue a second key); NULL for keys from the API, the CLI, or before
+    migration 0011."""
 
     tenant: Mapped[Tenant] = relationship(back_populates="api_keys")
 

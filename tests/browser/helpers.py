@@ -23,6 +23,11 @@ class PageProblems:
     def all(self) -> list[str]:
         return self.console_errors + self.failed_requests + self.page_errors
 
+    def unexpected(self, *expected: str) -> list[str]:
+        """The problems that contain none of ``expected`` (Chromium logs a page answered with
+        an error status, a deliberate 409 among them, as a console error)."""
+        return [p for p in self.all() if not any(e in p for e in expected)]
+
 
 def sign_in(page: Page, credential: str) -> None:
     """Sign in through the login form, as a person would (the caller waits for the outcome)."""

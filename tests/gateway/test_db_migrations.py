@@ -264,12 +264,16 @@ def test_0003_clamps_rows_out_of_bounds_and_keeps_every_reference(db_url: str) -
     assert _checks(db_url, "tenants") == {"ck_tenants_status"}
 
 
-def _tier_columns(url: str) -> set[str]:
+def _columns(url: str, table: str) -> set[str]:
     engine = make_engine(url)
     try:
-        return {str(c["name"]) for c in inspect(engine).get_columns("tiers")}
+        return {str(c["name"]) for c in inspect(engine).get_columns(table)}
     finally:
         engine.dispose()
+
+
+def _tier_columns(url: str) -> set[str]:
+    return _columns(url, "tiers")
 
 
 def test_0009_adds_the_default_kind_and_existing_tiers_stay_latency(db_url: str) -> None:
@@ -327,3 +331,56 @@ def test_0010_adds_length_samples_and_its_downgrade_drops_them(db_url: str) -> N
         engine.dispose()
     migrate.downgrade("0009", db_url)
     assert "length_samples" not in _tables(db_url)
+
+
+def _api_key_columns(url: str) -> set[str]:
+    return _columns(url, "api_keys")
+
+
+_INSERT_KEY = (
+    "INSERT INTO api_keys (tenant_id, prefix, key_hash, created_at{extra}) VALUES "
+    "((SELECT id FROM tenants WHERE name = 'acme'), :prefix, :hash, CURRENT_TIMESTAMP{value})"
+)
+
+
+def test_0011_adds_the_unique_form_token_hash_and_its_downgrade_keeps_the_keys(
+    db_url: str,
+) -> None:
+    migrate.upgrade(db_url, "0010")
+    assert "form_token_hash" not in _api_key_columns(db_url)
+    engine = make_engine(db_url)
+    insert = text(_INSERT_KEY.format(extra="", value=""))
+    with_token = text(_INSERT_KEY.format(extra=", form_token_hash", value=", :token"))
+    try:
+        with engine.begin() as conn:
+            conn.execute(
+                text(
+                    "INSERT INTO tiers (name, weight, ttft_ms, tpot_ms, best_effort_allowed, "
+                    "shed_slack, created_at, updated_at) VALUES ('t', 1, 500, 50, false, 0, "
+                    "CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)"
+                )
+            )
+            conn.execute(
+                text(
+                    "INSERT INTO tenants (name, tier_id, status, created_at, updated_at) VALUES "
+                    "('acme', (SELECT id FROM tiers WHERE name = 't'), 'active', "
+                    "CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)"
+                )
+            )
+            conn.execute(insert, {"prefix": "old00001", "hash": "h1"})
+        migrate.upgrade(db_url, "0011")
+        with engine.begin() as conn:  # the old key has none; several keys without one coexist
+            token = conn.execute(text("SELECT form_token_hash FROM api_keys")).scalar_one()
+            assert token is None
+            conn.execute(insert, {"prefix": "new00002", "hash": "h2"})
+            conn.execute(with_token, {"prefix": "new00003", "hash": "h3", "token": "f1"})
+        with pytest.raises(IntegrityError), engine.begin() as conn:  # one key per form token
+            conn.execute(with_token, {"prefix": "new00004", "hash": "h4", "token": "f1"})
+        migrate.downgrade("0010", db_url)
+        assert "form_token_hash" not in _api_key_columns(db_url)
+        with engine.connect() as conn:  # every key survives the downgrade
+            assert conn.execute(text("SELECT count(*) FROM api_keys")).scalar_one() == 3
+        migrate.upgrade(db_url)
+        assert "form_token_hash" in _api_key_columns(db_url)
+    finally:
+        engine.dispose()

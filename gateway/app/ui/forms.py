@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import re
+import secrets
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal, TypeVar
 
@@ -38,15 +39,36 @@ POLICY_FIELDS: dict[str, Kind] = dict.fromkeys(
 
 _INTEGER = re.compile(r"[+-]?\d{1,30}")
 
+FORM_TOKEN = "form_token"
+"""The hidden field of a form that must act once (issuing a key): a random token made when the
+form is rendered. A browser that sends the form again (a reload of its answer) sends the same
+token, and the change it already made is found instead of made twice."""
+
+
+def new_form_token() -> str:
+    """A fresh one-time form token (192 random bits), for a form about to be rendered."""
+    return secrets.token_urlsafe(24)
+
+
+async def form_token(request: Request) -> str | None:
+    """The submitted form's one-time token, or None (a form rendered before tokens existed, or
+    a scripted post: it acts without the once-only guard, as the admin API does)."""
+    value = (await request.form()).get(FORM_TOKEN)
+    if not isinstance(value, str):
+        return None
+    if "\x00" in value:
+        raise nul_character(FORM_TOKEN)
+    return value.strip() or None
+
 
 async def read_form(request: Request) -> dict[str, str]:
-    """The submitted fields as text (the CSRF token left out; for a repeated name, e.g. a
-    checkbox after its hidden "false", the last). A NUL character is refused as the API
+    """The submitted fields as text (the CSRF and form tokens left out; for a repeated name,
+    e.g. a checkbox after its hidden "false", the last). A NUL character is refused as the API
     refuses it."""
     form = await request.form()
     values: dict[str, str] = {}
     for name, value in form.multi_items():
-        if name == "csrf_token" or not isinstance(value, str):
+        if name in ("csrf_token", FORM_TOKEN) or not isinstance(value, str):
             continue
         if "\x00" in value or "\x00" in name:
             raise nul_character(name.replace("\x00", "\\u0000"))

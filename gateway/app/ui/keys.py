@@ -5,15 +5,24 @@ and nowhere else: not in a redirect, a cookie, a log or a later page (``Cache-Co
 no-store`` on every dashboard page). Rotating issues the successor, shown the same way, and
 gives the old key a grace period. Changes go through the same crud calls and side effects as
 ``/admin/v1/keys`` (the key's cached identity is dropped once committed).
+
+The create and rotate forms act once: each carries a one-time token (``form_token``, made when
+the form is rendered) whose keyed hash the issued key keeps (a unique column). Reloading the
+page that showed the secret makes the browser post the same form again; that post issues
+nothing and answers 409 naming the key the first one issued — never its secret, which exists
+nowhere any more. Two posts racing each other are settled by the unique index the same way.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
@@ -29,11 +38,12 @@ from gateway.app.ui.deps import (
     SessionDep,
     UiRoute,
 )
-from gateway.app.ui.forms import Kind, field_errors
+from gateway.app.ui.forms import Kind, field_errors, form_token, new_form_token
 from gateway.app.ui.render import pager, redirect, render
 from gateway.app.ui.resource import commit_and_invalidate, submit
 from gateway.db import crud
-from gateway.db.crud.keys import DEFAULT_GRACE_S
+from gateway.db.crud.keys import DEFAULT_GRACE_S, find_key_by_form_token
+from gateway.db.errors import Conflict
 from gateway.db.models import utcnow
 from gateway.errors import ApiError
 
@@ -42,6 +52,14 @@ router = APIRouter(route_class=UiRoute)
 CREATE_FIELDS: dict[str, Kind] = {"tenant": "ref", "name": "text", "expires_at": "datetime"}
 ROTATE_FIELDS: dict[str, Kind] = {"grace_s": "number", "expires_at": "datetime"}
 Filter = Annotated[str | None, Query(max_length=200)]
+IssuedT = TypeVar("IssuedT")
+
+
+@dataclass(frozen=True, slots=True)
+class Repeated:
+    """A create or rotate form sent again: the key its first submission issued."""
+
+    key: KeyOut
 
 
 def _list_context(
@@ -63,6 +81,7 @@ def _list_context(
         "filters": {"tenant": tenant or "", "active_only": active_only},
         "filtered": bool(tenant_id or active_only),
         "pager": pager(request, total=total, limit=page.limit, offset=page.offset, shown=len(rows)),
+        "form_token": new_form_token(),
     }
 
 
@@ -80,7 +99,22 @@ def list_keys(
     return render(request, "keys.html", active="keys", title="Keys", values=values, **context)
 
 
-def _create(change: Change, body: KeyCreate) -> tuple[str, KeyOut]:
+def _once(change: Change, token: str | None, issue: Callable[[], IssuedT]) -> IssuedT | Repeated:
+    """``issue``'s result or, when it was refused because this form's token already issued a
+    key (crud's check, or the unique index when two posts raced past it), that key."""
+    try:
+        return issue()
+    except (Conflict, SQLAlchemyError):
+        if token is None:
+            raise
+        with change.session.begin():  # the refused transaction is rolled back: a fresh one
+            earlier = find_key_by_form_token(change.session, change.state.secret, token)
+            if earlier is None:
+                raise
+            return Repeated(KeyOut.of(earlier))
+
+
+def _create(change: Change, token: str | None, body: KeyCreate) -> tuple[str, KeyOut]:
     session = change.session
     with session.begin():
         created = crud.create_key(
@@ -90,6 +124,7 @@ def _create(change: Change, body: KeyCreate) -> tuple[str, KeyOut]:
             secret=change.state.secret,
             name=body.name,
             expires_at=body.expires_at,
+            form_token=token,
         )
         return created.plaintext, KeyOut.of(created.api_key)
 
@@ -104,13 +139,27 @@ def _created(
     )
 
 
+def _repeated(request: Request, repeated: Repeated) -> Response:
+    """409: this form already issued ``repeated.key``; its secret is not shown again."""
+    title = "Key already created"
+    return render(
+        request,
+        "key_repeated.html",
+        status_code=409,
+        active="keys",
+        title=title,
+        key=repeated.key,
+    )
+
+
 @router.post("/keys/new")
 async def create_key(change: ChangeDep) -> Response:
+    token = await form_token(change.request)
     values, result = await submit(
         change,
         CREATE_FIELDS,
         KeyCreate,
-        lambda body: _create(change, body),
+        lambda body: _once(change, token, partial(_create, change, token, body)),
         blank_is_null=False,
         required=("tenant",),
     )
@@ -133,6 +182,8 @@ async def create_key(change: ChangeDep) -> Response:
             )
 
         return await run_in_threadpool(again)
+    if isinstance(result, Repeated):
+        return _repeated(change.request, result)
     plaintext, key = result
     return _created(change.request, "Key created", plaintext, key, None)
 
@@ -154,7 +205,12 @@ def _detail(
     status_code: int = 200,
 ) -> Response:
     title = f"Key {key.prefix}"
-    context: dict[str, Any] = {"key": key, "values": values, "errors": errors or {}}
+    context: dict[str, Any] = {
+        "key": key,
+        "values": values,
+        "errors": errors or {},
+        "form_token": new_form_token(),
+    }
     return render(
         request, "key_detail.html", status_code=status_code, active="keys", title=title, **context
     )
@@ -170,7 +226,9 @@ async def revoke_key(prefix: str, change: ChangeDep) -> Response:
     return redirect(change.request, f"/ui/keys/{key.prefix}", flash=flash)
 
 
-def _rotate(change: Change, prefix: str, body: KeyRotate) -> tuple[str, KeyOut, KeyOut]:
+def _rotate(
+    change: Change, prefix: str, token: str | None, body: KeyRotate
+) -> tuple[str, KeyOut, KeyOut]:
     session = change.session
     with session.begin():
         created = crud.rotate_key(
@@ -180,6 +238,7 @@ def _rotate(change: Change, prefix: str, body: KeyRotate) -> tuple[str, KeyOut, 
             secret=change.state.secret,
             grace_s=body.grace_s,
             expires_at=body.expires_at,
+            form_token=token,
         )
         old = crud.get_key(session, prefix)
         out = created.plaintext, KeyOut.of(created.api_key), KeyOut.of(old)
@@ -189,7 +248,11 @@ def _rotate(change: Change, prefix: str, body: KeyRotate) -> tuple[str, KeyOut, 
 
 @router.post("/keys/{prefix}/rotate")
 async def rotate_key(prefix: str, change: ChangeDep) -> Response:
-    rotate = partial(_rotate, change, prefix)
+    token = await form_token(change.request)
+
+    def rotate(body: KeyRotate) -> tuple[str, KeyOut, KeyOut] | Repeated:
+        return _once(change, token, partial(_rotate, change, prefix, token, body))
+
     values, result = await submit(change, ROTATE_FIELDS, KeyRotate, rotate, blank_is_null=False)
     if isinstance(result, ApiError):
         if result.status == 404:
@@ -198,5 +261,7 @@ async def rotate_key(prefix: str, change: ChangeDep) -> Response:
         key = await run_in_threadpool(lambda: KeyOut.of(crud.get_key(change.session, prefix)))
         errors = field_errors(error, ROTATE_FIELDS)
         return _detail(change.request, key, values=values, errors=errors, status_code=error.status)
+    if isinstance(result, Repeated):
+        return _repeated(change.request, result)
     plaintext, new, old = result
     return _created(change.request, "Key rotated", plaintext, new, old)

@@ -5,6 +5,10 @@ its successor and giving the old key a grace period (:func:`rotate_key`); the *s
 is rotated by moving it to ``TIERGATE_SECRET_PREVIOUS``, after which :func:`authenticate`
 re-hashes each key under the new secret the first time it is presented, and
 :func:`secret_status` counts the usable keys still waiting for that.
+
+A key issued from a dashboard form records the keyed hash of that form's one-time token
+(:func:`form_token_hash`, a unique column): the same form sent again — a reload of the page
+that showed the secret — issues nothing and raises :class:`AlreadyIssued` instead.
 """
 
 from __future__ import annotations
@@ -56,6 +60,20 @@ DEFAULT_GRACE_S = 24 * 3600.0
 MAX_GRACE_S = 366 * 24 * 3600.0
 NAME_LENGTH = 128
 _ROTATED_SUFFIX = re.compile(r" \(rotated from tg-[a-z0-9]+\)$")
+FORM_TOKEN_LENGTH = 128
+_FORM_TOKEN_LABEL = "tiergate key form v1:"
+
+
+class AlreadyIssued(Conflict):
+    """The form token already issued a key: the form was sent twice (409, nothing written)."""
+
+    def __init__(self, prefix: str) -> None:
+        super().__init__(
+            f"this form already issued API key {display_prefix(prefix)}; its secret was shown "
+            "once, to that first submission",
+            param="form_token",
+        )
+        self.prefix = prefix
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +88,37 @@ class CreatedKey:
 
 
 def _audit_view(key: ApiKey) -> dict[str, Any]:
-    return snapshot(key, exclude=("key_hash", "last_used_at"))
+    return snapshot(key, exclude=("key_hash", "last_used_at", "form_token_hash"))
+
+
+def form_token_hash(secret: str | bytes, token: str) -> str:
+    """``HMAC(server secret, label + token)``: what a key keeps of the form that issued it (the
+    label keeps it from ever equalling a key's own hash)."""
+    return hash_key(secret, _FORM_TOKEN_LABEL + token)
+
+
+def find_key_by_form_token(session: Session, secret: str | bytes, token: str) -> ApiKey | None:
+    """The key the form with ``token`` issued, if any (after a refusal: was it a re-sent form?)."""
+    digest = form_token_hash(secret, token)
+    return session.scalar(select(ApiKey).where(ApiKey.form_token_hash == digest))
+
+
+def _issued_by(session: Session, digest: str) -> str | None:
+    """The prefix of the key already issued under this form-token hash, if any."""
+    return session.scalar(select(ApiKey.prefix).where(ApiKey.form_token_hash == digest))
+
+
+def _unused_form_token(session: Session, secret: str | bytes, token: str | None) -> str | None:
+    """The hash to store for ``token`` (None: no token), or :class:`AlreadyIssued`. Two posts
+    that race past this check are told apart by the unique index at insert."""
+    if token is None:
+        return None
+    check_optional_text(token, "form_token", FORM_TOKEN_LENGTH)
+    digest = form_token_hash(secret, token)
+    earlier = _issued_by(session, digest)
+    if earlier is not None:
+        raise AlreadyIssued(earlier)
+    return digest
 
 
 def get_key(session: Session, ref: int | str) -> ApiKey:
@@ -136,10 +184,14 @@ def create_key(
     name: str | None = None,
     expires_at: datetime | None = None,
     now: datetime | None = None,
+    form_token: str | None = None,
 ) -> CreatedKey:
-    """Issue a key for ``tenant``; only its HMAC and prefix are stored."""
+    """Issue a key for ``tenant``; only its HMAC and prefix are stored. With ``form_token``
+    (the dashboard's one-time form token) its keyed hash is stored too, and a token that
+    already issued a key raises :class:`AlreadyIssued`."""
     now = now or utcnow()
     check_optional_text(name, "name", 128)
+    token_hash = _unused_form_token(session, secret, form_token)
     expires_at = check_aware(expires_at, "expires_at")
     if expires_at is not None and expires_at <= now:
         raise InvalidInput("expires_at must be in the future", param="expires_at")
@@ -158,13 +210,14 @@ def create_key(
         secret_id=secret_id(secret),
         created_at=now,
         expires_at=expires_at,
+        form_token_hash=token_hash,
     )
     add_audited(
         session,
         key,
         actor=actor,
         entity=ENTITY,
-        conflict="key prefix collision; try again",
+        conflict="key prefix collision, or this form was sent twice at once; try again",
         view=_audit_view,
     )
     return CreatedKey(api_key=key, plaintext=generated.plaintext)
@@ -207,6 +260,7 @@ def rotate_key(
     grace_s: float = DEFAULT_GRACE_S,
     expires_at: datetime | None = None,
     now: datetime | None = None,
+    form_token: str | None = None,
 ) -> CreatedKey:
     """Issue the successor of a key and let the old one expire ``grace_s`` from now.
 
@@ -214,10 +268,13 @@ def rotate_key(
     from tg-<prefix>)"); ``expires_at`` is its own expiry (default: none). The old key's expiry
     only ever moves earlier: one already due sooner keeps its date. Two audit rows: the
     successor's ``create`` and the old key's ``rotate`` (its new expiry and ``rotated_to``).
-    A revoked or expired key is not rotated (409): issue a new key instead.
+    A revoked or expired key is not rotated (409): issue a new key instead. ``form_token`` as
+    for :func:`create_key`, checked first: a re-sent rotation (whose grace may have ended the
+    old key) is :class:`AlreadyIssued`, not "expired".
     """
     now = now or utcnow()
     grace = _check_grace(grace_s)
+    _unused_form_token(session, secret, form_token)
     old = lock(session, get_key(session, ref), ENTITY)
     if old.revoked_at is not None and old.revoked_at <= now:
         raise Conflict(f"API key {display_prefix(old.prefix)} is revoked; create a new key")
@@ -231,6 +288,7 @@ def rotate_key(
         name=_successor_name(old),
         expires_at=expires_at,
         now=now,
+        form_token=form_token,
     )
     before = _audit_view(old)
     deadline = now + grace

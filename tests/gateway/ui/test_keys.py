@@ -5,11 +5,14 @@ from __future__ import annotations
 import html
 import re
 
+import pytest
 from openai import AuthenticationError, OpenAI
 
 from gateway.db import crud
+from gateway.db.crud import keys as keys_crud
+from gateway.db.crud.keys import form_token_hash
 
-from .conftest import UI, field_errors
+from .conftest import SECRET, UI, field_errors
 
 
 def _secret(response) -> str:  # type: ignore[no-untyped-def]
@@ -94,3 +97,91 @@ def test_filters_and_empty_states(signed_in: UI) -> None:
     signed_in.post("/ui/tenants/-/new", {"name": "empty", "tier": "batch"})
     page = signed_in.client.get("/ui/keys?tenant=empty")
     assert "No key matches." in page.text
+
+
+# ---- a re-sent create or rotate form issues no second key ------------------------------------
+
+_FORM_TOKEN = re.compile(r'name="form_token" value="([^"]+)"')
+
+
+def _form_token(ui: UI, path: str) -> str:
+    match = _FORM_TOKEN.search(ui.client.get(path).text)
+    assert match is not None, f"no form token on {path}"
+    return match.group(1)
+
+
+def _keys_of(ui: UI, tenant: str) -> list[str]:
+    with ui.factory() as session:
+        return [k.prefix for k in crud.list_keys(session, tenant=tenant)]
+
+
+def _assert_repeated(response, prefix: str, secret: str) -> None:  # type: ignore[no-untyped-def]
+    assert response.status_code == 409, response.text
+    assert response.headers["cache-control"] == "no-store"
+    assert 'id="new-secret"' not in response.text and secret not in response.text
+    assert f'id="repeated-prefix">{prefix}<' in response.text
+    assert "acme" in response.text and "shown once" in response.text
+    assert f'href="/ui/keys/{prefix}#rotate"' in response.text
+    assert f'href="/ui/keys/{prefix}#revoke"' in response.text
+
+
+def test_the_create_form_sent_twice_issues_one_key(signed_in: UI) -> None:
+    before = _keys_of(signed_in, "acme")
+    audited = len(signed_in.audit())
+    token = _form_token(signed_in, "/ui/keys")
+    assert token != _form_token(signed_in, "/ui/keys")  # a fresh token per rendered form
+    form = {"tenant": "acme", "name": "once", "form_token": token}
+    first = signed_in.post("/ui/keys/new", form)
+    assert first.status_code == 201
+    secret = _secret(first)
+    prefix = "tg-" + secret.split("-")[1]
+    again = signed_in.post("/ui/keys/new", form)  # what a reload of the answer re-posts
+    _assert_repeated(again, prefix, secret)
+    assert sorted(_keys_of(signed_in, "acme")) == sorted([*before, prefix[3:]])
+    with signed_in.factory() as session:  # only the token's keyed hash is stored
+        stored = crud.get_key(session, prefix).form_token_hash
+        assert stored == form_token_hash(SECRET, token) and token not in stored
+    assert [e.action for e in signed_in.audit()[audited:]] == ["create"]
+    # a new form (new token) is a deliberate second key
+    other = {**form, "form_token": _form_token(signed_in, "/ui/keys")}
+    assert signed_in.post("/ui/keys/new", other).status_code == 201
+    assert len(_keys_of(signed_in, "acme")) == len(before) + 2
+
+
+def test_the_rotate_form_sent_twice_rotates_once(signed_in: UI) -> None:
+    old = _secret(signed_in.post("/ui/keys/new", {"tenant": "acme", "name": "app"}))
+    prefix = "tg-" + old.split("-")[1]
+    before = _keys_of(signed_in, "acme")
+    form = {"grace_s": "0", "form_token": _form_token(signed_in, f"/ui/keys/{prefix}")}
+    rotated = signed_in.post(f"/ui/keys/{prefix}/rotate", form)
+    assert rotated.status_code == 201
+    new = _secret(rotated)
+    # the old key has expired now (grace 0), yet the answer is "already done", not "expired"
+    again = signed_in.post(f"/ui/keys/{prefix}/rotate", form)
+    _assert_repeated(again, "tg-" + new.split("-")[1], new)
+    assert len(_keys_of(signed_in, "acme")) == len(before) + 1
+    rotations = [e for e in signed_in.audit() if e.action == "rotate"]
+    assert len(rotations) == 1
+
+
+def test_two_racing_posts_of_one_form_issue_one_key(
+    signed_in: UI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    token = _form_token(signed_in, "/ui/keys")
+    form = {"tenant": "acme", "form_token": token}
+    first = signed_in.post("/ui/keys/new", form)
+    secret = _secret(first)
+    before = _keys_of(signed_in, "acme")
+    # the second post's check ran before the first committed: only the unique index stops it
+    monkeypatch.setattr(keys_crud, "_issued_by", lambda session, digest: None)
+    raced = signed_in.post("/ui/keys/new", form)
+    _assert_repeated(raced, "tg-" + secret.split("-")[1], secret)
+    assert _keys_of(signed_in, "acme") == before
+    prefix = "tg-" + secret.split("-")[1]
+    rotate = {"grace_s": "60", "form_token": _form_token(signed_in, f"/ui/keys/{prefix}")}
+    assert signed_in.post(f"/ui/keys/{prefix}/rotate", rotate).status_code == 201
+    after_rotation = _keys_of(signed_in, "acme")
+    raced = signed_in.post(f"/ui/keys/{prefix}/rotate", rotate)
+    assert raced.status_code == 409 and 'id="new-secret"' not in raced.text
+    assert _keys_of(signed_in, "acme") == after_rotation
+    assert len([e for e in signed_in.audit() if e.action == "rotate"]) == 1
