@@ -63,3 +63,18 @@ def empty_postgres_schema(server_url: str, prefix: str = "t") -> Iterator[str]:
             conn.execute(text("SET lock_timeout = '5s'"))
             conn.execute(text(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'))
         admin.dispose()
+
+
+def create_agents_tier(session: Any) -> None:
+    """A tier for agent workflows, whose deadlines may be short in tests (a 1 ms deadline
+    floor), with best effort allowed."""
+    crud.create_tier(
+        session,
+        actor="test",
+        name="agents",
+        weight=2.0,
+        ttft_ms=500.0,
+        tpot_ms=50.0,
+        min_deadline_ms=1.0,
+        best_effort_allowed=True,
+    )

@@ -34,6 +34,7 @@ from gateway.db.session import make_engine, make_session_factory
 from gateway.settings import Settings
 from priority.request import Request as CoreRequest
 from tests.gateway.engine_spy import spied_engine
+from tests.gateway.seeded_app import create_agents_tier
 
 MODEL = "qwen2-7b"
 SECRET = "kinds-test-secret"
@@ -86,16 +87,7 @@ def _seed(factory: sessionmaker[Session]) -> dict[str, str]:
     keys = {}
     with factory.begin() as session:
         seed_defaults(session)
-        crud.create_tier(  # workflows may be short here: a 1 ms deadline floor
-            session,
-            actor="test",
-            name="agents",
-            weight=2.0,
-            ttft_ms=500.0,
-            tpot_ms=50.0,
-            min_deadline_ms=1.0,
-            best_effort_allowed=True,
-        )
+        create_agents_tier(session)  # workflows may be short here: a 1 ms deadline floor
         crud.create_tier(
             session,
             actor="test",

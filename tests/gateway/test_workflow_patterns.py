@@ -25,6 +25,7 @@ from gateway.db.session import make_engine, make_session_factory
 from gateway.settings import Settings
 from priority.request import Request as CoreRequest
 from tests.gateway.engine_spy import spied_engine
+from tests.gateway.seeded_app import create_agents_tier
 
 MODEL = "qwen2-7b"
 SECRET = "patterns-test-secret"
@@ -138,16 +139,7 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, str
     factory = make_session_factory(engine)
     with factory.begin() as session:
         seed_defaults(session)
-        crud.create_tier(
-            session,
-            actor="test",
-            name="agents",
-            weight=2.0,
-            ttft_ms=500.0,
-            tpot_ms=50.0,
-            min_deadline_ms=1.0,
-            best_effort_allowed=True,
-        )
+        create_agents_tier(session)
         crud.create_tenant(session, actor="test", name="t-agents", tier="agents")
         key = crud.create_key(session, actor="test", tenant="t-agents", secret=SECRET).plaintext
     settings = Settings(
