@@ -134,6 +134,12 @@ class Match:
     best_similarity: float
     """The largest kernel value among them (1: a candidate equal on every known count)."""
 
+    def phi_at_least(self, at_least: float) -> float:
+        """φ(s), never below ``at_least`` (the φ used for the stage before: φ never decreases
+        along a workflow); a φ of 0 (stages of no time so far) becomes the smallest positive
+        float, so it lies in (0, 1]."""
+        return min(max(self.phi, at_least, math.ulp(0.0)), 1.0)
+
 
 @dataclass(slots=True)
 class _Entry:
@@ -242,10 +248,6 @@ class PatternHistory:
         )
 
     def phi(self, known: Sequence[KnownStage], *, at_least: float = 0.0) -> float | None:
-        """The matched φ(s), never below ``at_least`` (the φ used for the stage before); None
-        for no match. A φ of 0 (stages of no time so far) is returned as the smallest positive
-        float: φ lies in (0, 1]."""
+        """The matched φ(s) (:meth:`Match.phi_at_least`); None for no match."""
         found = self.match(known)
-        if found is None:
-            return None
-        return min(max(found.phi, at_least, math.ulp(0.0)), 1.0)
+        return None if found is None else found.phi_at_least(at_least)

@@ -38,7 +38,6 @@ what it saw.
 from __future__ import annotations
 
 import heapq
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -134,7 +133,7 @@ class WorkflowPatterns:
         found = self.history.match(known) if known is not None else None
         if found is None:
             return None
-        phi = min(max(found.phi, flow.phi, math.ulp(0.0)), 1.0)
+        phi = found.phi_at_least(flow.phi)
         flow.phi = phi
         elapsed_ms = call.deadline_ms - call.remaining_ms
         before = min(found.phi_before, phi)
