@@ -30,10 +30,11 @@ from pydantic import BaseModel
 from pydantic.json_schema import JsonSchemaMode, models_json_schema
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.app.auth import AuthCache
 from gateway.app.backends import BackendPool, BackendSpec
+from gateway.app.data_plane import DataPlaneEndpoint, GatewayApp, bounded_receive, too_large
 from gateway.app.docs import install_docs
 from gateway.app.drain import Drain, DrainMiddleware
 from gateway.app.durability import DurabilityExporter, database_readiness
@@ -48,7 +49,7 @@ from gateway.app.kinds import (
 from gateway.app.metrics import GatewayMetrics
 from gateway.app.operator import metrics_listener
 from gateway.app.patterns import WorkflowPatterns
-from gateway.app.proxy import Endpoint, serve
+from gateway.app.proxy import Kind, serve
 from gateway.app.schemas import (
     ChatBody,
     ChatCompletion,
@@ -106,7 +107,7 @@ def create_app(
         finally:
             await _stop(state, background)
 
-    app = FastAPI(
+    app = GatewayApp(
         title="tiergate gateway",
         summary="SLO-aware multi-tenant gateway for OpenAI-compatible LLM engines",
         lifespan=lifespan,
@@ -463,13 +464,16 @@ def _install_openapi(app: FastAPI) -> None:
 
 
 def _add_routes(app: FastAPI) -> None:
-    # the data plane on plain routes, matched first (proxy.Endpoint: FastAPI's per-request
-    # machinery cost ~0.1 ms of CPU); the APIRoutes below document them in OpenAPI
-    for path, endpoint in (
-        ("/v1/chat/completions", Endpoint("chat")),
-        ("/v1/completions", Endpoint("completions")),
-    ):  # an ASGI app as the endpoint: Starlette runs it as it is
-        app.router.add_route(path, endpoint, ["POST"], include_in_schema=False)  # type: ignore[arg-type]
+    # the data plane, answered ahead of the middleware stack (gateway.app.data_plane); the
+    # APIRoutes below document it in OpenAPI
+    if isinstance(app, GatewayApp):
+        drain, limit = app.state.drain, app.state.settings.max_body_bytes
+        routes: tuple[tuple[str, Kind], ...] = (
+            ("/v1/chat/completions", "chat"),
+            ("/v1/completions", "completions"),
+        )
+        for path, kind in routes:
+            app.data_plane[path] = DataPlaneEndpoint(app, kind, drain, limit)
 
     @app.post(
         "/v1/chat/completions",
@@ -570,11 +574,9 @@ def _install_error_handlers(app: FastAPI) -> None:
 
 
 class BodySizeLimit:
-    """Answer 413 to request bodies over ``max_bytes`` before any handler reads them.
-
-    A declared ``content-length`` is checked at once; a chunked body is read up to the limit
-    and then replayed to the app.
-    """
+    """Answer 413 to request bodies over ``max_bytes`` before any handler reads them
+    (:func:`~gateway.app.data_plane.bounded_receive`; the data plane's endpoints check the
+    same themselves, ahead of this middleware)."""
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         self.app = app
@@ -584,46 +586,8 @@ class BodySizeLimit:
         if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS", "DELETE"):
             await self.app(scope, receive, send)
             return
-        declared = _content_length(scope)
-        if declared is not None:
-            if declared > self.max_bytes:
-                await self._reject(scope, receive, send)
-                return
-            await self.app(scope, receive, send)
+        bounded = await bounded_receive(scope, receive, self.max_bytes)
+        if bounded is None:
+            await too_large(self.max_bytes).response()(scope, receive, send)
             return
-        messages: list[Message] = []
-        size = 0
-        while True:
-            message = await receive()
-            messages.append(message)
-            if message["type"] != "http.request":
-                break
-            size += len(message.get("body", b""))
-            if size > self.max_bytes:
-                await self._reject(scope, receive, send)
-                return
-            if not message.get("more_body", False):
-                break
-
-        async def replay() -> Message:
-            return messages.pop(0) if messages else await receive()
-
-        await self.app(scope, replay, send)
-
-    async def _reject(self, scope: Scope, receive: Receive, send: Send) -> None:
-        error = ApiError(
-            413,
-            f"Request body too large: the limit is {self.max_bytes} bytes.",
-            code="request_too_large",
-        )
-        await error.response()(scope, receive, send)
-
-
-def _content_length(scope: Scope) -> int | None:
-    for name, value in scope.get("headers", ()):
-        if name == b"content-length":
-            try:
-                return int(value)
-            except ValueError:
-                return None
-    return None
+        await self.app(scope, bounded, send)

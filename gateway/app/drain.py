@@ -42,7 +42,7 @@ def shutdown_error() -> ApiError:
     )
 
 
-class _InFlight:
+class InFlight:
     """One HTTP request in flight: what it has sent, so that it can be ended cleanly."""
 
     __slots__ = ("_send", "aborted", "complete", "started", "streaming")
@@ -98,7 +98,7 @@ class Drain:
 
     def __init__(self) -> None:
         self.draining = False
-        self.requests: set[_InFlight] = set()
+        self.requests: set[InFlight] = set()
         self.taken = 0
         """HTTP requests this process has taken (``tiergate_worker_requests``)."""
 
@@ -137,7 +137,7 @@ class DrainMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        request = _InFlight(send)
+        request = InFlight(send)
         self.drain.taken += 1
         requests = self.drain.requests
         requests.add(request)

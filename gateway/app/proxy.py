@@ -668,13 +668,29 @@ class Job:
         margin = settings.smoothing_margin_ms / 1e3
         pending, self.pending = self.pending, []
         first = self.first_output
-        await self._relay_batch(pending[:first], write, pace=False, margin=margin, timed=False)
-        await self._relay_batch(pending[first:], write, pace=pace, margin=margin)
+        batches, response, tail = self.batches, self.response, b""
+        if pace:
+            held = self._held(pending[:first])
+            if held:
+                await write(held)
+            await self._relay_batch(pending[first:], write, pace=pace, margin=margin)
+        else:  # what came until the first token goes out in one write
+            try:
+                opening = self._held(pending[:first]) + self._unpaced(
+                    pending[first:], time.monotonic()
+                )
+            except UpstreamFailed:
+                if self.partial:
+                    await write(self.partial)
+                raise
+            if self.done and response.at_end:
+                tail = opening
+            elif opening:
+                await write(opening)
         backend, pool = self.backend, self.state.pool
         assert backend is not None and self.slo is not None
         # the watchdog (gateway.app.watchdog) expires the deadline if the engine goes quiet
         watch = StreamWatch(backend, stall_timeout(settings, self.slo))
-        batches, response, tail = self.batches, self.response, b""
         try:
             async with asyncio.timeout(None) as watch.deadline:
                 pool.streams.add(watch)
@@ -713,6 +729,20 @@ class Job:
             pool.record_success(backend)
         return tail
 
+    def _held(self, events: list[bytes]) -> bytes:
+        """The events held before the first token's, filtered (they carry no output: no egress
+        time is recorded for them)."""
+        out: list[bytes] = []
+        for event in events:
+            if event.startswith(b"data: [DONE]"):
+                self.done = True
+                out.append(event)
+                continue
+            kept = self._filter(event)
+            if kept is not None:
+                out.append(kept)
+        return b"".join(out)
+
     async def _relay_batch(
         self,
         batch: list[bytes],
@@ -720,7 +750,6 @@ class Job:
         *,
         pace: bool,
         margin: float,
-        timed: bool = True,
     ) -> None:
         """Filter one batch of events, record egress times of the ones with output, write."""
         times = self.chunk_times
@@ -737,9 +766,6 @@ class Job:
                     await write(b"".join(out))
                 raise
             if kept is None:
-                continue
-            if not timed:
-                out.append(kept)
                 continue
             if pace:
                 if out:
@@ -1068,22 +1094,6 @@ async def _disconnected(receive: Receive) -> None:
         message = await receive()
         if message["type"] == "http.disconnect":
             return
-
-
-class Endpoint:
-    """The data plane as a bare ASGI app, for a plain Starlette route matched before the
-    FastAPI one that documents it: FastAPI's per-request dependency solving, query parsing and
-    exit stack cost more CPU than the rest of admission, and ``serve`` needs none of them; as
-    an app rather than a function, the route adds no wrapper around every chunk sent either.
-    Exceptions go to the app's handlers all the same (Starlette's ``ExceptionMiddleware``)."""
-
-    def __init__(self, kind: Kind) -> None:
-        self.kind: Kind = kind
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        http = Request(scope, receive, send)
-        response = await serve(scope["app"].state.gateway, http, self.kind)
-        await response(scope, receive, send)
 
 
 async def serve(state: GatewayState, http: Request, kind: Kind) -> Response:
