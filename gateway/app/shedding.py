@@ -65,7 +65,7 @@ from typing import TYPE_CHECKING
 
 from gateway.limits import RejectReason
 from gateway.limits.backlog import Ready
-from priority.routing.goroute import GoRouter, raw_prefill_work
+from priority.routing.goroute import GoRouter
 
 if TYPE_CHECKING:
     from gateway.app.backends import Backend, BackendPool
@@ -245,19 +245,20 @@ def pending_prefill_s(backend: Backend, now: float) -> float:
     """For routers that estimate no drain time: prefill work dispatched to ``backend`` and not
     yet through its first token (seconds of its profile's estimator), this worker's and the
     other workers' (``view.external_prefills``), less the time since that set last changed
-    (progress made meanwhile, as GoRouting compensates its lag)."""
+    (progress made meanwhile, as GoRouting compensates its lag). O(1): this worker's part comes
+    from the queue's running totals (:attr:`~priority.routing.base.InstanceView.prefill_totals`,
+    in the units of the view's profile, which is the backend's)."""
     view = backend.view
     external = view.external_prefills
     if not view.prefill_queue and external is None:
         return 0.0
     estimator = view.estimator
-    chunk = backend.profile.engine.max_num_batched_tokens
     total = 0.0
     if external is not None:
         total += estimator.beta * external.raw_work + estimator.t_c * external.chunks
-    for request in view.prefill_queue.values():
-        raw, chunks = raw_prefill_work(estimator.coefficients, chunk, request.prompt_tokens)
-        total += estimator.beta * raw + estimator.t_c * chunks
+    if view.prefill_queue:
+        own = view.prefill_totals
+        total += estimator.beta * own.raw_work + estimator.t_c * own.chunks
     return max(0.0, total - (now - _queue_changed_s(view)))
 
 

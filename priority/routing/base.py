@@ -22,6 +22,7 @@ from math import inf
 from priority.estimator import BatchLatencyEstimator
 from priority.profiles import Profile
 from priority.request import Request
+from priority.routing.prefill_queue import PrefillQueue, PrefillTotals
 
 
 class InstanceRole(Enum):
@@ -63,8 +64,10 @@ class InstanceView:
     estimator: BatchLatencyEstimator
     role: InstanceRole = InstanceRole.COLOCATED
     healthy: bool = True
-    prefill_queue: dict[str, Request] = field(default_factory=dict)
-    """Dispatched requests whose first token has not been seen (PROSERVE's PrefillQueueMap)."""
+    prefill_queue: dict[str, Request] = field(default_factory=PrefillQueue)
+    """Dispatched requests whose first token has not been seen (PROSERVE's PrefillQueueMap).
+    A :class:`PrefillQueue` (a plain dict given here is copied into one), whose running totals
+    :attr:`prefill_totals` reads in O(1)."""
     queue_updated_s: float = 0.0
     """When ``prefill_queue`` last changed (for lag compensation)."""
     num_decoding: int = 0
@@ -75,6 +78,22 @@ class InstanceView:
     """Prefills other routers queued here and have not seen a first token for (None: none
     known). Counted as queued prefill work, so callers must not count them again in
     :attr:`num_decoding`."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.prefill_queue, PrefillQueue):
+            self.prefill_queue = PrefillQueue(self.prefill_queue)
+
+    @property
+    def prefill_totals(self) -> PrefillTotals:
+        """Count, prompt tokens, raw work and chunks (in this instance's estimator units), smallest
+        TPOT SLO and earliest first-token deadline of :attr:`prefill_queue`: O(1), from the
+        queue's running totals (recomputed once if the estimator's coefficients or the chunk
+        size changed since the last call). A plain dict assigned after construction is summed
+        afresh, O(W), on every call: correct, only slow."""
+        queue = self.prefill_queue
+        if not isinstance(queue, PrefillQueue):
+            queue = PrefillQueue(queue)
+        return queue.totals(self.estimator.coefficients, self.profile.engine.max_num_batched_tokens)
 
     @property
     def num_external_prefills(self) -> int:

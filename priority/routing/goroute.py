@@ -55,7 +55,10 @@ another router's request past its deadline is not seen (the summary has no per-r
 ``route`` changes no routing state; it only draws from the random generator (fallback branch)
 and memoizes each queue's summary (sorted deadlines, value suffix sums, total work), which the
 ``on_*`` callbacks drop when that queue changes. Per decision the cost is then O(log |Q|) per
-instance; prompt work is cached per (profile coefficients, chunk size, prompt length).
+instance; prompt work is cached per (profile coefficients, chunk size, prompt length), and the
+queue's total work, chunks and smallest TPOT SLO come from its running totals
+(:class:`~priority.routing.prefill_queue.PrefillQueue`), so a rebuilt summary walks the queue
+only for the per-request deadlines and values it sorts.
 """
 
 from __future__ import annotations
@@ -64,11 +67,9 @@ import bisect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 
 import numpy as np
 
-from priority.estimator import BatchLatencyEstimator, LatencyCoefficients
 from priority.gain import GainWeights
 from priority.request import Request
 from priority.routing.base import (
@@ -78,6 +79,7 @@ from priority.routing.base import (
     RouteDecision,
     Router,
 )
+from priority.routing.prefill_queue import raw_prefill_work as raw_prefill_work
 from priority.routing.simple import pick_decode_instance, prefill_candidates
 
 DEFAULT_ALPHA = 0.9
@@ -93,24 +95,6 @@ DEFAULT_ETA = 0.65
 """Floor of the co-located batch budget as a fraction of the smallest TPOT SLO (xLLM's eta)."""
 
 _RELATIVE_TIE = 1e-9
-
-
-@lru_cache(maxsize=1 << 16)
-def raw_prefill_work(
-    coefficients: LatencyCoefficients, chunk_tokens: int, prompt_tokens: int
-) -> tuple[float, int]:
-    """Uncorrected (beta = 1) prefill time of a prompt in chunks, and the number of chunks.
-
-    Cached: it depends only on the profile and the prompt length, never on the queue.
-    """
-    estimator = BatchLatencyEstimator(coefficients)
-    total, done, chunks = 0.0, 0, 0
-    while done < prompt_tokens:
-        l_q = min(chunk_tokens, prompt_tokens - done)
-        total += estimator.prefill_time(l_q, done)
-        done += l_q
-        chunks += 1
-    return total, chunks
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,17 +279,12 @@ class GoRouter(Router):
         cached = self._summaries.get(instance.index)
         if cached is not None and cached[0] == key:
             return cached[1]
-        chunk_tokens = instance.profile.engine.max_num_batched_tokens
-        coefficients = instance.estimator.coefficients
-        rows = []
-        raw_work, chunks, min_tpot = 0.0, 0, math.inf
-        for r in queue.values():
-            raw, k = raw_prefill_work(coefficients, chunk_tokens, r.prompt_tokens)
-            raw_work += raw
-            chunks += k
-            if r.slo.tpot_s is not None:
-                min_tpot = min(min_tpot, r.slo.tpot_s)
-            rows.append((r.arrival_s + r.slo.token_due_s(1), self.weights.token_value(r.weight, 1)))
+        totals = instance.prefill_totals  # O(1); only the per-request rows below need a walk
+        raw_work, chunks, min_tpot = totals.raw_work, totals.chunks, totals.min_tpot_s
+        rows = [
+            (r.arrival_s + r.slo.token_due_s(1), self.weights.token_value(r.weight, 1))
+            for r in queue.values()
+        ]
         if external is not None:  # work and deadline pressure only: no gain of ours (docstring)
             raw_work += external.raw_work
             chunks += external.chunks
@@ -339,25 +318,15 @@ class GoRouter(Router):
 
 def own_prefills(instance: InstanceView) -> ExternalPrefills:
     """This router's queued prefills on ``instance`` as the summary another router in front of
-    the same instance adds to its own view (:attr:`InstanceView.external_prefills`)."""
-    chunk_tokens = instance.profile.engine.max_num_batched_tokens
-    coefficients = instance.estimator.coefficients
-    prompt_tokens, raw_work, chunks = 0, 0.0, 0
-    min_tpot, earliest = math.inf, math.inf
-    for r in instance.prefill_queue.values():
-        raw, k = raw_prefill_work(coefficients, chunk_tokens, r.prompt_tokens)
-        prompt_tokens += r.prompt_tokens
-        raw_work += raw
-        chunks += k
-        if r.slo.tpot_s is not None:
-            min_tpot = min(min_tpot, r.slo.tpot_s)
-        earliest = min(earliest, r.arrival_s + r.slo.token_due_s(1))
+    the same instance adds to its own view (:attr:`InstanceView.external_prefills`): O(1), from
+    the queue's running totals (:attr:`InstanceView.prefill_totals`)."""
+    totals = instance.prefill_totals
     return ExternalPrefills(
-        len(instance.prefill_queue),
-        prompt_tokens,
-        raw_work,
-        chunks,
-        min_tpot,
-        earliest,
+        totals.num_requests,
+        totals.prompt_tokens,
+        totals.raw_work,
+        totals.chunks,
+        totals.min_tpot_s,
+        totals.earliest_deadline_s,
         instance.queue_updated_s,
     )

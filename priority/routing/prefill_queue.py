@@ -1,0 +1,282 @@
+"""An instance's queued prefills with a running summary, kept as requests enter and leave.
+
+Routing asks the same questions of a prefill queue on every event — how many requests, how many
+prompt tokens, how much chunked prefill work, the smallest TPOT SLO, the earliest first-token
+deadline — and answering them by walking the queue costs O(W) per event with W queued. A
+:class:`PrefillQueue` is the ``dict`` the router already keeps (request id -> request), whose
+mutators also update those totals, so :meth:`PrefillQueue.totals` answers in O(1) (amortized
+O(log W) for the two minima); code that mutates it as a plain dict stays correct.
+
+Choices, and why:
+
+* **Work is exact.** Each request's raw prefill work is added as an integer count of 2**-1074 s
+  (every finite float is one exactly), so removals leave no drift and the float read back is the
+  correctly rounded sum of the queued requests' work — what :func:`math.fsum` of them gives,
+  whatever order they came and went in (a running float sum would carry the rounding of
+  requests long gone; recomputing when the queue empties would bound that, not remove it).
+  A walk's left-to-right float sum can differ from it in the last bits only.
+* **Work follows the estimator lazily.** Raw work depends on the instance's latency coefficients
+  and chunk size (``max_num_batched_tokens``), not on the momentum correction ``beta`` (which
+  multiplies it later). The totals remember the pair they were computed for; asked with another
+  (a view given a new profile or estimator), they are recomputed once, O(W), and kept up to date
+  for the new pair from then on. Until first asked, adds and removals skip the work entirely.
+* **Minima by lazily pruned heaps.** Removing a request may remove the minimum; a rescan then
+  costs O(W), and FIFO-ish queues remove their earliest deadline first, i.e. nearly always.
+  Each minimum is a heap of (value, entry) pairs whose entry is checked, when it reaches the
+  top, to still be the one queued under its id; stale pairs are dropped there, and the heap is
+  rebuilt from the live entries once stale ones outnumber them (checked on every push, so also
+  when no one asks), so it stays O(W) in size and every operation costs amortized O(log W).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from functools import lru_cache
+from itertools import count
+from typing import Any, NamedTuple
+
+from priority.estimator import BatchLatencyEstimator, LatencyCoefficients
+from priority.request import Request
+
+_SCALE_BITS = 1074
+"""Every finite float is an integer multiple of 2**-1074 (the smallest subnormal)."""
+
+_SCALE = 1 << _SCALE_BITS
+
+_MISSING: Any = object()
+
+
+@lru_cache(maxsize=1 << 16)
+def raw_prefill_work(
+    coefficients: LatencyCoefficients, chunk_tokens: int, prompt_tokens: int
+) -> tuple[float, int]:
+    """Uncorrected (beta = 1) prefill time of a prompt in chunks, and the number of chunks.
+
+    Cached: it depends only on the profile and the prompt length, never on the queue.
+    """
+    estimator = BatchLatencyEstimator(coefficients)
+    total, done, chunks = 0.0, 0, 0
+    while done < prompt_tokens:
+        l_q = min(chunk_tokens, prompt_tokens - done)
+        total += estimator.prefill_time(l_q, done)
+        done += l_q
+        chunks += 1
+    return total, chunks
+
+
+def _exact(value: float) -> int:
+    """``value`` as an exact integer count of 2**-1074 (``value`` finite)."""
+    numerator, denominator = value.as_integer_ratio()  # denominator: a power of two
+    return numerator << (_SCALE_BITS + 1 - denominator.bit_length())
+
+
+@lru_cache(maxsize=1 << 16)
+def _exact_work(
+    coefficients: LatencyCoefficients, chunk_tokens: int, prompt_tokens: int
+) -> tuple[int, int]:
+    """:func:`raw_prefill_work` with its time as an exact integer (see :func:`_exact`)."""
+    work, chunks = raw_prefill_work(coefficients, chunk_tokens, prompt_tokens)
+    return _exact(work), chunks
+
+
+class PrefillTotals(NamedTuple):
+    """What routing needs of a prefill queue, in one instance's estimator units."""
+
+    num_requests: int
+    prompt_tokens: int
+    raw_work: float
+    """Sum of the uncorrected (beta = 1) chunked prefill time of the prompts (seconds)."""
+    chunks: int
+    min_tpot_s: float
+    """Smallest TPOT SLO among them (inf: none)."""
+    earliest_deadline_s: float
+    """Earliest first-token deadline among them (inf: none)."""
+
+
+@dataclass(eq=False, slots=True)
+class _Entry:
+    """One queued request's share of the totals, as it was when it entered (so that leaving
+    takes away exactly what entering added, even if the request object changed meanwhile)."""
+
+    request: Request
+    prompt_tokens: int
+    tpot_s: float
+    deadline_s: float
+    work: int = 0
+    chunks: int = 0
+
+
+class _LazyMin:
+    """Minimum of one value over the live entries of a queue, under removals (module docstring)."""
+
+    __slots__ = ("_heap", "_order", "_pick")
+
+    def __init__(self, pick: str) -> None:
+        self._pick = pick
+        self._heap: list[tuple[float, int, str, _Entry]] = []
+        self._order = count()  # breaks ties, so that entries are never compared
+
+    def push(self, key: str, entry: _Entry, live: Mapping[str, _Entry]) -> None:
+        """Count ``entry`` (just made live under ``key``); ``live``: all the live entries."""
+        value: float = getattr(entry, self._pick)
+        if value < math.inf:
+            heapq.heappush(self._heap, (value, next(self._order), key, entry))
+        # mostly stale (removals whose pairs never reached the top): rebuild from the live
+        # entries, O(W) after at least W pushes, so that the heap stays O(W) even if the
+        # minimum is never asked for
+        if len(self._heap) > 2 * len(live) + 16:
+            pick, order = self._pick, self._order
+            pairs = [(getattr(e, pick), next(order), k, e) for k, e in live.items()]
+            self._heap = [pair for pair in pairs if pair[0] < math.inf]
+            heapq.heapify(self._heap)
+
+    def get(self, live: Mapping[str, _Entry]) -> float:
+        """The minimum over ``live`` (inf: none), dropping stale pairs from the top."""
+        heap = self._heap
+        while heap and live.get(heap[0][2]) is not heap[0][3]:
+            heapq.heappop(heap)
+        return heap[0][0] if heap else math.inf
+
+    def clear(self) -> None:
+        self._heap.clear()
+
+
+class PrefillQueue(dict[str, Request]):
+    """Dispatched requests whose first token has not been seen, by request id, with O(1)
+    :meth:`totals` (module docstring). Every ``dict`` mutator keeps the totals."""
+
+    __slots__ = (
+        "_chunks",
+        "_deadline",
+        "_entries",
+        "_key",
+        "_last",
+        "_prompt_tokens",
+        "_tpot",
+        "_work",
+    )
+
+    def __init__(self, items: Mapping[str, Request] | Iterable[tuple[str, Request]] = ()) -> None:
+        super().__init__()
+        self._entries: dict[str, _Entry] = {}
+        self._prompt_tokens = 0
+        self._key: tuple[LatencyCoefficients, int] | None = None
+        """The (coefficients, chunk tokens) that ``_work`` and ``_chunks`` are summed for."""
+        self._work = 0
+        self._chunks = 0
+        self._tpot = _LazyMin("tpot_s")
+        self._deadline = _LazyMin("deadline_s")
+        self._last: PrefillTotals | None = None
+        """The latest answer of :meth:`totals`, until the queue or its pricing changes."""
+        self.update(items)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # rebuilt through __init__ (pickle and copy would otherwise set items before the slots)
+        return (type(self), (dict(self),))
+
+    # ---- the totals ------------------------------------------------------------------------
+
+    def totals(self, coefficients: LatencyCoefficients, chunk_tokens: int) -> PrefillTotals:
+        """The queue's summary, its work in units of ``coefficients`` cut in ``chunk_tokens``."""
+        key = self._key
+        if key is None or key[1] != chunk_tokens or key[0] is not coefficients:
+            if key is None or key != (coefficients, chunk_tokens):
+                self._recompute_work(coefficients, chunk_tokens)
+                self._last = None
+            self._key = (coefficients, chunk_tokens)
+        if self._last is None:  # asked again before the next change: the same answer
+            self._last = PrefillTotals(
+                len(self._entries),
+                self._prompt_tokens,
+                self._work / _SCALE,  # int / int: correctly rounded
+                self._chunks,
+                self._tpot.get(self._entries),
+                self._deadline.get(self._entries),
+            )
+        return self._last
+
+    def _recompute_work(self, coefficients: LatencyCoefficients, chunk_tokens: int) -> None:
+        self._work = self._chunks = 0
+        for entry in self._entries.values():
+            self._price(entry, coefficients, chunk_tokens)
+
+    def _price(self, entry: _Entry, coefficients: LatencyCoefficients, chunk_tokens: int) -> None:
+        entry.work, entry.chunks = _exact_work(coefficients, chunk_tokens, entry.prompt_tokens)
+        self._work += entry.work
+        self._chunks += entry.chunks
+
+    def _enter(self, key: str, request: Request) -> None:
+        self._leave(key)
+        tpot = request.slo.tpot_s
+        entry = _Entry(
+            request,
+            request.prompt_tokens,
+            math.inf if tpot is None else tpot,
+            request.arrival_s + request.slo.token_due_s(1),
+        )
+        self._entries[key] = entry
+        self._last = None
+        self._prompt_tokens += entry.prompt_tokens
+        if self._key is not None:
+            self._price(entry, *self._key)
+        self._tpot.push(key, entry, self._entries)
+        self._deadline.push(key, entry, self._entries)
+
+    def _leave(self, key: str) -> None:
+        entry = self._entries.pop(key, None)
+        if entry is None:
+            return
+        self._last = None
+        self._prompt_tokens -= entry.prompt_tokens
+        self._work -= entry.work
+        self._chunks -= entry.chunks
+        # the heaps drop the entry when it reaches their top (it is no longer in _entries)
+
+    # ---- dict's mutators -------------------------------------------------------------------
+
+    def __setitem__(self, key: str, value: Request) -> None:
+        super().__setitem__(key, value)
+        self._enter(key, value)
+
+    def __delitem__(self, key: str) -> None:
+        super().__delitem__(key)
+        self._leave(key)
+
+    def pop(self, key: str, default: Any = _MISSING) -> Any:
+        if key in self:
+            self._leave(key)
+            return super().pop(key)
+        if default is _MISSING:
+            raise KeyError(key)
+        return default
+
+    def popitem(self) -> tuple[str, Request]:
+        key, value = super().popitem()
+        self._leave(key)
+        return key, value
+
+    def clear(self) -> None:
+        super().clear()
+        self._entries.clear()
+        self._last = None
+        self._prompt_tokens = self._work = self._chunks = 0
+        self._tpot.clear()
+        self._deadline.clear()
+
+    def setdefault(self, key: str, default: Request | None = None) -> Request | None:  # type: ignore[override]
+        if key not in self:
+            if default is None:
+                raise TypeError("a PrefillQueue holds requests, not None")
+            self[key] = default
+        return self[key]
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        for key, value in dict(*args, **kwargs).items():
+            self[key] = value
+
+    def __ior__(self, other: Any) -> PrefillQueue:  # type: ignore[override,misc]
+        self.update(other)
+        return self
