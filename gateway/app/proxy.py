@@ -732,16 +732,15 @@ class Job:
     def _held(self, events: list[bytes]) -> bytes:
         """The events held before the first token's, filtered (they carry no output: no egress
         time is recorded for them)."""
-        out: list[bytes] = []
-        for event in events:
-            if event.startswith(b"data: [DONE]"):
-                self.done = True
-                out.append(event)
-                continue
-            kept = self._filter(event)
-            if kept is not None:
-                out.append(kept)
-        return b"".join(out)
+        kept = (self._passed(event) for event in events)
+        return b"".join(event for event in kept if event is not None)
+
+    def _passed(self, event: bytes) -> bytes | None:
+        """``[DONE]`` (noting the stream's end), else what :meth:`_filter` keeps of it."""
+        if event.startswith(b"data: [DONE]"):
+            self.done = True
+            return event
+        return self._filter(event)
 
     async def _relay_batch(
         self,
