@@ -14,7 +14,7 @@ import pytest
 from quantile_forest import RandomForestQuantileRegressor
 
 from priority.lengths import DEFAULT_LEVELS, OVERRUN_GROWTH, LengthDistribution
-from priority.lengths.features import Featurizer, RequestFeatures
+from priority.lengths.features import FeatureConfig, Featurizer, RequestFeatures
 from priority.lengths.forest import PackedForest
 from priority.lengths.model import ForestParams, LengthPredictor, ModelFormatError
 from priority.lengths.serving import PredictorHandle, apredict_with_budget, predict_with_budget
@@ -81,6 +81,36 @@ def test_refinement_is_monotone_never_below_generated_and_matches_predict(
             assert b >= g + 1
             assert b >= previous[q]
             previous[q] = b
+
+
+def test_a_request_is_featurized_once_per_layout(
+    predictor: LengthPredictor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hashed: list[str] = []  # the prompts Featurizer.transform hashed
+    plain = Featurizer.transform
+
+    def counting(self: Featurizer, requests: list[RequestFeatures]) -> np.ndarray:
+        hashed.extend(r.prompt for r in requests)
+        return plain(self, requests)
+
+    monkeypatch.setattr(Featurizer, "transform", counting)
+    request = RequestFeatures(prompt="write a novel now please", model="m", max_tokens=900)
+    first = predictor.predict(request)
+    assert predictor.predict(request) == first
+    predictor.refine(request, 10, 0.9)
+    assert hashed == [request.prompt]  # one hashing for the prediction and its refinements
+    # another featurizer of the same layout (the sample writer's) reuses that row as it is
+    same = Featurizer(predictor.config).transform_once([request])
+    assert hashed == [request.prompt]
+    assert np.array_equal(same, plain(Featurizer(predictor.config), [request]))
+    # one of another layout hashes the prompt for its own row
+    other = Featurizer(FeatureConfig(word_dims=64, char_dims=64)).transform_once([request])
+    assert hashed == [request.prompt, request.prompt] and other.shape[1] != same.shape[1]
+    # the kept row is read-only and not part of the request's value
+    with pytest.raises(ValueError):
+        request._vectors[predictor.featurizer.layout][0] = 1.0
+    fresh = RequestFeatures(prompt="write a novel now please", model="m", max_tokens=900)
+    assert fresh == request and hash(fresh) == hash(request)
 
 
 def test_overrun_rule(predictor: LengthPredictor) -> None:

@@ -2,10 +2,10 @@
 
 * **Samples.** Each request that finishes (``ok``, one sequence) is handed to the
   :class:`~gateway.db.length_samples.SampleWriter` with the
-  :class:`~priority.lengths.features.RequestFeatures` built for its prediction; the writer's
-  thread featurizes and stores them (hashed features, never the prompt text unless
-  ``TIERGATE_LENGTHS_STORE_PROMPTS``). Samples are recorded whether or not a model is loaded,
-  so the first model can be trained.
+  :class:`~priority.lengths.features.RequestFeatures` built for its prediction, with the row
+  the prediction hashed (reused: a request is featurized once); the writer's thread stores them
+  (hashed features, never the prompt text unless ``TIERGATE_LENGTHS_STORE_PROMPTS``). Samples
+  are recorded whether or not a model is loaded, so the first model can be trained.
 * **Training.** Every worker checks every ``poll_s`` whether training is due: no published
   version yet, or the newest is older than ``TIERGATE_LENGTHS_TRAIN_INTERVAL_S``. One worker
   trains: it must hold the training lock — a session advisory lock on PostgreSQL (one trainer

@@ -16,16 +16,14 @@ the store forgets it too). It is learned only if every stage it joined here ende
 workflow with a refused, failed or cancelled call, or with stages served by another process, is
 dropped, not learned half.
 
-**Stage time** is what the stage added to the workflow's timeline: the end of its last token
-minus the latest end of the stages before it (stage 0: minus the workflow's start), never below
-0. It includes the client's own time between calls (tool calls, thinking), which the gateway
-cannot tell apart from its queueing — and which the workflow's deadline includes too, so
-``φ(s)·D`` is a point on the same timeline as ``D``.
+**Stage time** is what the stage added to the workflow's timeline, the client's own time
+between calls included (:func:`~priority.patterns.timeline_graph`, the definition the
+simulator's history uses too): the gateway cannot tell that time apart from its queueing, and
+the workflow's deadline counts it, so ``φ(s)·D`` is a point on the same timeline as ``D``.
 
 **The sub-deadline** of call s, in ms from its arrival: ``φ(s)·D − elapsed`` (elapsed: time
-since the workflow's start), but never less than the stage's share of what is left,
-``(φ(s) − φ(s−1)) / (1 − φ(s−1)) · remaining``: a workflow behind its learned schedule re-plans
-from now instead of handing a call a deadline already past. φ never decreases along a workflow.
+since the workflow's start), never less than the stage's share of what is left
+(:func:`~priority.patterns.stage_due`). φ never decreases along a workflow.
 Without a match — no history yet, no past workflow of this structure, or an earlier stage not
 seen here — the hook answers None and the call gets the cold start (all the time left).
 
@@ -43,18 +41,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gateway.app.workflows import DEFAULT_TTL_S, WorkflowCall
-from priority.patterns import KnownStage, PatternGraph, PatternHistory, PatternStage, model_hash
+from priority.patterns import (
+    EndedStage,
+    KnownStage,
+    PatternGraph,
+    PatternHistory,
+    model_hash,
+    stage_due,
+    timeline_graph,
+)
 
 MAX_OPEN_WORKFLOWS = 10_000
 """Workflows followed at once; past it the one whose deadline comes first is dropped unlearned."""
-
-
-@dataclass(frozen=True, slots=True)
-class _Ended:
-    model: int
-    prompt_tokens: int
-    output_tokens: int
-    end_s: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +80,7 @@ class _Open:
     broken: bool = False
     overdue: bool = False
     phi: float = 0.0
-    ended: dict[int, _Ended] = field(default_factory=dict)
+    ended: dict[int, EndedStage] = field(default_factory=dict)
 
     def known(self, stage: int) -> list[KnownStage] | None:
         """Stages 0..stage-1 whole and ``stage``'s nothing yet; None if one is missing."""
@@ -91,7 +89,7 @@ class _Open:
             done = self.ended.get(k)
             if done is None:
                 return None
-            out.append(KnownStage(done.model, done.prompt_tokens, done.output_tokens))
+            out.append(KnownStage(done.model, done.input_tokens, done.output_tokens))
         out.append(KnownStage(None))  # the hook runs before the call's prompt is counted
         return out
 
@@ -136,9 +134,7 @@ class WorkflowPatterns:
         phi = found.phi_at_least(flow.phi)
         flow.phi = phi
         elapsed_ms = call.deadline_ms - call.remaining_ms
-        before = min(found.phi_before, phi)
-        share = (phi - before) / (1.0 - before) if before < 1.0 else 1.0
-        return max(phi * call.deadline_ms - elapsed_ms, share * call.remaining_ms)
+        return stage_due(phi, found.phi_before, call.deadline_ms, elapsed_ms)
 
     def call_ended(self, end: CallEnd) -> None:
         """A call of workflow ``end.key`` ended (``end.end_s``: its last token, on the hook's
@@ -147,7 +143,7 @@ class WorkflowPatterns:
         if flow is not None:
             flow.in_flight = max(flow.in_flight - 1, 0)
             if end.ok and end.stage not in flow.ended:
-                flow.ended[end.stage] = _Ended(
+                flow.ended[end.stage] = EndedStage(
                     model_hash(end.model), end.prompt_tokens, end.output_tokens, end.end_s
                 )
             else:
@@ -189,15 +185,7 @@ class WorkflowPatterns:
 
 def _graph(flow: _Open) -> PatternGraph | None:
     """The workflow's pattern graph (module docstring), or None when a stage is missing."""
-    stages: list[PatternStage] = []
-    latest = flow.start_s
-    for k in range(flow.stages):
-        done = flow.ended.get(k)
-        if done is None:
-            return None
-        added = max(done.end_s - latest, 0.0)
-        latest = max(latest, done.end_s)
-        stages.append(PatternStage(done.model, done.prompt_tokens, done.output_tokens, added))
-    if not stages or not latest > flow.start_s:
+    ended = [flow.ended.get(k) for k in range(flow.stages)]
+    if any(done is None for done in ended):
         return None
-    return PatternGraph(tuple(stages))
+    return timeline_graph(flow.start_s, [done for done in ended if done is not None])

@@ -2,10 +2,12 @@
 
 The request path only appends the request's :class:`~priority.lengths.features.RequestFeatures`
 (built for the prediction anyway) to a bounded in-memory list (:meth:`SampleWriter.submit`:
-O(1), no database, no featurizing). One background thread featurizes what arrived, in batches
-(one scikit-learn call per chunk is far cheaper than one per request), and inserts the rows;
-the prompt text lives in memory only until then and is stored only when the operator turned
-``store_prompts`` on.
+O(1), no database, no featurizing). One background thread inserts what arrived, in batches. A
+request the loaded model predicted carries the row its prediction computed, and the writer
+reuses it when the model's layout is the writer's (``Featurizer.transform_once``): the prompt is
+hashed once per request. The others (no model, or one of another layout) are featurized here, a
+chunk per scikit-learn call (far cheaper than one per request). The prompt text lives in
+memory only until then and is stored only when the operator turned ``store_prompts`` on.
 
 Unlike usage records (:mod:`gateway.db.usage`), a sample is *training data*: a batch the
 database refuses for any reason is dropped and counted, never retried or spooled, and past
@@ -203,7 +205,7 @@ class SampleWriter:
         rows: list[dict[str, Any]] = []
         for start in range(0, len(batch), FEATURIZE_CHUNK):
             chunk = batch[start : start + FEATURIZE_CHUNK]
-            vectors = featurizer.transform([s.features for s in chunk])
+            vectors = featurizer.transform_once([s.features for s in chunk])
             for sample, vector in zip(chunk, vectors, strict=True):
                 rows.append(self._row(sample, vector))
             time.sleep(0)  # hand the GIL back to the event loop between chunks

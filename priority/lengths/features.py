@@ -18,7 +18,7 @@ import hashlib
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -59,6 +59,10 @@ class RequestFeatures:
     prompt_tokens: int | None = None
     max_tokens: int | None = None
     tenant: str | None = None
+    _vectors: dict[str, NDArray[np.float32]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+    """Its feature rows by layout id, each computed once (:meth:`Featurizer.transform_once`)."""
 
     def tokens(self) -> int:
         """Prompt tokens: the caller's count, else the stand-in's."""
@@ -154,6 +158,7 @@ class Featurizer:
             norm="l2",
             lowercase=True,
         )
+        self.layout = c.layout_id()
 
     def transform(self, requests: Sequence[RequestFeatures]) -> NDArray[np.float32]:
         """One row per request, :attr:`FeatureConfig.width` columns."""
@@ -178,4 +183,22 @@ class Featurizer:
             row[base + stable_bucket(r.model, c.model_buckets)] = 1.0
             if r.tenant is not None:
                 row[base + c.model_buckets + stable_bucket(r.tenant, c.tenant_buckets)] = 1.0
+        return out
+
+    def transform_once(self, requests: Sequence[RequestFeatures]) -> NDArray[np.float32]:
+        """:meth:`transform`, each request featurized at most once in this layout: a row it
+        already has is reused, a new one is kept on it (read-only). The gateway predicts a
+        request's length and later stores it as a length sample; both need its row, and hashing
+        the prompt is most of the cost of either. Not for training sets: the rows live as long
+        as their requests."""
+        layout = self.layout
+        missing = [r for r in requests if layout not in r._vectors]
+        if missing:
+            for request, row in zip(missing, self.transform(missing), strict=True):
+                row = row.copy()  # its own memory: not a view keeping the whole batch alive
+                row.flags.writeable = False
+                request._vectors[layout] = row
+        out = np.empty((len(requests), self.config.width), dtype=np.float32)
+        for i, request in enumerate(requests):
+            out[i] = request._vectors[layout]
         return out

@@ -196,7 +196,7 @@ class LengthPredictor:
     # -- predicting ------------------------------------------------------------------------------
 
     def _samples(self, requests: Sequence[RequestFeatures]) -> list[Any]:
-        leaves = self.packed.apply(self.featurizer.transform(requests))
+        leaves = self.packed.apply(self.featurizer.transform_once(requests))
         return [self.leaves.samples(row) for row in leaves]
 
     def predict(

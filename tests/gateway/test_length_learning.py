@@ -13,6 +13,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session, sessionmaker
@@ -23,8 +24,8 @@ from gateway.app.metrics import GatewayMetrics
 from gateway.db.length_samples import SampleWriter, finish_of, load_samples, prune
 from gateway.db.models import LengthSample
 from gateway.length_models import versions
-from priority.lengths.features import FeatureConfig, RequestFeatures
-from priority.lengths.model import ForestParams
+from priority.lengths.features import FeatureConfig, Featurizer, RequestFeatures
+from priority.lengths.model import ForestParams, LengthPredictor
 from priority.lengths.serving import PredictorHandle
 
 SECRET_WORDS = ("zebracorn", "marmaladequest", "quixotically")
@@ -82,6 +83,33 @@ def test_a_sample_stores_hashed_features_and_never_the_prompt_text(
             assert word not in stored
             assert word.encode() not in row.features
     assert [r.output_tokens for r in rows] == [300, 5, 300, 5]
+
+
+def test_a_predicted_request_is_stored_with_the_row_its_prediction_hashed(
+    session_factory: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    predictor = LengthPredictor.fit([_request(i) for i in range(8)], [_length(i) for i in range(8)])
+    hashed: list[str] = []  # the prompts Featurizer.transform hashed
+    plain = Featurizer.transform
+
+    def counting(self: Featurizer, requests: list[RequestFeatures]) -> np.ndarray:
+        hashed.extend(r.prompt for r in requests)
+        return plain(self, requests)
+
+    monkeypatch.setattr(Featurizer, "transform", counting)
+    predicted, unpredicted = _request(100), _request(101)
+    predictor.predict(predicted)  # the gateway's prediction, at admission
+    writer = _writer(session_factory)
+    try:
+        writer.submit(predicted, 300)
+        writer.submit(unpredicted, 5)  # no model loaded for this one: the writer hashes it
+        assert writer.flush(timeout=30) and writer.written == 2
+    finally:
+        writer.close()
+    assert hashed == [predicted.prompt, unpredicted.prompt]
+    rows = _rows(session_factory)
+    expected = plain(Featurizer(), [predicted, unpredicted])
+    assert [bytes(r.features) for r in rows] == [row.tobytes() for row in expected]
 
 
 def test_prompt_text_is_stored_only_when_the_operator_turns_it_on(
