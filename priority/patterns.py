@@ -23,6 +23,16 @@ client to name each call's parents, which no header does). No prompt text is kep
   candidate dominates (small σ, or a close match). None when no candidate survives pruning: the
   caller's cold start.
 
+**Stage time** (:func:`timeline_graph`, the one definition the simulator and the gateway both
+use): what the stage added to the workflow's timeline — the end of its last token minus the
+latest end of the stages before it (stage 0: minus the workflow's start), never below 0. The
+client's own time between calls (tool calls, thinking) is *in* it: JITServe's graphs weigh tool
+nodes by their time too, and ``D_s = φ(s)·D`` is a point on the timeline of ``D``, which counts
+that time. φ(s) is then "how far along its deadline's timeline a workflow like this was when
+stage s ended", whatever part of it was queueing, decoding or the client's. A definition without
+the client's time would need each future think time to place ``φ(s)`` on ``D``'s timeline, which
+only a simulator replaying a trace knows. :func:`stage_due` turns φ into a call's sub-deadline.
+
 φ is in (0, 1] (a candidate's stage times are ≥ 0 and its total > 0) and each candidate's φ is
 non-decreasing in s. Across stages the candidates and their weights change, so a caller that
 wants a non-decreasing sequence along one workflow passes the last φ it used as ``at_least``.
@@ -67,13 +77,51 @@ class PatternStage:
     input_tokens: int
     output_tokens: int
     time_s: float
-    """What this stage added to the workflow's time (the caller's definition; >= 0)."""
+    """What this stage added to the workflow's timeline (>= 0; :func:`timeline_graph`)."""
 
     def __post_init__(self) -> None:
         if self.input_tokens < 0 or self.output_tokens < 0:
             raise ValueError("token counts must be >= 0")
         if not (self.time_s >= 0 and math.isfinite(self.time_s)):
             raise ValueError(f"a stage's time must be finite and >= 0, got {self.time_s!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class EndedStage:
+    """One call of a workflow as it ended: what its graph keeps, and when its last token came
+    (on the clock of the workflow's start)."""
+
+    model: int
+    """:func:`model_hash` of the model it called."""
+    input_tokens: int
+    output_tokens: int
+    end_s: float
+
+
+def timeline_graph(start_s: float, ended: Sequence[EndedStage]) -> PatternGraph | None:
+    """The pattern graph of a workflow that started at ``start_s`` and whose stages ended as
+    ``ended`` (in stage order), each stage's time what it added to the workflow's timeline (module
+    docstring); None when they add no time at all (no φ to learn)."""
+    stages: list[PatternStage] = []
+    latest = start_s
+    for done in ended:
+        added = max(done.end_s - latest, 0.0)
+        latest = max(latest, done.end_s)
+        stages.append(PatternStage(done.model, done.input_tokens, done.output_tokens, added))
+    if not stages or not latest > start_s:
+        return None
+    return PatternGraph(tuple(stages))
+
+
+def stage_due(phi: float, phi_before: float, deadline: float, elapsed: float) -> float:
+    """Call s's sub-deadline measured from now (any unit; ``deadline`` D and ``elapsed`` since
+    the workflow's start in it): ``φ(s)·D − elapsed``, but never less than the stage's share of
+    what is left, ``(φ(s) − φ(s−1)) / (1 − φ(s−1)) · (D − elapsed)``: a workflow behind its
+    learned schedule re-plans from now instead of handing a call a deadline already past.
+    ``phi_before`` above ``phi`` (a clamped φ) counts as ``phi``."""
+    before = min(phi_before, phi)
+    share = (phi - before) / (1.0 - before) if before < 1.0 else 1.0
+    return max(phi * deadline - elapsed, share * (deadline - elapsed))
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,11 +10,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from priority.patterns import (
+    EndedStage,
     KnownStage,
     PatternGraph,
     PatternHistory,
     PatternStage,
     model_hash,
+    stage_due,
+    timeline_graph,
 )
 
 A, B = model_hash("model-a"), model_hash("model-b")
@@ -40,6 +43,34 @@ def test_a_graphs_phi_is_its_cumulative_time_share() -> None:
         graph((A, 1, 1, 0.0))  # no time at all: no shares
     with pytest.raises(ValueError):
         PatternStage(A, 1, 1, -1.0)
+
+
+def test_a_stage_time_is_what_it_added_to_the_workflows_timeline() -> None:
+    # started at 10 s; stage 1 arrived 0.5 s after stage 0's end (think) and ended at 12 s;
+    # stage 2 ran beside stage 1 and ended first: it added nothing past 12 s
+    ended = [EndedStage(A, 100, 10, 11.0), EndedStage(B, 50, 5, 12.0), EndedStage(A, 9, 9, 11.5)]
+    g = timeline_graph(10.0, ended)
+    assert g is not None
+    assert [s.time_s for s in g.stages] == pytest.approx([1.0, 1.0, 0.0])
+    assert [(s.model, s.input_tokens, s.output_tokens) for s in g.stages] == [
+        (A, 100, 10),
+        (B, 50, 5),
+        (A, 9, 9),
+    ]
+    assert g.shares == pytest.approx((0.5, 1.0, 1.0))
+    # nothing after the start: no time to share, no graph
+    assert timeline_graph(10.0, [EndedStage(A, 1, 1, 10.0)]) is None
+    assert timeline_graph(10.0, []) is None
+
+
+def test_stage_due_is_phi_d_unless_behind_schedule() -> None:
+    # on schedule: φ(s)·D − elapsed
+    assert stage_due(0.5, 0.25, 10.0, 2.0) == pytest.approx(3.0)
+    # behind: the stage's share of what is left, (0.5 − 0.25) / 0.75 of 4 s
+    assert stage_due(0.5, 0.25, 10.0, 6.0) == pytest.approx(4.0 / 3)
+    # a φ(s−1) above φ(s) counts as φ(s): the stage's share is 0, φ·D − elapsed stands
+    assert stage_due(0.5, 0.75, 10.0, 2.0) == pytest.approx(3.0)
+    assert stage_due(1.0, 1.0, 10.0, 12.0) == pytest.approx(-2.0)  # past D: the caller clips
 
 
 def test_one_candidate_gives_its_own_phi() -> None:

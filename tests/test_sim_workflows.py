@@ -127,8 +127,10 @@ def test_workflow_history_gives_later_workflows_the_learned_share(
     if not history:
         assert w2.slo.deadline_s == pytest.approx(cold)
         return
-    # w1's stage times (arrival to last token, think excluded) give φ(0) for w2
-    times = [r.finished_s - r.arrival_s for r in w1]
-    phi = times[0] / sum(times)
-    assert w2.slo.deadline_s == pytest.approx(phi * (60.0 - 0.5))
+    # w1's timeline (think time included, as the gateway learns it) gives φ(0) for w2
+    start, (end0, end1) = w1[0].arrival_s, [r.finished_s for r in w1]
+    assert end0 is not None and end1 is not None
+    phi = (end0 - start) / (end1 - start)
+    assert end1 - end0 > 0.5  # the 0.5 s think is in stage 1's time
+    assert w2.slo.deadline_s == pytest.approx(phi * 60.0)
     assert w2.slo.deadline_s != pytest.approx(cold)

@@ -6,9 +6,11 @@ with ``φ(s)`` the share of the workflow's expected tokens (prompt + expected ou
 0..s. Think times are not compute, so they are taken out of D first and added back where they
 fall. This is JITServe's ``D_s = φ(s)·D`` with φ from token shares — the rule for a workflow
 without history. With ``--workflow-history on`` (``ClusterConfig.workflow_history``) JITServe's
-*historical pattern graphs* (:mod:`priority.patterns`) replace that φ when a match exists:
+*historical pattern graphs* (:mod:`priority.patterns`) replace this rule when a match exists:
 workflows that finished earlier in the run are matched against each call's partial workflow at
-its release (:mod:`priority.sim.history`); a call without a match keeps the cold start.
+its release, and the call is due where the gateway would put it — φ(s) of the whole timeline,
+think times included, as the gateway learns it (:mod:`priority.sim.history`); a call without a
+match keeps the cold start.
 
 **Length bounds** (``--lengths``): ``oracle`` gives each request its true length as a point
 distribution; ``max-tokens`` gives none (policies fall back to the cap); ``predicted`` gives the

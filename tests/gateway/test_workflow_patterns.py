@@ -3,6 +3,8 @@ sub-deadlines it answers — on a hand clock, then through the app with the ``op
 
 from __future__ import annotations
 
+import itertools
+import math
 import time
 import uuid
 from collections.abc import Iterator
@@ -23,7 +25,11 @@ from gateway.db.models import Base
 from gateway.db.seed import seed_defaults
 from gateway.db.session import make_engine, make_session_factory
 from gateway.settings import Settings
+from priority.patterns import PatternHistory
+from priority.request import SLO
 from priority.request import Request as CoreRequest
+from priority.sim.history import SimWorkflowHistory
+from priority.sim.workflows import WorkflowCall as SimCall
 from tests.gateway.engine_spy import spied_engine
 from tests.gateway.seeded_app import create_agents_tier
 
@@ -125,6 +131,59 @@ def test_a_call_running_past_the_deadline_is_waited_for() -> None:
         CallEnd("1:slow", 0, model="m", prompt_tokens=5, output_tokens=5, end_s=3.0, ok=True)
     )
     assert patterns.learned == 1  # closed as soon as its last call ended
+
+
+# (arrival, end, prompt tokens, output tokens) of each stage, seconds from the workflow's start:
+# think times of 0.5 s and 0.75 s between the stages
+LEARNED = [(0.0, 1.0, 100, 10), (1.5, 2.25, 80, 30), (3.0, 4.5, 120, 5)]
+# stage 1 arrives at 4 s, behind the learned schedule (φ(1)·D = 5 s): its share of what is left
+LATER = [(0.0, 3.5, 90, 12), (4.0, 6.0, 70, 20), (6.5, 7.0, 110, 8)]
+
+
+def test_the_simulator_and_the_gateway_learn_and_answer_the_same_numbers() -> None:
+    """One call sequence through both sides: the same graph, and the same due time per call."""
+    deadline_s = 10.0
+    flows = [("w1", 5.0, LEARNED), ("w2", 40.0, LATER)]
+    sim_calls = {
+        f"{wf}-{k}": SimCall(wf, k, None, 0.0, math.inf, deadline_s)
+        for wf, _, stages in flows
+        for k in range(len(stages))
+    }
+    clock = Clock()
+    sim = SimWorkflowHistory(sim_calls, PatternHistory(clock=clock))
+    gateway = WorkflowPatterns(clock=clock)
+    sim_due: list[float | None] = []
+    gateway_due: list[float | None] = []
+    for wf, start, stages in flows:
+        for k, (arrival, end, prompt, output) in enumerate(stages):
+            clock.t = start + arrival
+            request = CoreRequest(f"{wf}-{k}", clock.t, prompt, SLO(deadline_s=deadline_s))
+            offset = sim.offset_s(request)  # from the workflow's start
+            sim_due.append(None if offset is None else offset - arrival)
+            remaining_ms = (deadline_s - arrival) * 1e3
+            call = WorkflowCall(wf, k, deadline_s * 1e3, remaining_ms, k == 0, f"1:{wf}")
+            due_ms = gateway.sub_deadline(call)
+            gateway_due.append(None if due_ms is None else due_ms / 1e3)
+            clock.t = start + end
+            request.num_output_tokens = output
+            sim.finished(request, clock.t)
+            end_s = clock.t
+            gateway.call_ended(CallEnd(f"1:{wf}", k, "simulated", prompt, output, end_s, True))
+        if wf == "w1":  # the gateway learns a workflow once its deadline has passed
+            clock.t = start + deadline_s + 1.0
+            gateway.call_ended(CallEnd("1:none", 0, "simulated", 1, 1, clock.t, True))
+            (sim_graph,) = sim.history.graphs
+            (gateway_graph,) = gateway.history.graphs
+            fed = [(s.model, s.input_tokens, s.output_tokens) for s in sim_graph.stages]
+            assert fed == [(s.model, s.input_tokens, s.output_tokens) for s in gateway_graph.stages]
+            times = [s.time_s for s in sim_graph.stages]
+            assert times == pytest.approx([s.time_s for s in gateway_graph.stages])
+            # think time is in the stage that follows it: each stage ran from its end to the next
+            ends = [0.0] + [end for _, end, _, _ in LEARNED]
+            assert times == pytest.approx([b - a for a, b in itertools.pairwise(ends)])
+    assert sim_due[:3] == [None, None, None] == gateway_due[:3]  # no history yet: cold start
+    assert all(due is not None for due in sim_due[3:])
+    assert sim_due[3:] == pytest.approx(gateway_due[3:])
 
 
 # ---- through the app ---------------------------------------------------------------------------
