@@ -2,7 +2,7 @@
 
     python bench/gateway_overhead.py [--rps R] [--duration S] [--warmup S] [--json] [--pin]
         [--block S] [--max-tokens N] [--profile NAME] [--policy NAME] [--time-scale X]
-        [--workers N]
+        [--workers N] [--relay gateway|asgi|raw]
     python bench/gateway_overhead.py --find-max [--rates 25,50,...] [--max-added-p99-ms 5]
 
 One emulated engine and one gateway in front of it (SQLite seeded with an unlimited tier) run in
@@ -34,6 +34,12 @@ and ``errors`` count both paths.
 and N worker processes on one socket (:mod:`gateway.workers`), metrics merged; the gateway's CPU
 is then that of the supervisor and all its workers.
 
+``--relay asgi|raw`` puts a bare relay (:mod:`relay_floor`, ``bench/relay_floor.py``) in the
+gateway's place: no auth, admission, event parsing or accounting — an ASGI app under the same
+uvicorn configuration and upstream client, or asyncio protocols without ASGI. Everything else
+(load, engine, CPU accounting) is unchanged, so ``gateway_cpu_ms_per_request`` then measures
+the floor a Python relay costs on this machine; the ``relay`` key says which ran.
+
 Setting ``TIERGATE_BENCH_PROFILE=<file>`` runs the gateway process under cProfile and dumps its
 stats to ``<file>`` when it stops (read them with ``python -m pstats``). The profiler's clock is
 the event loop thread's CPU time, not the wall clock: with engine, gateway and load generator
@@ -53,7 +59,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -140,6 +146,8 @@ class Setup:
     pin: bool = False
     workers: int = 1
     """Gateway worker processes (``tiergate serve --workers``)."""
+    relay: str = "gateway"
+    """What serves the gateway path: the gateway, or a bare ``asgi`` or ``raw`` relay."""
 
 
 # ---- servers (child processes) ------------------------------------------------------------
@@ -241,6 +249,8 @@ def running_servers(setup: Setup) -> Iterator[Servers]:
                     setup.profile,
                     "--workers",
                     str(setup.workers),
+                    "--relay",
+                    setup.relay,
                 ],
                 {**env, "TIERGATE_METRICS_ADDR": f"127.0.0.1:{metrics_port}"},
                 log,
@@ -251,14 +261,16 @@ def running_servers(setup: Setup) -> Iterator[Servers]:
                 _pin(engine.pid, set(cpus[:-1]))
                 for pid in _process_tree(gateway.pid):  # with its workers
                     _pin(pid, {cpus[-1]})
+            bare = setup.relay != "gateway"  # a relay: no metrics, nothing to get ready
             servers = Servers(
                 engine_url,
                 f"http://127.0.0.1:{gateway_port}",
                 key,
-                f"http://127.0.0.1:{metrics_port}/metrics",
+                "" if bare else f"http://127.0.0.1:{metrics_port}/metrics",
                 procs,
             )
-            _wait_ready(servers.gateway_url)
+            if not bare:
+                _wait_ready(servers.gateway_url)
             yield servers
         finally:
             for proc in reversed(procs):
@@ -285,12 +297,20 @@ def _serve_role(args: argparse.Namespace) -> int:
 
     import uvicorn
 
+    app: Any  # the engine's or the gateway's FastAPI app, or the bare ASGI relay
     if args.role == "engine":
         from gateway.engine_sim.serve import EngineSpec
 
         app = EngineSpec(
             args.profile, args.policy, MODEL, seed=args.seed, time_scale=args.time_scale
         ).create_app()
+    elif args.relay == "raw":
+        _profiled(args, lambda: _serve_raw_relay(args))
+        return 0
+    elif args.relay == "asgi":
+        from relay_floor import AsgiRelay
+
+        app = AsgiRelay(args.engine_url)
     elif args.workers > 1:
         _run(_serve_gateway_workers(args))
         return 0
@@ -329,6 +349,12 @@ def _serve_role(args: argparse.Namespace) -> int:
         print(f"PORT {sock.getsockname()[1]}", flush=True)
         await task
 
+    _profiled(args, serve)
+    return 0
+
+
+def _profiled(args: argparse.Namespace, serve: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """Run ``serve()`` on uvloop; the gateway's role under cProfile if :data:`PROFILE_ENV` says."""
     profile_path = os.environ.get(PROFILE_ENV) if args.role == "gateway" else None
     if profile_path:
         import cProfile
@@ -342,7 +368,34 @@ def _serve_role(args: argparse.Namespace) -> int:
             profiler.dump_stats(profile_path)
     else:
         _run(serve())
-    return 0
+
+
+async def _serve_raw_relay(args: argparse.Namespace) -> None:
+    """Child process: the ``raw`` relay (:class:`relay_floor.RawRelay`) until stdin closes."""
+    import socket
+
+    from relay_floor import RawRelay
+
+    relay = RawRelay(args.engine_url)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    server = await relay.start(sock, backlog=4096)
+    loop = asyncio.get_running_loop()
+    stopped = loop.create_future()
+    stdin = sys.stdin.buffer.fileno()
+
+    def on_stdin() -> None:
+        if not os.read(stdin, 4096):
+            loop.remove_reader(stdin)
+            if not stopped.done():
+                stopped.set_result(None)
+
+    loop.add_reader(stdin, on_stdin)
+    print(f"PORT {sock.getsockname()[1]}", flush=True)
+    await stopped
+    server.close()
+    relay.close()
 
 
 async def _serve_gateway_workers(args: argparse.Namespace) -> None:
@@ -583,6 +636,8 @@ async def _overhead_histogram(client: httpx.AsyncClient, metrics_url: str) -> di
     """Cumulative bucket counts of ``tiergate_gateway_overhead_seconds`` by upper bound."""
     from prometheus_client.parser import text_string_to_metric_families
 
+    if not metrics_url:  # a bare relay has no metrics
+        return {}
     try:
         text = (await client.get(metrics_url)).text
     except httpx.HTTPError:
@@ -619,6 +674,8 @@ class Result:
     gateway_cpu_ms_per_request: float
     gateway_cpu_system_ms_per_request: float
     """The part of it spent in the kernel."""
+    relay: str = "gateway"
+    """What served the gateway path (``--relay``)."""
 
     def sustained(self, max_added_p99_ms: float) -> bool:
         return (
@@ -645,6 +702,7 @@ class Result:
             "added_ttft_p50_ms": _pct(g_ttft, 50) - _pct(d_ttft, 50),
             "added_ttft_p99_ms": self.added_ttft_p99_ms,
             "errors": self.errors,
+            "relay": self.relay,
             "added_ttft_p99_ci95_ms": list(self.added_ttft_p99_ci_ms),
             "direct_itl_p50_ms": _pct(d_itl, 50),
             "direct_itl_p99_ms": _pct(d_itl, 99),
@@ -678,7 +736,9 @@ def _pct(values: np.ndarray, q: float) -> float:
     return float(np.percentile(values, q)) if values.size else math.nan
 
 
-def summarize(run: LoadRun, rps: float, duration_s: float, rng: np.random.Generator) -> Result:
+def summarize(
+    run: LoadRun, rps: float, duration_s: float, rng: np.random.Generator, relay: str = "gateway"
+) -> Result:
     samples = run.samples
     ok = [s for s in samples if s.error is None and s.first is not None]
     kinds: dict[str, int] = {}
@@ -714,6 +774,7 @@ def summarize(run: LoadRun, rps: float, duration_s: float, rng: np.random.Genera
         cpu_util={k: v / window for k, v in run.cpu_s.items()},
         gateway_cpu_ms_per_request=run.cpu_s["gateway"] * 1e3 / max(1, via_gateway),
         gateway_cpu_system_ms_per_request=run.cpu_s["gateway_system"] * 1e3 / max(1, via_gateway),
+        relay=relay,
     )
 
 
@@ -746,7 +807,7 @@ def _histogram_p99_ms(before: dict[str, float], after: dict[str, float]) -> floa
 def measure(servers: Servers, rps: float, duration_s: float, setup: Setup) -> Result:
     rng = np.random.default_rng([setup.seed, int(rps * 1000)])
     run = _run(generate_load(servers, rps, duration_s, setup, rng))
-    return summarize(run, rps, duration_s, rng)
+    return summarize(run, rps, duration_s, rng, setup.relay)
 
 
 # ---- command line -------------------------------------------------------------------------
@@ -816,6 +877,12 @@ def main(argv: list[str] | None = None) -> int:
         "--workers", type=int, default=1, help="gateway worker processes (tiergate serve --workers)"
     )
     parser.add_argument(
+        "--relay",
+        choices=("gateway", "asgi", "raw"),
+        default="gateway",
+        help="what serves the gateway path: the gateway, or a bare relay (bench/relay_floor.py)",
+    )
+    parser.add_argument(
         "--pin", action="store_true", help="the gateway alone on the last CPU, the rest elsewhere"
     )
     parser.add_argument("--find-max", action="store_true", help="step up --rates until one fails")
@@ -832,6 +899,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.role is not None:
         return _serve_role(args)
+    if args.relay != "gateway" and args.workers > 1:
+        parser.error("--relay asgi|raw runs one process: no --workers")
 
     setup = Setup(
         profile=args.profile,
@@ -843,6 +912,7 @@ def main(argv: list[str] | None = None) -> int:
         seed=args.seed,
         pin=args.pin,
         workers=args.workers,
+        relay=args.relay,
     )
     if args.find_max:
         rates = [float(r) for r in args.rates.split(",")] if args.rates else list(DEFAULT_RATES)
@@ -868,7 +938,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     _print_table(
         rows,
-        f"Gateway overhead ({args.profile}, {args.policy}, "
+        f"Gateway overhead ({args.relay}, {args.profile}, {args.policy}, "
         f"max_tokens {args.max_tokens}, {args.duration:g} s per rate)",
     )
     if args.find_max:
