@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -201,7 +201,6 @@ class Featurizer:
 
     def __init__(self, config: FeatureConfig | None = None) -> None:
         from sklearn.feature_extraction.text import HashingVectorizer
-        from sklearn.utils.sparsefuncs_fast import inplace_csr_row_normalize_l2
 
         self.config = config or FeatureConfig()
         c = self.config
@@ -220,7 +219,7 @@ class Featurizer:
             norm=None,
             lowercase=True,
         )
-        self._normalize = inplace_csr_row_normalize_l2
+        self._normalize = _row_normalizer()
         self.layout = c.layout_id()
 
     def _hashed(self, vectorizer: Any, texts: list[str]) -> NDArray[np.float64]:
@@ -271,3 +270,19 @@ class Featurizer:
         for i, request in enumerate(requests):
             out[i] = request._vectors[layout]
         return out
+
+
+def _row_normalizer() -> Callable[[Any], None]:
+    """scikit-learn's in-place l2 row normaliser; its documented wrapper (``normalize``, the
+    same routine behind argument checks) if a release moves the undocumented module."""
+    try:
+        from sklearn.utils.sparsefuncs_fast import inplace_csr_row_normalize_l2
+    except ImportError:  # pragma: no cover - depends on the installed scikit-learn
+        from sklearn.preprocessing import normalize
+
+        def checked(matrix: Any) -> None:
+            normalize(matrix, norm="l2", copy=False)
+
+        return checked
+    normalizer: Callable[[Any], None] = inplace_csr_row_normalize_l2
+    return normalizer
