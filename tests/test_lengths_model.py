@@ -19,6 +19,7 @@ from priority.lengths.forest import PackedForest
 from priority.lengths.model import ForestParams, LengthPredictor, ModelFormatError
 from priority.lengths.serving import PredictorHandle, apredict_with_budget, predict_with_budget
 from priority.lengths.train import parse_row
+from tests.featurizer_spy import record_hashed_prompts
 
 TOPICS = ("haiku", "summary", "essay", "novel")
 MU = {"haiku": 2.5, "summary": 3.5, "essay": 4.5, "novel": 5.5}
@@ -86,14 +87,8 @@ def test_refinement_is_monotone_never_below_generated_and_matches_predict(
 def test_a_request_is_featurized_once_per_layout(
     predictor: LengthPredictor, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    hashed: list[str] = []  # the prompts Featurizer.transform hashed
-    plain = Featurizer.transform
-
-    def counting(self: Featurizer, requests: list[RequestFeatures]) -> np.ndarray:
-        hashed.extend(r.prompt for r in requests)
-        return plain(self, requests)
-
-    monkeypatch.setattr(Featurizer, "transform", counting)
+    plain = Featurizer.transform  # unwatched, for the expected rows
+    hashed = record_hashed_prompts(monkeypatch)
     request = RequestFeatures(prompt="write a novel now please", model="m", max_tokens=900)
     first = predictor.predict(request)
     assert predictor.predict(request) == first

@@ -13,7 +13,6 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session, sessionmaker
@@ -27,6 +26,7 @@ from gateway.length_models import versions
 from priority.lengths.features import FeatureConfig, Featurizer, RequestFeatures
 from priority.lengths.model import ForestParams, LengthPredictor
 from priority.lengths.serving import PredictorHandle
+from tests.featurizer_spy import record_hashed_prompts
 
 SECRET_WORDS = ("zebracorn", "marmaladequest", "quixotically")
 KEY = b"k" * 32
@@ -89,14 +89,8 @@ def test_a_predicted_request_is_stored_with_the_row_its_prediction_hashed(
     session_factory: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     predictor = LengthPredictor.fit([_request(i) for i in range(8)], [_length(i) for i in range(8)])
-    hashed: list[str] = []  # the prompts Featurizer.transform hashed
-    plain = Featurizer.transform
-
-    def counting(self: Featurizer, requests: list[RequestFeatures]) -> np.ndarray:
-        hashed.extend(r.prompt for r in requests)
-        return plain(self, requests)
-
-    monkeypatch.setattr(Featurizer, "transform", counting)
+    plain = Featurizer.transform  # unwatched, for the expected rows
+    hashed = record_hashed_prompts(monkeypatch)
     predicted, unpredicted = _request(100), _request(101)
     predictor.predict(predicted)  # the gateway's prediction, at admission
     writer = _writer(session_factory)
