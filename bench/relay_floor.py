@@ -261,8 +261,7 @@ class _Upstream(asyncio.Protocol):
             self.parts = []
             client.write_body(parts, self.done)
         if self.done:
-            self.client = None
-            client.upstream = None
+            _unpair(client, self)
             if self.paused and self.transport is not None:
                 self.paused = False
                 self.transport.resume_reading()
@@ -274,8 +273,7 @@ class _Upstream(asyncio.Protocol):
         self.relay.lost(self)
         client = self.client
         if client is not None:  # mid-response: the client cannot get a whole one
-            self.client = None
-            client.upstream = None
+            _unpair(client, self)
             client.abort()
 
     # httptools callbacks
@@ -387,8 +385,7 @@ class _Client(asyncio.Protocol):
             self.connecting.cancel()
         upstream = self.upstream
         if upstream is not None:  # mid-response: dropping it tells the engine to abort
-            self.upstream = None
-            upstream.client = None
+            _unpair(self, upstream)
             upstream.close()
 
     def pause_writing(self) -> None:
@@ -434,3 +431,9 @@ class _Client(asyncio.Protocol):
             return
         self.status, self.content_type, self.head_sent = 0, b"text/event-stream", False
         self.relay.forward(self, body)
+
+
+def _unpair(client: _Client, upstream: _Upstream) -> None:
+    """End a response's link between a client connection and its engine connection."""
+    client.upstream = None
+    upstream.client = None
