@@ -463,17 +463,16 @@ def _install_openapi(app: FastAPI) -> None:
     app.openapi = openapi  # type: ignore[method-assign]
 
 
-def _add_routes(app: FastAPI) -> None:
+def _add_routes(app: GatewayApp) -> None:
     # the data plane, answered ahead of the middleware stack (gateway.app.data_plane); the
     # APIRoutes below document it in OpenAPI
-    if isinstance(app, GatewayApp):
-        drain, limit = app.state.drain, app.state.settings.max_body_bytes
-        routes: tuple[tuple[str, Kind], ...] = (
-            ("/v1/chat/completions", "chat"),
-            ("/v1/completions", "completions"),
-        )
-        for path, kind in routes:
-            app.data_plane[path] = DataPlaneEndpoint(app, kind, drain, limit)
+    drain, limit = app.state.drain, app.state.settings.max_body_bytes
+    routes: tuple[tuple[str, Kind], ...] = (
+        ("/v1/chat/completions", "chat"),
+        ("/v1/completions", "completions"),
+    )
+    for path, kind in routes:
+        app.data_plane[path] = DataPlaneEndpoint(app, kind, drain, limit)
 
     @app.post(
         "/v1/chat/completions",
