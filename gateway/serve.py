@@ -21,8 +21,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import getpass
+import json
 import logging
 import logging.config
+import shlex
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 
@@ -115,6 +117,18 @@ def metrics_address(configured: str | None) -> str:
         return join_addr(DEFAULT_METRICS_HOST, int(probe.getsockname()[1]))
 
 
+def try_command(base: str, model: str) -> str:
+    """A first request as a shell command: ``$KEY`` in double quotes so the shell expands it."""
+    body = json.dumps(
+        {"model": model, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 32}
+    )
+    return (
+        f"curl {shlex.quote(base + '/v1/chat/completions')} "
+        '-H "Authorization: Bearer $KEY" -H "Content-Type: application/json" '
+        f"-d {shlex.quote(body)}"
+    )
+
+
 def announce(
     settings: Settings,
     *,
@@ -153,12 +167,10 @@ def announce(
             "The demo tenant already has a key; make another with: "
             "[bold]tiergate keys create --tenant demo[/bold]"
         )
-    console.print(
-        f"Try: curl {base}/v1/chat/completions -H 'Authorization: Bearer $KEY' "
-        f"-H 'Content-Type: application/json' "
-        f'-d \'{{"model": "{model}", "messages": [{{"role": "user", '
-        f'"content": "hello"}}], "max_tokens": 32}}\''
-    )
+    key_source = "the demo key above" if demo_key is not None else "a key of the demo tenant"
+    console.print(f"Set KEY to {key_source} (KEY=tg-...), then")
+    # one line, never wrapped, no markup: it must work when pasted into a shell
+    console.print(f"Try: {try_command(base, model)}", soft_wrap=True, markup=False, highlight=False)
     if (settings.admin_key is None or not settings.admin_key.get_secret_value()) and not (
         settings.ui
     ):

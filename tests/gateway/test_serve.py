@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -98,3 +99,38 @@ def test_serve_from_scratch_and_side_by_side(tmp_path: Path) -> None:
     with serve(first, free_port()) as (_, again):
         assert not [line for line in again.splitlines() if line.strip().startswith("tg-")]
         assert "tiergate keys create --tenant demo" in " ".join(again.split())
+
+
+def test_try_line_works_when_pasted(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The printed ``Try:`` command is one line that a shell runs with ``$KEY`` expanded."""
+    import io
+    import shlex
+
+    from rich.console import Console
+
+    from gateway import serve as serve_module
+    from gateway.settings import Settings
+
+    out = io.StringIO()
+    monkeypatch.setattr(serve_module, "console", Console(file=out, width=80))
+    settings = Settings(data_dir=tmp_path)
+    serve_module.announce(
+        settings, base="http://127.0.0.1:8000", demo_key="tg-demo", model=MODEL_NAME
+    )
+    lines = [line for line in out.getvalue().splitlines() if line.startswith("Try:")]
+    assert len(lines) == 1, out.getvalue()
+    command = lines[0].removeprefix("Try:").strip()
+    argv = shlex.split(command)
+    assert argv[0] == "curl" and argv[1] == "http://127.0.0.1:8000/v1/chat/completions"
+    body = json.loads(argv[argv.index("-d") + 1])
+    assert body["model"] == MODEL_NAME and body["messages"][0]["content"] == "hello"
+    # what the shell passes curl: the header with the key, not the literal "$KEY"
+    shown = subprocess.run(
+        ["bash", "-c", 'KEY=tg-abc; curl() { printf "%s\\n" "$@"; }; ' + command],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    assert "Authorization: Bearer tg-abc" in shown
+    # it says where the key comes from
+    assert "KEY=" in out.getvalue()
