@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 from gateway.app.admin.schemas import INT32_MAX, DeletedOut
 from gateway.app.state import GatewayState
 from gateway.db import crud
-from gateway.db.errors import InvalidInput, NotFound
+from gateway.db.errors import InvalidInput
 from gateway.db.models import ApiKey, Tenant, utcnow
 
 DEFAULT_USAGE_HOURS = 24.0
@@ -37,21 +37,17 @@ VersionedT = TypeVar("VersionedT", bound=_Versioned)
 
 
 def resolve(getter: Callable[[Session, int | str], RowT], session: Session, ref: int | str) -> RowT:
-    """A row by name, or by id when ``ref`` is an id or an all-digit string no name matches.
+    """A row by id when ``ref`` is an id or made of digits only, else by name.
 
-    Names win: a tier may be called "2", and its name is what people type.
+    One rule everywhere a row is named by "id or name": a number is an id. Names cannot be
+    digits only (:data:`~gateway.db.crud._common.NAME_PATTERN`), so no name shadows an id; a
+    row given such a name before the rule is reached by its id (and can be renamed).
     """
     if isinstance(ref, int):
         return getter(session, ref)
-    try:
-        return getter(session, ref)
-    except NotFound:
-        if ref.isascii() and ref.isdigit() and 0 < int(ref) <= INT32_MAX:
-            try:
-                return getter(session, int(ref))
-            except NotFound:
-                pass
-        raise
+    if ref.isascii() and ref.isdigit() and 0 < int(ref) <= INT32_MAX:
+        return getter(session, int(ref))
+    return getter(session, ref)  # a name (or an id out of range: the getter's "not found")
 
 
 def changes_of(body: BaseModel) -> dict[str, Any]:

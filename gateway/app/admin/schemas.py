@@ -45,7 +45,7 @@ from gateway.bounds import (
     MIN_WEIGHT,
 )
 from gateway.db import crud
-from gateway.db.crud._common import NAME_PATTERN
+from gateway.db.crud._common import NAME_MAX, NAME_PATTERN, NAME_RULE
 from gateway.db.crud.keys import DEFAULT_GRACE_S, MAX_GRACE_S
 from gateway.db.crud.tiers import TIER_KINDS
 from gateway.db.identity import EffectivePolicy, effective_policy
@@ -90,8 +90,8 @@ Ref = str | RowId  # a name, or an id
 # The data layer's rules on text (gateway.db.crud), worded as it words them.
 Name = Annotated[
     StrictStr,
-    Field(min_length=1, max_length=64, pattern=NAME_PATTERN.pattern),
-    worded("use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit"),
+    Field(min_length=1, max_length=NAME_MAX, pattern=NAME_PATTERN.pattern),
+    worded(NAME_RULE),
 ]
 """A tier's, tenant's, backend's or profile's name."""
 Description = Annotated[StrictStr, Field(max_length=1000)]

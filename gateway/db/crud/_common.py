@@ -27,16 +27,20 @@ RowT = TypeVar("RowT", bound=Base)
 View = Callable[[Any], dict[str, Any]]  # a row -> what the audit log records of it
 Finder = Callable[[Session, str], object | None]  # a row by name, or None
 
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+NAME_PATTERN = re.compile(r"^(?:[A-Za-z][A-Za-z0-9._-]*|[0-9]+[A-Za-z._-][A-Za-z0-9._-]*)$")
+"""1-64 letters, digits, '.', '_' or '-', starting with a letter or digit, not digits only: a
+reference made of digits is an id wherever a row is named by "id or name", so no name may be
+one (no lookahead: pydantic's regex engine checks the same pattern; the length is separate)."""
+NAME_MAX = 64
+NAME_RULE = (
+    "use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit, "
+    "not digits only (a number is an id)"
+)
 
 
 def check_name(value: Any, entity: str, param: str = "name") -> str:
-    if not isinstance(value, str) or not NAME_PATTERN.fullmatch(value):
-        raise InvalidInput(
-            f"invalid {entity} name {value!r}: use 1-64 letters, digits, '.', '_' or '-', "
-            "starting with a letter or digit",
-            param=param,
-        )
+    if not isinstance(value, str) or len(value) > NAME_MAX or not NAME_PATTERN.fullmatch(value):
+        raise InvalidInput(f"invalid {entity} name {value!r}: {NAME_RULE}", param=param)
     return value
 
 

@@ -91,3 +91,28 @@ def test_deleting_a_tenant_deletes_its_keys_and_invalidates_them(admin: Admin) -
     assert admin.state.auth.invalidated == [key["prefix"].removeprefix("tg-")]
     assert admin.ok("GET", "/keys")["data"] == []
     error(admin.call("DELETE", "/tenants/acme"), 404)
+
+
+def test_all_digit_refs_are_ids_and_names_cannot_be_all_digits(admin: Admin) -> None:
+    """A tenant or tier named "2" cannot shadow id 2: an all-digit ref is always an id, and
+    new names made only of digits are refused (a row named so before stays reachable by id)."""
+    first = admin.tier()
+    for path, body in (
+        ("/tiers", {"name": "2", "weight": 1.0, "ttft_ms": 800.0, "tpot_ms": 40.0}),
+        ("/tenants", {"name": "2", "tier": "gold"}),
+    ):
+        assert error(admin.call("POST", path, body), 400)["param"] == "name"
+    acme = admin.tenant()
+    assert error(admin.call("PATCH", "/tenants/acme", {"name": "007"}), 400)["param"] == "name"
+    # a row named "<digits>" written before the rule (straight into the table)
+    with admin.state.session_factory.begin() as s:
+        legacy = crud.get_tenant(s, acme["id"])
+        legacy.name = str(acme["id"] + 1)
+    other = admin.tenant("other")
+    assert other["id"] == acme["id"] + 1
+    got = admin.ok("GET", f"/tenants/{other['id']}")
+    assert got["name"] == "other"  # id wins over the legacy name
+    admin.ok("PATCH", f"/tenants/{other['id']}", {"ttft_ms": 900.0})
+    assert admin.ok("GET", f"/tenants/{acme['id']}")["name"] == str(acme["id"] + 1)
+    assert admin.ok("GET", f"/tenants/{other['id']}")["ttft_ms"] == 900.0
+    assert admin.ok("GET", f"/tiers/{first['id']}")["name"] == "gold"

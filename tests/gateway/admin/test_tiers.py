@@ -49,10 +49,12 @@ def test_noop_tier_patch_neither_audits_nor_invalidates(admin: Admin) -> None:
     assert [e["action"] for e in admin.audit(entity_type="tier")] == ["create"]
 
 
-def test_a_digit_name_wins_over_an_id(admin: Admin) -> None:
+def test_a_number_is_an_id_never_a_name(admin: Admin) -> None:
     first = admin.tier("first")
-    named = admin.tier(str(first["id"]), weight=9.0)
-    assert admin.ok("GET", f"/tiers/{first['id']}")["id"] == named["id"]
+    err = error(admin.call("POST", "/tiers", {"name": str(first["id"] + 1), "weight": 9.0}), 400)
+    assert err["param"] == "name" and "digits only" in err["message"]
+    assert admin.tier("2nd")["name"] == "2nd"  # digits then letters: a name
+    assert admin.ok("GET", f"/tiers/{first['id']}")["name"] == "first"
     error(admin.call("GET", "/tiers/99999999999999999999"), 404)  # beyond any id: no 500
 
 
