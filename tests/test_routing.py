@@ -124,28 +124,30 @@ def test_alpha_drops_instances_where_the_request_harms_queued_ones() -> None:
     assert GoRouter(instances, alpha=0.5).route(new, NOW).instance == 0  # both light; 0 lighter
 
 
-def test_fallback_is_seeded_random_when_no_instance_meets_the_slo() -> None:
+def test_random_fallback_is_seeded_when_no_instance_meets_the_slo() -> None:
     instances = [instance(i) for i in range(3)]
     hopeless = req("big", 20_000, ttft=1.0)  # 2 s of prefill everywhere
 
     def picks(seed: int) -> list[int]:
-        router = GoRouter(instances, seed=seed)
+        router = GoRouter(instances, seed=seed, fallback="random")
         return [router.route(hopeless, NOW).instance for _ in range(60)]
 
     first = picks(7)
     assert first == picks(7)
     assert set(first) == {0, 1, 2}
-    decision = GoRouter(instances, rng=np.random.default_rng(1)).route(hopeless, NOW)
+    decision = GoRouter(instances, rng=np.random.default_rng(1), fallback="random").route(
+        hopeless, NOW
+    )
     assert decision.expected_gain == 0.0
 
 
-def test_fallback_avoids_instances_where_the_request_would_harm_others() -> None:
+def test_random_fallback_avoids_instances_where_the_request_would_harm_others() -> None:
     # On instance 0 the request would push a queued request (due in 1 s) past its deadline.
     instances = [instance(0, req("q", 1000, ttft=1.0)), instance(1), instance(2)]
     hopeless = req("big", 20_000, ttft=1.0)
-    careful = GoRouter(instances, seed=3)
+    careful = GoRouter(instances, seed=3, fallback="random")
     assert {careful.route(hopeless, NOW).instance for _ in range(60)} == {1, 2}
-    uniform = GoRouter(instances, seed=3, avoid_harm_on_fallback=False)
+    uniform = GoRouter(instances, seed=3, avoid_harm_on_fallback=False, fallback="random")
     assert 0 in {uniform.route(hopeless, NOW).instance for _ in range(60)}
 
 
@@ -321,7 +323,13 @@ def test_min_load_counts_queued_and_decoding_and_breaks_ties_low() -> None:
 
 def test_make_router_builds_each_router_and_forwards_parameters() -> None:
     instances = [instance(0)]
-    assert ROUTER_NAMES == ("round-robin", "min-load", "goroute")
+    assert ROUTER_NAMES == (
+        "round-robin",
+        "min-load",
+        "goroute",
+        "power-of-two",
+        "least-predicted-ttft",
+    )
     assert isinstance(make_router("round-robin", instances), RoundRobinRouter)
     assert isinstance(make_router("min-load", instances), MinLoadRouter)
     router = make_router("goroute", instances, alpha=0.5, weights=GainWeights(3.0, 1.0))

@@ -40,9 +40,34 @@ idle), else the *busiest* of ``C - H`` with ``H = {Exec(p, r) > lambda * TTFT}``
 instance, keep light ones free for future long or high-priority requests), else the least
 loaded of C. ``TTFT`` is the request's first-token due time (its deadline for end-to-end SLOs).
 When ``Delta_max <= 0`` no instance meets the SLO (and ``alpha * Delta_max`` would be meaningless:
-with a negative maximum it exceeds every Delta), so the choice is random — by default among the
-instances where the request harms the queued requests least (``Delta_p == Delta_max``), which is
-Algorithm 2's uniform RandomSelect whenever no placement harms anyone.
+with a negative maximum it exceeds every Delta). Algorithm 2 then picks at random
+(``fallback="random"``, kept for comparison: among the instances where the request harms the
+queued requests least). Past capacity that is most decisions, and a random pick sends a late
+request to a slow instance as often as to a fast one, so by default (``fallback="expected-gain"``)
+the router picks the instance of the largest **expected gain** ``G_p`` — *beyond the paper*:
+
+* the request's own gain there, including its decode tokens: it gets its first token at
+  ``T1_p = now + Exec(p, r)`` and then one token per decode step ``s`` of the instance where it
+  decodes (p itself co-located; under PD the decode instance :func:`pick_decode_instance`
+  chooses), with ``s`` predicted from that instance's running decodes and KV in use
+  (:mod:`priority.routing.decode`), so the A100 that decodes at 30 ms and the 910B that decodes
+  at 90 ms differ. A late token i is on time again once ``(i - 1) * (TPOT - s)`` exceeds the
+  lateness (the fixed deadlines of Eq. 3 let a fast decoder catch up), so the decode tokens on
+  time are a closed form of the lateness, ``TPOT - s`` and the expected output length
+  (:func:`on_time_decode_tokens`; the end-to-end deadline caps them too);
+* minus the first-token value of the queued requests the request pushes past their deadline
+  (the ``Delta_p`` terms, as in the main branch);
+* minus the decode tokens the queued requests lose by waiting ``Exec(p, r) - Exec(p)`` longer:
+  for each queued streaming request ``delay / |TPOT - s|`` tokens (floored at a tenth of its
+  TPOT), counted for those late after the push when ``s < TPOT`` (they catch up later) and those
+  not yet late when ``s >= TPOT`` (they fall behind sooner), capped by their expected tokens;
+* minus, co-located, what the request's own decode does to the instance's running decodes when
+  it pushes the step past the TPOT SLO: each running decode produces ``1/TPOT - 1/s`` late
+  tokens per second over the request's decode lifetime (their weights are not tracked: the
+  queued requests' mean weight stands in).
+
+Ties (a 1e-9 relative tolerance) go to the least ``Exec(p, r)``, then the lower index. The
+paper's main branch is unchanged; ``expected_gain`` in the decision stays ``Delta_p``.
 
 **Other routers' prefills** (gateway workers in front of the same engines): an instance's
 ``external_prefills`` summary (:class:`~priority.routing.base.ExternalPrefills`) joins Q_p as
@@ -79,6 +104,7 @@ from priority.routing.base import (
     RouteDecision,
     Router,
 )
+from priority.routing.decode import decode_step_s, running_decodes_s
 from priority.routing.prefill_queue import raw_prefill_work as raw_prefill_work
 from priority.routing.simple import pick_decode_instance, prefill_candidates
 
@@ -93,6 +119,13 @@ DEFAULT_LAMBDA = 0.8
 estimator error and arrivals the router has not seen yet. Needs ``mu < lambda``."""
 DEFAULT_ETA = 0.65
 """Floor of the co-located batch budget as a fraction of the smallest TPOT SLO (xLLM's eta)."""
+FALLBACKS = ("expected-gain", "random")
+"""What GoRouting does when no instance meets the request's SLO (module docstring)."""
+GAP_FLOOR = 0.1
+"""Floor of ``|TPOT - s|`` as a fraction of TPOT in the queued requests' decode loss: near
+``s = TPOT`` a delay moves a late request's catch-up point by an unbounded number of tokens in
+the closed form; the floor bounds that at ten tokens per TPOT of delay (the cap by their
+expected tokens bounds the total)."""
 
 _RELATIVE_TIE = 1e-9
 
@@ -125,6 +158,11 @@ class _QueueSummary:
     raw_work: float
     chunks: int
     min_tpot_s: float
+    stream_weight_suffix: list[float]
+    """``stream_weight_suffix[i]``: total tier weight of the streaming requests with
+    deadlines[i:] (the expected-gain fallback's decode loss)."""
+    decode_tokens_weighted: float
+    """Sum over queued streaming requests of tier weight times expected decode tokens."""
 
     def min_remaining_s(self, now: float) -> float:
         """Time to the earliest first-token deadline not yet past (inf if none)."""
@@ -149,6 +187,7 @@ class GoRouter(Router):
         rng: np.random.Generator | None = None,
         seed: int | None = None,
         avoid_harm_on_fallback: bool = True,
+        fallback: str = "expected-gain",
     ) -> None:
         super().__init__(instances)
         if not 0.0 < alpha <= 1.0:
@@ -157,6 +196,8 @@ class GoRouter(Router):
             raise ValueError(f"need 0 <= mu < lambda, got mu={mu}, lambda={lambda_}")
         if not 0.0 <= eta <= 1.0:
             raise ValueError(f"eta must be in [0, 1], got {eta}")
+        if fallback not in FALLBACKS:
+            raise ValueError(f"fallback must be one of {', '.join(FALLBACKS)}, got {fallback!r}")
         if rng is not None and seed is not None:
             raise ValueError("pass rng or seed, not both")
         self.weights = weights if weights is not None else GainWeights()
@@ -166,6 +207,7 @@ class GoRouter(Router):
         self.eta = eta
         self.rng = rng if rng is not None else np.random.default_rng(seed)
         self.avoid_harm_on_fallback = avoid_harm_on_fallback
+        self.fallback = fallback
         # Memo of each queue's summary, keyed by a fingerprint of the queue; the callbacks also
         # drop it, which catches changes that leave length and timestamp alike.
         self._summaries: dict[
@@ -179,10 +221,20 @@ class GoRouter(Router):
         estimates = [
             self.estimate(inst, request, now) for inst in prefill_candidates(self.instances)
         ]
-        chosen = self._select(estimates, request)
+        decode = pick_decode_instance(self.instances)
+        if self.fallback == "expected-gain" and max(e.delta for e in estimates) <= 0.0:
+            gains = [self.fallback_gain(e, request, now, decode) for e in estimates]
+            best = max(gains)
+            tie = _RELATIVE_TIE * max(1.0, abs(best))
+            chosen = min(
+                (e for e, g in zip(estimates, gains, strict=True) if g >= best - tie),
+                key=lambda e: (e.exec_with_s, e.index),
+            )
+        else:
+            chosen = self._select(estimates, request)
         return RouteDecision(
             instance=chosen.index,
-            decode_instance=pick_decode_instance(self.instances),
+            decode_instance=decode,
             expected_gain=chosen.delta,
             predicted_ttft_s=chosen.exec_with_s,
         )
@@ -242,6 +294,64 @@ class GoRouter(Router):
             gain_after += self.weights.token_value(request.weight, 1)
         return InstanceEstimate(instance.index, exec_s, exec_with_s, gain_before, gain_after)
 
+    def fallback_gain(
+        self, estimate: InstanceEstimate, request: Request, now: float, decode: int | None
+    ) -> float:
+        """G_p of the expected-gain fallback (module docstring) for one instance's estimate;
+        ``decode`` is the PD decode instance (None: co-located, the request decodes in place)."""
+        instance = self.instances[estimate.index]
+        summary = self._summary(instance)
+        weights, slo = self.weights, request.slo
+        first_s = now + estimate.exec_with_s
+        due_first = request.arrival_s + slo.token_due_s(1)
+        tokens = max(0, request.expected_output_tokens - 1)
+        where = self.instances[decode] if decode is not None else instance
+        step = decode_step_s(where, request.prompt_tokens + tokens / 2)
+        own_decode = on_time_decode_tokens(
+            slack_s=due_first - first_s,
+            tpot_s=slo.tpot_s,
+            step_s=step,
+            tokens=tokens,
+            deadline_slack_s=(
+                math.inf if slo.deadline_s is None else request.arrival_s + slo.deadline_s - first_s
+            ),
+        )
+        # Delta_p: own first-token value if met, minus the queued ones pushed past theirs
+        own = estimate.delta + weights.token_value(request.weight, 2) * own_decode
+        # decode tokens the queued requests lose by the delay (|TPOT - s| floored, capped)
+        delay = estimate.exec_with_s - estimate.exec_s
+        loss = 0.0
+        if delay > 0.0 and summary.decode_tokens_weighted > 0.0:
+            tpot_q = summary.min_tpot_s
+            gap = tpot_q - step
+            if gap > 0.0:  # late after the push: they catch up later
+                cut = bisect.bisect_right(summary.deadlines, now + estimate.exec_with_s)
+            else:  # not yet late before the push: they fall behind sooner
+                cut = bisect.bisect_right(summary.deadlines, now + estimate.exec_s)
+            exposed = summary.stream_weight_suffix[0] - summary.stream_weight_suffix[cut]
+            if gap <= 0.0:
+                exposed = summary.stream_weight_suffix[cut]
+            rate = 1.0 / max(abs(gap), GAP_FLOOR * tpot_q)
+            loss = min(exposed * delay * rate, summary.decode_tokens_weighted)
+        # co-located: the request's decode slowing the running decodes past their TPOT
+        if (
+            decode is None
+            and slo.tpot_s is not None
+            and instance.num_decoding
+            and step > slo.tpot_s
+        ):
+            before = instance.estimator.t_c + running_decodes_s(instance)
+            late_rate = 1.0 / max(before, slo.tpot_s) - 1.0 / step
+            queued_weight = summary.stream_weight_suffix[0]
+            mean_weight = (
+                queued_weight / len(queue)
+                if (queue := instance.prefill_queue) and queued_weight
+                else request.weight
+            )
+            n_d = min(instance.num_decoding, instance.profile.engine.max_num_seqs)
+            loss += mean_weight * n_d * late_rate * tokens * step
+        return own - weights.token_value(1.0, 2) * loss
+
     def drain_s(self, instance: InstanceView, now: float) -> float:
         """Exec(p): the wait a newcomer would see on ``instance`` before its own prefill (its
         queued prefills' drain time, lag-compensated, plus decode interference)."""
@@ -281,21 +391,34 @@ class GoRouter(Router):
             return cached[1]
         totals = instance.prefill_totals  # O(1); only the per-request rows below need a walk
         raw_work, chunks, min_tpot = totals.raw_work, totals.chunks, totals.min_tpot_s
-        rows = [
-            (r.arrival_s + r.slo.token_due_s(1), self.weights.token_value(r.weight, 1))
-            for r in queue.values()
-        ]
+        value = self.weights.token_value
+        rows: list[tuple[float, float, float]] = []
+        decode_tokens = 0.0
+        for r in queue.values():
+            streaming = r.weight if r.slo.tpot_s is not None else 0.0
+            rows.append((r.arrival_s + r.slo.token_due_s(1), value(r.weight, 1), streaming))
+            decode_tokens += streaming * max(0, r.expected_output_tokens - 1)
         if external is not None:  # work and deadline pressure only: no gain of ours (docstring)
             raw_work += external.raw_work
             chunks += external.chunks
             min_tpot = min(min_tpot, external.min_tpot_s)
             if math.isfinite(external.earliest_deadline_s):
-                rows.append((external.earliest_deadline_s, 0.0))
+                rows.append((external.earliest_deadline_s, 0.0, 0.0))
         rows.sort()
         suffix = [0.0] * (len(rows) + 1)
+        weight_suffix = [0.0] * (len(rows) + 1)
         for i in range(len(rows) - 1, -1, -1):
             suffix[i] = suffix[i + 1] + rows[i][1]
-        summary = _QueueSummary([d for d, _ in rows], suffix, raw_work, chunks, min_tpot)
+            weight_suffix[i] = weight_suffix[i + 1] + rows[i][2]
+        summary = _QueueSummary(
+            [row[0] for row in rows],
+            suffix,
+            raw_work,
+            chunks,
+            min_tpot,
+            weight_suffix,
+            decode_tokens,
+        )
         self._summaries[instance.index] = (key, summary)
         return summary
 
@@ -330,3 +453,36 @@ def own_prefills(instance: InstanceView) -> ExternalPrefills:
         totals.earliest_deadline_s,
         instance.queue_updated_s,
     )
+
+
+def on_time_decode_tokens(
+    *,
+    slack_s: float,
+    tpot_s: float | None,
+    step_s: float,
+    tokens: float,
+    deadline_slack_s: float = math.inf,
+) -> float:
+    """Decode tokens (2nd onwards, ``tokens`` of them) on time when the first token comes
+    ``slack_s`` before its due time (negative: late) and one more comes every ``step_s``.
+
+    Token ``1 + j`` is due ``j * tpot_s`` after the first's due time, so it is on time when
+    ``slack_s + j * (tpot_s - step_s) > 0``: from some ``j`` on when the decoder is faster than
+    TPOT (a late request catches up), up to some ``j`` when it is slower; an end-to-end
+    deadline ``deadline_slack_s`` after the first token allows ``deadline_slack_s / step_s`` more.
+    Continuous (no rounding): a router compares instances with it, it never counts tokens.
+    """
+    if tokens <= 0 or step_s <= 0:
+        return 0.0
+    upper = (
+        tokens if math.isinf(deadline_slack_s) else min(tokens, max(0.0, deadline_slack_s / step_s))
+    )
+    if tpot_s is None:
+        return upper
+    gap = tpot_s - step_s
+    if gap > 0.0:
+        lower = 0.0 if slack_s >= 0.0 else -slack_s / gap
+        return max(0.0, upper - lower)
+    if slack_s <= 0.0:
+        return 0.0
+    return upper if gap == 0.0 else min(upper, slack_s / -gap)

@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
+from priority.routing import router_plugin
 from priority.sim.cluster import ClusterConfig, simulate
 from priority.sim.metrics import summarize
 from priority.sim.workload import Workload
@@ -28,10 +29,12 @@ def configure(config: ClusterConfig, policy: str, workload: Workload) -> Cluster
     router_params = dict(config.router_params)
     if policy in GAIN_AWARE_POLICIES:
         policy_params.setdefault("gain_weights", workload.gain_weights)
-    if isinstance(config.router, str) and config.router in GAIN_AWARE_ROUTERS:
-        router_params.setdefault("weights", workload.gain_weights)
-        # GoRouting's fallback branch draws at random: seed it so a run reproduces
-        router_params.setdefault("seed", config.seed)
+    if isinstance(config.router, str):
+        plugin = router_plugin(config.router)
+        if config.router in GAIN_AWARE_ROUTERS or plugin.accepts("weights"):
+            router_params.setdefault("weights", workload.gain_weights)
+        if plugin.accepts("seed"):  # routers that draw at random: seeded, so a run reproduces
+            router_params.setdefault("seed", config.seed)
     return replace(config, policy=policy, policy_params=policy_params, router_params=router_params)
 
 

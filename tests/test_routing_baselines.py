@@ -1,0 +1,229 @@
+"""The routers users run (power-of-two, least predicted TTFT) and GoRouting's expected-gain
+fallback, on constructed cluster states."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from types import SimpleNamespace
+from typing import cast
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from priority.estimator import LatencyCoefficients
+from priority.gain import GainWeights
+from priority.profiles import EngineConfig, Profile
+from priority.request import SLO, Request
+from priority.routing import (
+    USERS_ROUTERS,
+    GoRouter,
+    InstanceRole,
+    InstanceView,
+    LeastTtftRouter,
+    PowerOfTwoRouter,
+    make_router,
+    router_plugin,
+)
+from priority.routing.goroute import on_time_decode_tokens
+from priority.routing.least_ttft import predict
+from priority.sim import ClusterConfig
+from priority.sim.compare import configure
+from priority.sim.workload import Workload
+
+NOW = 100.0
+
+
+def profile(
+    prefill_s_per_token: float = 1e-4, decode_step_s: float = 0.0, name: str = "p"
+) -> Profile:
+    coefficients = LatencyCoefficients(
+        a_p=0.0, b_p=0.0, c_p=prefill_s_per_token, a_d=0.0, b_d=decode_step_s, t_c=0.0
+    )
+    return Profile(name, "test", "test", 1, coefficients, EngineConfig(max_num_batched_tokens=4096))
+
+
+def req(rid: str, prompt: int, *, ttft: float = 10.0, tpot: float = 0.1, out: int = 100) -> Request:
+    return Request(rid, NOW, prompt, SLO(ttft_s=ttft, tpot_s=tpot), true_output_tokens=out)
+
+
+def view(
+    index: int,
+    *queued: Request,
+    prof: Profile | None = None,
+    num_decoding: int = 0,
+    role: InstanceRole = InstanceRole.COLOCATED,
+) -> InstanceView:
+    prof = prof or profile()
+    return InstanceView(
+        index,
+        f"i{index}",
+        prof,
+        prof.estimator(),
+        role,
+        prefill_queue={r.request_id: r for r in queued},
+        queue_updated_s=NOW,
+        num_decoding=num_decoding,
+    )
+
+
+# ---- registry ---------------------------------------------------------------------------------
+
+
+def test_users_routers_are_registered_with_defaulted_params_and_a_summary() -> None:
+    for name in USERS_ROUTERS:
+        plugin = router_plugin(name)
+        assert plugin.summary
+        assert plugin.build([view(0)]).name == name  # every parameter has a default
+    assert router_plugin("power-of-two").accepts("seed")
+    assert not router_plugin("min-load").accepts("seed")
+    assert router_plugin("goroute").accepts("weights")
+
+
+def test_bad_router_parameters_fail_at_build_time() -> None:
+    with pytest.raises(TypeError):
+        make_router("power-of-two", [view(0)], bogus=1)
+    with pytest.raises(ValueError, match="headroom"):
+        make_router("least-predicted-ttft", [view(0)], headroom=1.5)
+    with pytest.raises(ValueError, match="fallback"):
+        make_router("goroute", [view(0)], fallback="coin")
+
+
+def test_the_simulator_seeds_routers_that_draw() -> None:
+    config = ClusterConfig([profile()], "vllm-v1", "power-of-two", seed=5)
+    workload = cast(Workload, SimpleNamespace(gain_weights=GainWeights()))  # all configure reads
+    assert configure(config, "vllm-v1", workload).router_params == {"seed": 5}
+    goroute = configure(replace(config, router="goroute"), "vllm-v1", workload)
+    assert goroute.router_params == {"seed": 5, "weights": GainWeights()}
+    plain = configure(ClusterConfig([profile()], "vllm-v1", "min-load"), "vllm-v1", workload)
+    assert plain.router_params == {}
+
+
+# ---- power-of-two -----------------------------------------------------------------------------
+
+
+def test_power_of_two_is_min_load_on_two_instances() -> None:
+    instances = [view(0, req("a", 10), req("b", 10)), view(1, req("c", 10))]
+    assert PowerOfTwoRouter(instances).route(req("new", 10), NOW).instance == 1
+
+
+def test_power_of_two_never_picks_the_most_loaded_and_reproduces_by_seed() -> None:
+    instances = [view(i, *[req(f"q{i}-{j}", 10) for j in range(i)]) for i in range(4)]
+
+    def picks(seed: int) -> list[int]:
+        router = make_router("power-of-two", instances, seed=seed)
+        return [router.route(req("new", 10), NOW).instance for _ in range(200)]
+
+    first = picks(11)
+    assert first == picks(11)
+    assert set(first) == {0, 1, 2}  # 3 is the most loaded: it loses every pair it is drawn in
+    assert first.count(0) > first.count(2)  # the lightest wins every pair it is drawn in
+
+
+# ---- least predicted TTFT ---------------------------------------------------------------------
+
+
+def test_prediction_of_a_lone_request_on_a_prefill_instance_is_its_zero_load_ttft() -> None:
+    coefficients = LatencyCoefficients(a_p=2e-9, b_p=1e-9, c_p=5e-5, a_d=1e-7, b_d=3e-3, t_c=4e-3)
+    prof = Profile("q", "test", "test", 1, coefficients, EngineConfig(max_num_batched_tokens=512))
+    idle = view(0, prof=prof, role=InstanceRole.PREFILL)
+    got = predict(idle, req("new", 1700), NOW)
+    assert got.ttft_s == pytest.approx(prof.zero_load_ttft_s(1700))
+    assert got.tpot_s == 0.0
+
+
+def test_least_ttft_picks_the_fastest_predicted_first_token() -> None:
+    slow = view(0, prof=profile(4e-4))  # 1000 tokens: 0.4 s
+    fast = view(1, req("q", 2000), prof=profile(1e-4))  # 0.2 s queued + 0.1 s
+    decision = LeastTtftRouter([slow, fast]).route(req("new", 1000), NOW)
+    assert decision.instance == 1
+    assert decision.predicted_ttft_s == pytest.approx(0.3)
+
+
+def test_least_ttft_headroom_filter_drops_instances_that_would_miss_tpot() -> None:
+    # instance 0 has the shortest queue but 50 decodes of 4 ms: a 0.2 s step > TPOT 0.1 s
+    busy = view(0, prof=profile(1e-4, decode_step_s=4e-3), num_decoding=50)
+    queued = view(1, req("q", 3000), prof=profile(1e-4, decode_step_s=4e-3))
+    assert LeastTtftRouter([busy, queued]).route(req("new", 1000), NOW).instance == 1
+
+
+def test_least_ttft_falls_back_to_least_loaded_when_none_has_headroom() -> None:
+    # TTFT 0.05 s is met nowhere; instance 1 has the faster prefill but two requests queued
+    instances = [view(0, req("a", 10), prof=profile(4e-4)), view(1, req("b", 10), req("c", 10))]
+    assert LeastTtftRouter(instances).route(req("new", 1000, ttft=0.05), NOW).instance == 0
+
+
+# ---- GoRouting's expected-gain fallback -------------------------------------------------------
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    slack=st.floats(-5.0, 5.0),
+    tpot=st.sampled_from([None, 0.05, 0.1]),
+    step=st.floats(0.01, 0.3),
+    tokens=st.integers(0, 200),
+    deadline=st.one_of(st.just(math.inf), st.floats(0.0, 20.0)),
+)
+def test_on_time_decode_tokens_counts_like_a_token_by_token_walk(
+    slack: float, tpot: float | None, step: float, tokens: int, deadline: float
+) -> None:
+    """Within one token of a walk over tokens 2..n (the closed form does not round)."""
+    walk = 0
+    for j in range(1, tokens + 1):
+        stream_ok = tpot is None or slack + j * (tpot - step) > 0
+        if stream_ok and j * step < deadline:
+            walk += 1
+    got = on_time_decode_tokens(
+        slack_s=slack, tpot_s=tpot, step_s=step, tokens=tokens, deadline_slack_s=deadline
+    )
+    assert 0.0 <= got <= tokens
+    assert abs(got - walk) <= 1.0 + 1e-9
+
+
+def hopeless(rid: str = "late", *, out: int = 200) -> Request:
+    return req(rid, 20_000, ttft=1.0, out=out)  # 2 s of prefill everywhere below
+
+
+def test_fallback_prefers_the_instance_that_decodes_fast_enough_to_catch_up() -> None:
+    # Same prefill speed and empty queues; instance 0 decodes in 0.15 s (> TPOT 0.1 s: a late
+    # request never catches up), instance 1 in 0.03 s. Random would pick either.
+    slow = view(0, prof=profile(1e-4, decode_step_s=0.15), num_decoding=0)
+    fast = view(1, prof=profile(1e-4, decode_step_s=0.03), num_decoding=0)
+    router = GoRouter([slow, fast], seed=0)
+    decision = router.route(hopeless(), NOW)
+    assert decision.instance == 1
+    assert decision.expected_gain is not None and decision.expected_gain <= 0.0  # still Delta_p
+    gains = [
+        router.fallback_gain(router.estimate(i, hopeless(), NOW), hopeless(), NOW, None)
+        for i in (slow, fast)
+    ]
+    assert gains[1] > gains[0]
+
+
+def test_fallback_prefers_the_least_late_first_token_when_decoding_alike() -> None:
+    slow = view(0, prof=profile(2e-4, decode_step_s=0.03))  # first token at 4 s
+    quick = view(1, prof=profile(1e-4, decode_step_s=0.03))  # at 2 s
+    assert GoRouter([slow, quick], seed=0).route(hopeless(), NOW).instance == 1
+
+
+def test_fallback_counts_the_decode_tokens_queued_late_requests_lose() -> None:
+    # Both instances equally fast; instance 0 holds ten late streaming requests that would wait
+    # 2 s longer (and catch up 2 s later), instance 1 holds one whose work is the same.
+    crowd = [req(f"c{j}", 100, ttft=0.01, out=300) for j in range(10)]
+    crowded = view(0, *crowd, prof=profile(1e-4, decode_step_s=0.03))
+    lone = view(1, req("l", 1000, ttft=0.01, out=300), prof=profile(1e-4, decode_step_s=0.03))
+    assert GoRouter([crowded, lone], seed=0).route(hopeless(), NOW).instance == 1
+    # The paper's random fallback sends it to the crowd about half the time.
+    random = GoRouter([crowded, lone], seed=0, fallback="random")
+    assert 0 in {random.route(hopeless(), NOW).instance for _ in range(40)}
+
+
+def test_fallback_under_pd_uses_the_decode_instance_for_every_prefill_candidate() -> None:
+    prefill = [
+        view(0, prof=profile(2e-4), role=InstanceRole.PREFILL),
+        view(1, prof=profile(1e-4), role=InstanceRole.PREFILL),
+    ]
+    decode = view(2, prof=profile(1e-4, decode_step_s=0.03), role=InstanceRole.DECODE)
+    decision = GoRouter([*prefill, decode], seed=0).route(hopeless(), NOW)
+    assert (decision.instance, decision.decode_instance) == (1, 2)
