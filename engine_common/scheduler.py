@@ -61,7 +61,8 @@ is left to vLLM's own order, so the engine cannot livelock on a plan it cannot e
 vLLM's "no admission in a step that preempted" rule does not apply to the plan's own
 preemptions: the policy accounted for the freed blocks.
 
-The step-time correction (beta) learns from real step times (:mod:`engine_common.timing`).
+The estimator learns from real step times (:mod:`engine_common.timing` measures them,
+:mod:`engine_common.learning` corrects beta, refits the coefficients and logs the steps).
 """
 
 from __future__ import annotations
@@ -75,10 +76,12 @@ from collections.abc import Callable, Iterable
 from typing import Any, ClassVar
 
 from engine_common import compat
+from engine_common.learning import StepLearner, StepShape
 from engine_common.settings import EngineSettings
 from engine_common.slo import parse_meta
 from engine_common.state import PolicyState, encode
 from engine_common.timing import StepTimer
+from priority.estimator_refit import COEFFICIENT_NAMES
 from priority.policies.base import EngineLimits, SchedulerInput, StepPlan, cdiv
 from priority.policies.ordering import is_decoding
 from priority.request import Request, RequestStatus
@@ -169,7 +172,12 @@ class PolicyDriver:
         """Plans redone because vLLM would have refused an admission (policies that plan
         through :class:`BatchBuilder` never need one)."""
         self.state = PolicyState()
-        self.timer: StepTimer[StepPlan | None] = StepTimer()
+        self.timer: StepTimer[tuple[StepPlan | None, StepShape]] = StepTimer()
+        self.learner = StepLearner(
+            self.policy.estimator,
+            refit_every=settings.refit_every,
+            step_log=settings.step_log,
+        )
         self._views: dict[str, EngineRequest] = {}
         self._left_to_vllm = compat.left_to_vllm(scheduler)
         self._admitted: dict[str, int] = {}
@@ -316,6 +324,26 @@ class PolicyDriver:
             steps=self._steps,
             num_hopeless=len(plan.hopeless),
         )
+
+    def current_state(self) -> PolicyState:
+        """The state to export now: the latest plan's split, and the estimator as it is.
+
+        vLLM makes stats after every output, also the one that finishes the last request; the
+        latest plan then still counts that request. With nothing left to schedule the split is
+        empty, so the gauges read 0 like vLLM's own while the engine idles."""
+        estimator = self.policy.estimator
+        state = dataclasses.replace(
+            self.state,
+            beta=estimator.beta,
+            estimator_error=estimator.last_ratio_error,
+            refits=self.learner.refits,
+            coefficients=tuple(getattr(estimator.coefficients, name) for name in COEFFICIENT_NAMES),
+        )
+        if not self.scheduler.has_unfinished_requests():
+            state = dataclasses.replace(
+                state, num_urgent=0, num_normal=0, num_hopeless=0, latency_budget_s=0.0
+            )
+        return state
 
     def _waiting_views(
         self, tokens_of: compat.StepTokens, defer: bool
@@ -476,15 +504,17 @@ class PolicyDriver:
             else:
                 prefill.append((tokens, l_kv))
         raw = self.policy.estimator.raw_batch_time(prefill, decode)
-        self.timer.scheduled(self._now if plan is not None else self.clock(), raw, plan)
+        shape = StepShape(tuple(prefill), tuple(decode))
+        self.timer.scheduled(self._now if plan is not None else self.clock(), raw, (plan, shape))
 
     def after_update(self, scheduler_output: Any) -> None:
         if scheduler_output.total_num_scheduled_tokens > 0:
             measured = self.timer.completed(self.clock())
             if measured is not None and math.isfinite(measured.real_s):
-                self.policy.estimator.observe(measured.raw_predicted_s, measured.real_s)
-                if measured.payload is not None:
-                    self.policy.on_step_end(measured.payload, measured.end_s)
+                plan, shape = measured.payload
+                self.learner.learn(shape, measured.raw_predicted_s, measured.real_s, measured.end_s)
+                if plan is not None:
+                    self.policy.on_step_end(plan, measured.end_s)
         self._sweep_countdown -= 1
         if self._sweep_countdown <= 0:
             self._sweep_countdown = _SWEEP_EVERY
@@ -669,7 +699,7 @@ class TiergateSchedulerMixin:
         stats = super().make_stats(*args, **kwargs)  # type: ignore[misc]
         driver = self._driver()
         if stats is not None and driver is not None:
-            encode(driver.state, stats.running_lora_adapters)
+            encode(driver.current_state(), stats.running_lora_adapters)
         return stats
 
 

@@ -17,6 +17,11 @@ variable                        meaning                                         
 ``TIERGATE_DEFAULT_TPOT_MS``    TPOT SLO of requests without one                       ``100``
 ``TIERGATE_ESTIMATOR_THETA``    momentum of the step-time correction beta              ``0.8``
 ``TIERGATE_ESTIMATOR_WINDOW``   steps per beta update                                  ``16``
+``TIERGATE_REFIT_EVERY``        steps between refits of the estimator's coefficients   ``64``
+                                from real step times (0: beta only)
+``TIERGATE_STEP_LOG``           CSV file each measured step is appended to (batch      unset
+                                shape, predicted and real time): ``tiergate profile
+                                from-steps`` builds a profile from it
 ==============================  =====================================================  ============
 
 Every error names the variable and, for names, the known values, so a typo fails at start-up.
@@ -35,6 +40,7 @@ from typing import Any
 
 from engine_common.protocol import BestEffortDefaults
 from priority.estimator import DEFAULT_THETA, DEFAULT_WINDOW
+from priority.estimator_refit import DEFAULT_EVERY
 from priority.policies import POLICY_NAMES, SchedulingPolicy, make_policy, policy_class
 from priority.profiles import Profile, available_profiles, load_profile
 
@@ -55,6 +61,10 @@ class EngineSettings:
     defaults: BestEffortDefaults = field(default_factory=BestEffortDefaults)
     theta: float = DEFAULT_THETA
     window: int = DEFAULT_WINDOW
+    refit_every: int = DEFAULT_EVERY
+    """Steps between coefficient refits (:mod:`priority.estimator_refit`); 0 turns it off."""
+    step_log: str | None = None
+    """Where measured steps are appended as CSV (:mod:`engine_common.step_log`); None: nowhere."""
 
     def make_policy(self) -> SchedulingPolicy:
         """A fresh policy with its own estimator (beta starts at 1)."""
@@ -105,7 +115,13 @@ class EngineSettings:
             raise SettingsError(f"{PREFIX}ESTIMATOR_THETA must be in [0, 1), got {theta}")
         if window is None or window < 1 or window != int(window):
             raise SettingsError(f"{PREFIX}ESTIMATOR_WINDOW must be an integer >= 1")
-        settings = cls(policy, profile, params, defaults, theta, int(window))
+        refit_every = _number(env, "REFIT_EVERY", DEFAULT_EVERY)
+        if refit_every is None or refit_every < 0 or refit_every != int(refit_every):
+            raise SettingsError(f"{PREFIX}REFIT_EVERY must be an integer >= 0")
+        step_log = env.get(f"{PREFIX}STEP_LOG", "").strip() or None
+        settings = cls(
+            policy, profile, params, defaults, theta, int(window), int(refit_every), step_log
+        )
         settings.make_policy()  # unknown or invalid policy parameters fail here, at start-up
         return settings
 

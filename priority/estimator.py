@@ -170,6 +170,16 @@ class BatchLatencyEstimator:
             self.beta = self.theta * self.beta + (1.0 - self.theta) * mean_ratio
             self._ratios.clear()
 
+    def adopt(self, coefficients: LatencyCoefficients, beta: float = 1.0) -> None:
+        """Replace the coefficients (an online refit, or an engine's published estimator) and
+        restart the momentum correction from ``beta``: refitted coefficients already explain
+        the real step times, so the correction starts over from them."""
+        if not (beta > 0 and math.isfinite(beta)):
+            raise ValueError(f"beta must be finite and > 0, got {beta!r}")
+        self.coefficients = coefficients
+        self.beta = beta
+        self._ratios.clear()
+
     def copy(self) -> BatchLatencyEstimator:
         """A fresh estimator with the same coefficients and settings (beta reset to 1)."""
         return BatchLatencyEstimator(self.coefficients, theta=self.theta, window=self.window)
