@@ -13,10 +13,21 @@ it (its KV there is freed at once) and lands on the decode instance the router c
 as soon as blocks are free. The transfer is modelled as a delay only (no link contention):
 ``fixed_s + prompt_tokens * per_token_s``, with ``per_token_s`` either given directly or derived
 from the model shape and the link bandwidth (:meth:`KvTransferModel.from_model_shape`).
+
+**Profile error.** ``true_time_scale`` runs each instance at a true speed other than its
+profile's (1.3: every step takes 1.3x what the profile predicts), while its policy and the
+router start from the profile. Each engine's estimator learns its momentum correction from its
+real steps; the router receives a copy of each engine's current estimator every
+``estimator_scrape_s`` seconds of simulated time (the gateway scraping the engines' exported
+estimator; None: never, the router keeps the profile). A copy taken at a step end holds what the
+engine had learnt at the last scrape tick, since an engine's estimator changes only when a step
+ends (a fast-forwarded run of decode steps counts as ending at its last step).
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import heapq
 import math
 import time
@@ -26,7 +37,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from priority.estimator import BatchLatencyEstimator
+from priority.estimator import BatchLatencyEstimator, LatencyCoefficients
 from priority.patterns import PatternHistory
 from priority.policies import SchedulingPolicy, make_policy
 from priority.profiles import Profile
@@ -112,10 +123,22 @@ class ClusterConfig:
     workflow_history: bool = False
     """Compound calls' sub-deadlines from the run's finished workflows (``priority.sim.history``)
     instead of the cold start alone."""
+    true_time_scale: Sequence[float] | None = None
+    """Per instance: its true step time over its profile's prediction (None: the profiles are
+    exact). See the module docstring."""
+    estimator_scrape_s: float | None = None
+    """How often the router receives each engine's corrected estimator (None: never)."""
 
     def __post_init__(self) -> None:
         if not self.profiles:
             raise ValueError("a cluster needs at least one instance profile")
+        scale = self.true_time_scale
+        if scale is not None and (
+            len(scale) != len(self.profiles) or not all(x > 0 and math.isfinite(x) for x in scale)
+        ):
+            raise ValueError("true_time_scale needs one positive finite factor per instance")
+        if self.estimator_scrape_s is not None and not self.estimator_scrape_s > 0:
+            raise ValueError("estimator_scrape_s must be > 0 (None: the router never learns)")
         if self.pd is not None and not 0 < self.pd.num_prefill < len(self.profiles):
             raise ValueError(
                 f"PD mode needs 1..{len(self.profiles) - 1} prefill instances, "
@@ -217,12 +240,13 @@ class _Simulation:
         seeds = np.random.SeedSequence(config.seed).spawn(len(config.profiles))
         self.engines: list[EngineCore] = []
         views: list[InstanceView] = []
+        scales = config.true_time_scale or [1.0] * len(config.profiles)
         for i, (profile, seed) in enumerate(zip(config.profiles, seeds, strict=True)):
             role = config.role(i)
             name = f"{role.value}-{i}"
             self.engines.append(
                 EngineCore(
-                    profile,
+                    true_profile(profile, scales[i]),
                     _make_policy(config, profile.estimator()),
                     noise_sigma=config.noise_sigma,
                     rng=np.random.default_rng(seed),
@@ -236,6 +260,9 @@ class _Simulation:
         self.router = _make_router(config, views)
         for i, engine in enumerate(self.engines):  # the gateway's first scrape
             self.router.on_kv_report(i, engine.num_free_blocks)
+        self.scrape_s = config.estimator_scrape_s
+        self.scraped_tick = [0] * len(self.engines)
+        """Per instance: the last scrape tick (a multiple of ``scrape_s``) the router has."""
         self.transfer = config.pd.transfer if config.pd is not None else None
         self.heap: list[tuple[float, int, int, int, Any]] = []
         self.seq = 0
@@ -311,6 +338,8 @@ class _Simulation:
         engine = self.engines[index]
         if engine.in_flight is not step or step.end_s != t:
             return  # superseded by an interrupt
+        if self.scrape_s is not None:
+            self._scrape(index, t)
         outcome = engine.finish_step(step)
         router, placement = self.router, self.placement
         for request in outcome.first_tokens:
@@ -361,6 +390,17 @@ class _Simulation:
         nxt.arrival_s = t + self.calls[nxt.request_id].think_s
         self._push(nxt.arrival_s, _ARRIVE, -1, nxt)
 
+    def _scrape(self, index: int, t: float) -> None:
+        """Before the step ending at ``t`` is observed: if a scrape tick passed since the last
+        one the router has, it gets the engine's estimator as it stood at that tick (unchanged
+        since the previous step end)."""
+        assert self.scrape_s is not None
+        tick = math.floor(t / self.scrape_s)
+        if tick > self.scraped_tick[index]:
+            self.scraped_tick[index] = tick
+            view = self.router.instances[index]
+            view.estimator = copy.deepcopy(self.engines[index].policy.estimator)
+
     def _poke(self, index: int, now: float) -> None:
         """New work for an instance: start it if idle, else cut a fast-forward short."""
         engine = self.engines[index]
@@ -408,6 +448,23 @@ class _Simulation:
             raise ValueError(f"PD mode: router gave no valid decode instance ({target})")
         if self.engines[target].role is not InstanceRole.DECODE:
             raise ValueError(f"PD mode: instance {target} is not a decode instance")
+
+
+def true_profile(profile: Profile, time_scale: float) -> Profile:
+    """``profile`` with every step ``time_scale`` times as long: an instance's true speed."""
+    if time_scale == 1.0:
+        return profile
+    c = profile.coefficients
+    scaled = LatencyCoefficients(
+        a_p=c.a_p * time_scale,
+        b_p=c.b_p * time_scale,
+        c_p=c.c_p * time_scale,
+        a_d=c.a_d * time_scale,
+        b_d=c.b_d * time_scale,
+        t_c=c.t_c * time_scale,
+        d_p=c.d_p * time_scale,
+    )
+    return dataclasses.replace(profile, coefficients=scaled)
 
 
 def _make_policy(config: ClusterConfig, estimator: BatchLatencyEstimator) -> SchedulingPolicy:
