@@ -23,6 +23,9 @@ own event loop (``uvicorn.Server(...).serve(sockets=[sock])``), and serves the w
   (:mod:`gateway.app.shared_queue`) in which each worker publishes, per backend, the prefills it
   dispatched there and has not seen a first token for; every worker's router adds the others'
   to its view of each backend. A worker's rows are zeroed when it exits.
+* **Shared workflows and small limits.** A second set of tables
+  (:mod:`gateway.app.shared_state`): workflows, and the tenant limits below N, so that a
+  workflow's later call or a tenant's next request finds the same state on any worker.
 * **Shutdown.** SIGTERM or SIGINT: the supervisor closes its copy of the socket and sends each
   worker SIGTERM; each drains (:mod:`gateway.graceful`: readiness false, no new connections,
   in-flight requests finish within ``TIERGATE_SHUTDOWN_DRAIN_S``, usage flushed) and exits 0. A
@@ -50,7 +53,7 @@ from typing import Any
 
 import uvicorn
 
-from gateway.app import multiproc, shared_queue
+from gateway.app import multiproc, shared_queue, shared_state
 from gateway.app.backends import BackendSpec
 from gateway.app.http_limits import http_options
 from gateway.app.multiproc import forget_process
@@ -132,6 +135,8 @@ class SharedSlot:
     table: str
     workers: int
     slot: int
+    state: str = ""
+    """The directory of the workers' other shared tables (:mod:`gateway.app.shared_state`)."""
 
 
 def worker_main(
@@ -143,6 +148,8 @@ def worker_main(
 
     if shared is not None:  # before the app: its backend pool publishes there
         shared_queue.join(shared.table, shared.workers, shared.slot, os.getpid())
+        if shared.state:  # workflows and small limits, whichever worker a request reaches
+            shared_state.join(shared.state, shared.workers, shared.slot)
 
     early: list[int] = []  # a stop before the server's own handlers are in place is kept
     for sig in SIGNALS:
@@ -244,6 +251,8 @@ class Supervisor:
         self._kill_timer: asyncio.TimerHandle | None = None
         self.shared: shared_queue.PrefillTable | None = None
         """The workers' shared prefill table, while :meth:`run` runs."""
+        self.state: shared_state.SharedState | None = None
+        """The workers' shared workflows and small limits, while :meth:`run` runs."""
         self.on_ready: Callable[[list[int]], None] | None = None
         """Called once with the workers' pids when all of them serve."""
 
@@ -258,6 +267,7 @@ class Supervisor:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal, sig)
         self.shared = shared_queue.PrefillTable.create(self.count)
+        self.state = shared_state.SharedState.create(self.count)
         try:
             for slot in range(self.count):
                 self._start(slot)
@@ -265,6 +275,8 @@ class Supervisor:
         finally:
             self.shared.close()
             self.shared = None
+            self.state.close()
+            self.state = None
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(sig)
             if self._kill_timer is not None:
@@ -312,8 +324,8 @@ class Supervisor:
         if self.stopping:
             return
         receive, send = self._ctx.Pipe(duplex=False)
-        assert self.shared is not None
-        shared = SharedSlot(self.shared.name, self.count, slot)
+        assert self.shared is not None and self.state is not None
+        shared = SharedSlot(self.shared.name, self.count, slot, str(self.state.directory))
         process = self._ctx.Process(
             target=worker_main,
             args=(self.spec, self.sock, send, shared),
@@ -360,6 +372,8 @@ class Supervisor:
         worker.exited = True
         if self.shared is not None:  # its queued prefills are no one's now
             self.shared.clear_worker(worker.slot)
+        if self.state is not None:  # and the concurrency slots it held are free
+            self.state.worker_exited(worker.slot)
         pid, code = worker.process.pid, worker.process.exitcode
         if self.metrics_path is not None and pid is not None:
             forget_process(pid, self.metrics_path)

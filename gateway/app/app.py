@@ -32,6 +32,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from gateway.app import shared_state
 from gateway.app.auth import AuthCache
 from gateway.app.backends import BackendPool, BackendSpec
 from gateway.app.data_plane import DataPlaneEndpoint, GatewayApp, bounded_receive, too_large
@@ -57,6 +58,7 @@ from gateway.app.schemas import (
     Completion,
     CompletionBody,
 )
+from gateway.app.shared_state import SharedFile
 from gateway.app.shedding import dispatch_gate
 from gateway.app.slo import DEADLINE_HEADER, TPOT_HEADER, TTFT_HEADER
 from gateway.app.state import GatewayState, StateDep
@@ -75,6 +77,7 @@ from gateway.errors import (
 )
 from gateway.heap import freeze_startup_objects
 from gateway.limits import AdmissionQueue, AdmissionRejected, make_rate_limiter
+from gateway.limits.shared import SharedLimitTable
 from gateway.settings import Settings, get_settings
 from gateway.worker_limits import per_worker_limits
 from priority.patterns import PatternHistory
@@ -196,6 +199,7 @@ async def _start(
             ),
             workers=config.workers or 1,
             shared=bool(config.redis_url),
+            table=_shared_limits(config),
         ),
         queue=queue,
         metrics=metrics,
@@ -205,6 +209,7 @@ async def _start(
                 prefix=config.redis_prefix,
                 ttl_s=config.workflow_ttl_s,
                 timeout_s=config.redis_timeout_s,
+                table=_shared_workflows(),
             ),
             lengths=lengths,
             length_budget_s=config.length_budget_ms / 1e3,
@@ -225,6 +230,20 @@ async def _start(
     if learning is not None:
         background.append(loop.create_task(learning[1].run()))
     return state, background
+
+
+def _shared_limits(config: Settings) -> SharedLimitTable | None:
+    """The limits below the worker count, counted once for this supervisor's workers."""
+    shared = shared_state.joined()
+    if shared is None or config.redis_url:
+        return None
+    return SharedLimitTable(shared.limits, shared.workers, slot=shared.slot)
+
+
+def _shared_workflows() -> SharedFile | None:
+    """The workflow table this supervisor's workers share (None: one process)."""
+    shared = shared_state.joined()
+    return None if shared is None else shared.workflows
 
 
 def _workflow_patterns(config: Settings) -> WorkflowPatterns | None:

@@ -12,7 +12,11 @@ Where the state lives:
   workflow, created and counted by one Lua script (create-if-absent and the stage increment are
   atomic, so two gateways racing on a first call make one workflow, and no two calls share a
   stage); times are Redis's ``TIME``, one clock for every gateway.
-* **process memory** otherwise (:class:`MemoryWorkflowStore`).
+* **the workers' shared memory** without Redis under ``tiergate serve --workers N``
+  (:class:`SharedWorkflowStore`, :mod:`gateway.app.shared_state`): a fixed table every worker
+  maps, changed under a lock the kernel releases if its holder dies, so a workflow's later
+  calls find it whichever worker the kernel hands their connection to;
+* **process memory** with one process (:class:`MemoryWorkflowStore`).
 
 A workflow is kept :data:`DEFAULT_TTL_S` past its deadline, so a late call is told the workflow
 *expired* (409) rather than that it is *unknown* (400); after that its id is forgotten and a call
@@ -33,14 +37,19 @@ switch is logged.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
+import numpy as np
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
+
+if TYPE_CHECKING:
+    from gateway.app.shared_state import SharedFile
 
 log = logging.getLogger(__name__)
 
@@ -181,6 +190,94 @@ def _workflow_id(key: str) -> str:
     return key.split(":", 1)[-1]
 
 
+SHARED_BUCKETS = 8192
+SHARED_WAYS = 16
+"""The shared table: a workflow's key hashes to one bucket of :data:`SHARED_WAYS` rows
+(131,072 workflows per host; a full bucket drops the workflow whose deadline is earliest)."""
+_KEY_WORDS = 2  # a 128-bit hash of ``tenant:id``, as two int64 (0, 0 = an empty row)
+_DEADLINE, _TOTAL, _CALLS = range(3)
+_VALUE_WORDS = 3
+SHARED_TABLE_BYTES = SHARED_BUCKETS * SHARED_WAYS * 8 * (_KEY_WORDS + _VALUE_WORDS)
+
+
+class SharedWorkflowStore:
+    """Workflows in the table every worker of one ``tiergate serve`` maps (no Redis).
+
+    The same rules as :class:`MemoryWorkflowStore` (wall-clock times, one clock per host), each
+    join one critical section under the table's lock. A workflow is found by a 128-bit hash of
+    its tenant-scoped key; a new row's key is written last, so a worker that dies mid-write
+    leaves nothing half-found.
+    """
+
+    mode = "shared-memory"
+
+    def __init__(
+        self,
+        table: SharedFile,
+        *,
+        ttl_s: float = DEFAULT_TTL_S,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.table = table
+        self.ttl_ms = ttl_s * 1e3
+        self._clock = clock
+        words = SHARED_BUCKETS * SHARED_WAYS
+        self._keys: np.ndarray = np.ndarray(
+            (SHARED_BUCKETS, SHARED_WAYS, _KEY_WORDS), dtype=np.int64, buffer=table.buffer
+        )
+        self._values: np.ndarray = np.ndarray(
+            (SHARED_BUCKETS, SHARED_WAYS, _VALUE_WORDS),
+            dtype=np.float64,
+            buffer=table.buffer,
+            offset=words * _KEY_WORDS * 8,
+        )
+        self.evicted = 0
+        """Live workflows this process dropped from a full bucket (a warning is logged)."""
+
+    async def join(self, key: str, deadline_ms: float | None) -> WorkflowCall:
+        digest = hashlib.blake2b(key.encode(), digest_size=16).digest()
+        high = int.from_bytes(digest[:8], "little", signed=True)
+        low = int.from_bytes(digest[8:], "little", signed=True)
+        if high == 0 and low == 0:
+            low = 1
+        bucket = int.from_bytes(digest[:8], "little") % SHARED_BUCKETS
+        with self.table.locked():
+            now = self._clock() * 1e3
+            keys, values = self._keys[bucket], self._values[bucket]
+            found = np.flatnonzero((keys[:, 0] == high) & (keys[:, 1] == low))
+            row = int(found[0]) if found.size else -1
+            if row >= 0 and now >= values[row, _DEADLINE] + self.ttl_ms:
+                keys[row] = 0  # forgotten after its TTL
+                row = -1
+            created = row < 0
+            if created:
+                if deadline_ms is None:
+                    raise WorkflowUnknown(key)
+                row = self._free_row(keys, values, now)
+                values[row] = (now + deadline_ms, deadline_ms, 0.0)
+                keys[row] = (high, low)  # last: a half-written row is not found
+            entry = _Entry(
+                float(values[row, _DEADLINE]), float(values[row, _TOTAL]), int(values[row, _CALLS])
+            )
+            call = _call(key, entry, now, created)  # raises WorkflowExpired before counting
+            values[row, _CALLS] = entry.calls
+        return call
+
+    def _free_row(self, keys: np.ndarray, values: np.ndarray, now: float) -> int:
+        empty = (keys[:, 0] == 0) & (keys[:, 1] == 0)
+        forgotten = now >= values[:, _DEADLINE] + self.ttl_ms
+        free = np.flatnonzero(empty | forgotten)
+        if free.size:
+            return int(free[0])
+        row = int(np.argmin(values[:, _DEADLINE]))
+        self.evicted += 1
+        log.warning("workflow table: a bucket is full, the workflow that expires first is dropped")
+        return row
+
+    async def aclose(self) -> None:
+        """The table is the supervisor's: it closes and removes it."""
+
+
 # KEYS[1]: the workflow's hash. ARGV: deadline ms ('' = join only), TTL ms after the deadline.
 # Returns {status, stage, remaining ms, total ms, created}: status 0 ok, 1 unknown, 2 expired.
 _JOIN = """
@@ -318,11 +415,15 @@ def make_workflow_store(
     prefix: str = "tiergate",
     ttl_s: float = DEFAULT_TTL_S,
     timeout_s: float = 0.25,
+    table: SharedFile | None = None,
 ) -> WorkflowStore:
-    """Redis-backed with per-process failover when ``redis_url`` is set, else in memory."""
+    """Redis-backed with per-process failover when ``redis_url`` is set; else the workers'
+    shared ``table`` when there is one (several workers), else in this process's memory."""
     if redis_url:
         shared = RedisWorkflowStore.from_url(
             redis_url, timeout_s=timeout_s, prefix=prefix, ttl_s=ttl_s
         )
         return FailoverWorkflowStore(shared)
+    if table is not None:
+        return SharedWorkflowStore(table, ttl_s=ttl_s)
     return MemoryWorkflowStore(ttl_s=ttl_s)

@@ -44,9 +44,10 @@ ROOT = Path(__file__).resolve().parents[2]
 # ---- limits: each worker its share ----------------------------------------------------------
 
 
-def test_worker_share_rounds_down_and_keeps_at_least_one() -> None:
+def test_worker_share_rounds_down_and_leaves_limits_below_n_to_the_shared_table() -> None:
     assert worker_share(Limits(rpm=101, tpm=1000, max_concurrency=3), 2) == Limits(50, 500, 1)
-    assert worker_share(Limits(rpm=1), 4) == Limits(rpm=1)  # below N: 1 each, documented
+    # below N: no share (1 each would admit N in all); the workers' shared table counts it
+    assert worker_share(Limits(rpm=1, max_concurrency=4), 4) == Limits(max_concurrency=1)
     assert worker_share(Limits(), 8) == Limits()
 
 
@@ -59,7 +60,8 @@ async def test_share_limiter_admits_its_share_and_says_which() -> None:
     with pytest.raises(LimitExceeded) as refused:
         await limiter.reserve("t", limits, 1)
     assert refused.value.reason is RejectReason.RATE_LIMIT_RPM
-    assert "1/4" in refused.value.message and refused.value.retry_after_s is not None
+    assert "share, 2 of the tenant's 10" in refused.value.message
+    assert refused.value.retry_after_s is not None
     for _ in range(50):  # unlimited tenants are untouched
         await limiter.reserve("u", Limits(), 1)
     assert (await limiter.usage("t")).requests == 2
@@ -627,3 +629,65 @@ def test_each_worker_routes_with_the_other_workers_queued_prefills(tmp_path: Pat
         assert seen >= 1.0
         # every request answered: the workers' rows are empty again (gauges sampled each 1 s)
         _wait_for(lambda: _prefills_seen_from_others(served) == 0.0, "emptied the table", served)
+
+
+# ---- state shared by the workers (no Redis) ---------------------------------------------------
+
+
+def _both_workers_served(served: Served, before: dict[str, float]) -> bool:
+    """Whether each live worker took a request since ``before`` (counts written every 1 s)."""
+    now = _worker_requests(served)
+    return len(now) == 2 and all(n > before.get(pid, 0.0) for pid, n in now.items())
+
+
+def _workflow_call(served: Served, workflow: str, first: bool) -> httpx.Response:
+    headers = {"authorization": f"Bearer {served.key}", "x-tiergate-workflow-id": workflow}
+    if first:
+        headers["x-tiergate-workflow-deadline-ms"] = "600000"
+    body = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    with httpx.Client(timeout=30) as fresh:  # a new connection: any worker may take it
+        return fresh.post(f"{served.base}/v1/chat/completions", json=body, headers=headers)
+
+
+@pytest.mark.slow
+def test_workflow_calls_and_small_limits_hold_across_workers(tmp_path: Path) -> None:
+    """Without Redis: a workflow's later calls find it whichever worker takes them, and a limit
+    below the number of workers (rpm 1, concurrency 1) is not multiplied by it."""
+    with serving(tmp_path, workers=2, TIERGATE_ADMIN_KEY="admin-key-for-tests") as served:
+        assert _workflow_call(served, "wf-1", first=True).status_code == 200
+        before, rounds = _worker_requests(served), 0
+        while not _both_workers_served(served, before):
+            rounds += 1
+            assert rounds <= 40, f"one worker took every connection: {_worker_requests(served)}"
+            answers = [_workflow_call(served, "wf-1", first=False) for _ in range(4)]
+            assert [a.status_code for a in answers] == [200] * 4, [a.text for a in answers]
+            time.sleep(1.1)  # the workers write their request counts every second
+
+        admin = {"authorization": "Bearer admin-key-for-tests"}
+        patch = {"rpm_limit": 1, "max_concurrency": 1}
+        httpx.patch(f"{served.base}/admin/v1/tenants/demo", json=patch, headers=admin, timeout=10)
+        time.sleep(2.5)  # the auth cache's TTL (2 s): every worker sees the new limits
+        held = served.client().chat.completions.create(
+            model=MODEL_NAME,
+            messages=[{"role": "user", "content": "a long answer"}],
+            max_tokens=4000,
+            stream=True,
+        )
+        next(iter(held))  # admitted; the stream stays open, holding the one slot
+        before, rounds = _worker_requests(served), 0
+        while not _both_workers_served(served, before):
+            rounds += 1
+            assert rounds <= 40, f"one worker took every connection: {_worker_requests(served)}"
+            for _ in range(4):
+                body = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "x"}]}
+                with httpx.Client(timeout=30) as fresh:
+                    answer = fresh.post(
+                        f"{served.base}/v1/chat/completions",
+                        json=body,
+                        headers={"authorization": f"Bearer {served.key}"},
+                    )
+                assert answer.status_code == 429, answer.text
+                message = answer.json()["error"]["message"]
+                assert "limit of 1" in message and "1/2" not in message, message
+            time.sleep(1.1)
+        held.close()
