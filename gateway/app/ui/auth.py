@@ -3,8 +3,10 @@
 Sign-in takes ``TIERGATE_ADMIN_KEY`` or a stored operator credential (``tgop-...``, printed
 once by ``tiergate serve`` on its first start, or by ``tiergate admin reset-credential``) — the
 same secrets the admin API takes (:mod:`gateway.app.admin.credentials`). A tenant's API key is
-refused with a message saying what it is for. Failed attempts are limited per client address
-(:class:`~gateway.app.ui.sessions.SignInLimiter`, 429 past it). A success starts a database
+refused with a message saying what it is for. A value that failed backs off per (value,
+client address); guesses that could only match a short admin key are also limited per address
+(:class:`~gateway.app.ui.sessions.SignInLimiter`, 429 past it); the right operator credential
+is never refused for what others tried. A success starts a database
 session (audited ``signin``), sets the cookie and goes where the operator was headed.
 
 The sign-in form has no session to bind a CSRF token to; a cross-site POST to it is refused by
@@ -21,7 +23,12 @@ from urllib.parse import urlsplit
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
-from gateway.app.admin.credentials import Administrator, identify
+from gateway.app.admin.credentials import (
+    Administrator,
+    admin_key_configured,
+    identify,
+    looks_like_credential,
+)
 from gateway.app.state import GatewayState, StateDep
 from gateway.app.ui.deps import (
     CsrfDep,
@@ -33,7 +40,12 @@ from gateway.app.ui.deps import (
 )
 from gateway.app.ui.forms import read_form
 from gateway.app.ui.render import error_page, redirect, render
-from gateway.app.ui.sessions import SignInLimiter, clear_session_cookie, set_session_cookie
+from gateway.app.ui.sessions import (
+    STRONG_ADMIN_KEY_CHARS,
+    SignInLimiter,
+    clear_session_cookie,
+    set_session_cookie,
+)
 from gateway.db.crud import operators
 from gateway.db.models import utcnow
 from gateway.db.security import parse_prefix
@@ -68,6 +80,16 @@ def safe_next(target: str | None) -> str:
 
 def _client(request: Request) -> str:
     return request.client.host if request.client is not None else "unknown"
+
+
+def _guessable(state: GatewayState, presented: str) -> bool:
+    """Whether ``presented`` could only match a short ``TIERGATE_ADMIN_KEY`` (the one secret
+    an operator may choose weak): such attempts are limited per address. An operator
+    credential cannot be guessed, so attempts shaped like one never are."""
+    if looks_like_credential(presented) or not admin_key_configured(state.settings):
+        return False
+    key = state.settings.admin_key
+    return key is not None and len(key.get_secret_value()) < STRONG_ADMIN_KEY_CHARS
 
 
 def _cross_site(request: Request) -> bool:
@@ -128,7 +150,12 @@ async def login(request: Request, state: StateDep) -> Response:
     client = _client(request)
     values = await read_form(request)
     next_url = safe_next(values.get("next"))
-    wait = limiter.retry_after(client)
+    credential = values.get("credential", "").strip()
+    if not credential:
+        message = "credential: enter the operator credential or TIERGATE_ADMIN_KEY"
+        return _form(request, status_code=400, next_url=next_url, error=message)
+    guessable = _guessable(state, credential)
+    wait = limiter.retry_after(client, credential, guessable=guessable)
     if wait is not None:
         seconds = math.ceil(wait)
         message = f"Too many failed sign-ins from {client}: try again in {seconds} s."
@@ -139,15 +166,11 @@ async def login(request: Request, state: StateDep) -> Response:
             error=message,
             **{"retry-after": str(seconds)},
         )
-    credential = values.get("credential", "").strip()
-    if not credential:
-        message = "credential: enter the operator credential or TIERGATE_ADMIN_KEY"
-        return _form(request, status_code=400, next_url=next_url, error=message)
     who = None
     if parse_prefix(credential) is None:
         who = await asyncio.to_thread(identify, state, credential, record_use=True)
     if who is None:
-        limiter.failed(client)
+        limiter.failed(client, credential, guessable=guessable)
         refusal = TENANT_KEY_REFUSED if parse_prefix(credential) else WRONG_CREDENTIAL
         return _form(request, status_code=401, next_url=next_url, error=refusal)
     token = await asyncio.to_thread(_sign_in, state, who, client)

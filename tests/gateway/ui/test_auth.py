@@ -213,22 +213,60 @@ def test_a_cross_site_sign_in_post_is_refused(sqlite_ui: UI) -> None:
     assert _session_rows(sqlite_ui) == []
 
 
-def test_failed_sign_ins_are_rate_limited_per_address(sqlite_ui: UI) -> None:
-    for _ in range(10):
-        assert sqlite_ui.sign_in("tgop-wrong").status_code == 401
-    response = sqlite_ui.sign_in()  # even the right one, until the window passes
-    assert response.status_code == 429
-    assert int(response.headers["retry-after"]) >= 1
-    assert "Too many failed sign-ins" in field_errors(response)["credential"]
+def test_a_stranger_at_the_same_address_cannot_lock_the_operator_out(sqlite_ui: UI) -> None:
+    """Failures are kept per (attempt, address): a flood of wrong credentials from the
+    operator's own address (a proxy they share) leaves the right credential working."""
+    for n in range(40):
+        answer = sqlite_ui.sign_in(f"tgop-guess-{n}")
+        assert answer.status_code == 401, answer.text
+    assert sqlite_ui.sign_in().status_code == 303
 
 
-def test_the_limiter_forgets_old_failures() -> None:
+def test_repeating_a_wrong_credential_backs_off_and_the_right_one_still_passes(
+    sqlite_ui: UI,
+) -> None:
+    waits = []
+    for _ in range(6):
+        answer = sqlite_ui.sign_in("tgop-stale")
+        if answer.status_code == 429:
+            assert "Too many failed sign-ins" in field_errors(answer)["credential"]
+            waits.append(int(answer.headers["retry-after"]))
+            break
+        assert answer.status_code == 401
+    assert waits and waits[0] >= 1  # the same wrong value again: refused unchecked
+    assert sqlite_ui.sign_in().status_code == 303  # the right one passes at once
+
+
+@pytest.mark.parametrize(
+    ("admin_key", "locked"),
+    [
+        ("short-admin-key", True),  # guessable: guesses are limited per address
+        ("a-long-admin-key-of-32-characters-or-more", False),
+    ],
+)
+def test_guesses_of_a_short_admin_key_are_limited_per_address(
+    sqlite_url: str, tmp_path: Path, admin_key: str, locked: bool
+) -> None:
+    for ui in make_ui(sqlite_url, tmp_path, admin_key=admin_key):
+        for n in range(12):
+            assert ui.sign_in(f"guess-{n}").status_code in (401, 429)
+        assert ui.sign_in(admin_key).status_code == (429 if locked else 303)
+        assert ui.sign_in().status_code == 303  # an operator credential is never locked out
+
+
+def test_the_limiter_backs_off_per_attempt_and_forgets() -> None:
     limiter = SignInLimiter(failures=2, window_s=60)
-    limiter.failed("a", now=0)
-    limiter.failed("a", now=1)
-    assert limiter.retry_after("a", now=2) == pytest.approx(58)
-    assert limiter.retry_after("b", now=2) is None
-    assert limiter.retry_after("a", now=61) is None
+    assert limiter.retry_after("a", "x", guessable=True, now=0) is None
+    limiter.failed("a", "x", now=0)
+    assert limiter.retry_after("a", "x", now=0.5) == pytest.approx(0.5)  # 1 s after 1 failure
+    limiter.failed("a", "x", now=1)
+    assert limiter.retry_after("a", "x", now=1) == pytest.approx(2)  # then 2 s, doubling
+    assert limiter.retry_after("a", "y", now=1) is None  # another attempt: unaffected
+    assert limiter.retry_after("b", "x", now=1) is None  # another address: unaffected
+    # a guessable secret: 2 failures per window per address, whatever was tried
+    assert limiter.retry_after("a", "y", guessable=True, now=2) == pytest.approx(58)
+    assert limiter.retry_after("a", "y", guessable=True, now=61) is None
+    assert limiter.retry_after("a", "x", now=200) is None
 
 
 @pytest.mark.parametrize(
