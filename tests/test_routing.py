@@ -256,9 +256,18 @@ def pd_cluster() -> list[InstanceView]:
     ]
 
 
-@pytest.mark.parametrize("name", ROUTER_NAMES)
-def test_pd_decode_instance_has_most_free_blocks(name: str) -> None:
-    router = make_router(name, pd_cluster())
+FREE_KV_DECODE: list[tuple[str, dict[str, Any]]] = [
+    ("round-robin", {}),
+    ("min-load", {}),
+    ("power-of-two", {}),
+    ("goroute", {"decode_choice": "free-kv"}),
+]
+"""Routers whose PD decode instance is the one with the most free KV (the paper's choice)."""
+
+
+@pytest.mark.parametrize(("name", "params"), FREE_KV_DECODE)
+def test_pd_decode_instance_has_most_free_blocks(name: str, params: dict[str, Any]) -> None:
+    router = make_router(name, pd_cluster(), **params)
     decision = router.route(req("new", 500, ttft=1.0), NOW)
     assert decision.instance == 0  # the only healthy prefill instance
     assert decision.decode_instance == 4  # 300 free blocks, fewer decoding than instance 2

@@ -24,8 +24,10 @@ from priority.routing import (
     LeastTtftRouter,
     PowerOfTwoRouter,
     make_router,
+    pick_decode_instance,
     router_plugin,
 )
+from priority.routing.decode import pick_decode_by_capacity
 from priority.routing.goroute import on_time_decode_tokens
 from priority.routing.least_ttft import predict
 from priority.sim import ClusterConfig
@@ -227,3 +229,44 @@ def test_fallback_under_pd_uses_the_decode_instance_for_every_prefill_candidate(
     decode = view(2, prof=profile(1e-4, decode_step_s=0.03), role=InstanceRole.DECODE)
     decision = GoRouter([*prefill, decode], seed=0).route(hopeless(), NOW)
     assert (decision.instance, decision.decode_instance) == (1, 2)
+
+
+# ---- the decode instance under PD -------------------------------------------------------------
+
+
+def decode_view(
+    index: int, *, step_s: float, block_size: int, free: int, decoding: int = 0
+) -> InstanceView:
+    coefficients = LatencyCoefficients(a_p=0.0, b_p=0.0, c_p=1e-4, a_d=0.0, b_d=0.0, t_c=step_s)
+    engine = EngineConfig(block_size=block_size, num_kv_blocks=100_000, max_num_seqs=4)
+    prof = Profile(f"d{index}", "test", "test", 1, coefficients, engine)
+    v = view(index, prof=prof, role=InstanceRole.DECODE, num_decoding=decoding)
+    v.num_free_kv_blocks = free
+    return v
+
+
+def test_most_free_kv_compares_tokens_not_blocks() -> None:
+    # 2,000 free 16-token blocks (32k tokens) vs 1,000 free 128-token blocks (128k tokens)
+    small = decode_view(1, step_s=0.01, block_size=16, free=2000)
+    large = decode_view(2, step_s=0.01, block_size=128, free=1000)
+    prefill = view(0, role=InstanceRole.PREFILL)
+    assert pick_decode_instance([prefill, small, large]) == 2
+
+
+def test_decode_by_capacity_prefers_a_fast_step_a_tpot_within_slo_and_a_free_slot() -> None:
+    prefill = view(0, role=InstanceRole.PREFILL)
+    fast = decode_view(1, step_s=0.02, block_size=16, free=90_000)
+    slow = decode_view(2, step_s=0.06, block_size=16, free=99_000)
+    new = req("new", 500, tpot=0.05)
+    assert pick_decode_instance([prefill, fast, slow]) == 2  # most free KV
+    assert pick_decode_by_capacity([prefill, fast, slow], new) == 1  # decodes within TPOT
+    # the fast one full (max_num_seqs = 4 decoding): the slow one, though over TPOT
+    fast.num_decoding = 4
+    assert pick_decode_by_capacity([prefill, fast, slow], new) == 2
+    # both within TPOT: the faster step
+    assert pick_decode_by_capacity([prefill, fast, slow], req("new", 500, tpot=0.1)) == 2
+    fast.num_decoding = 0
+    assert pick_decode_by_capacity([prefill, fast, slow], req("new", 500, tpot=0.1)) == 1
+    assert GoRouter([prefill, fast, slow]).route(new, NOW).decode_instance == 1
+    paper = GoRouter([prefill, fast, slow], decode_choice="free-kv")
+    assert paper.route(new, NOW).decode_instance == 2

@@ -8,7 +8,11 @@ units (momentum correction included).
 
 from __future__ import annotations
 
-from priority.routing.base import InstanceView
+from collections.abc import Sequence
+
+from priority.request import Request
+from priority.routing.base import InstanceRole, InstanceView
+from priority.routing.simple import NoHealthyInstanceError
 
 
 def decode_kv_tokens(instance: InstanceView) -> float:
@@ -33,3 +37,38 @@ def decode_step_s(instance: InstanceView, extra_kv_tokens: float) -> float:
     """One decode step on ``instance`` with one more decode of ``extra_kv_tokens`` cached."""
     est = instance.estimator
     return est.t_c + running_decodes_s(instance) + est.decode_time(extra_kv_tokens)
+
+
+def pick_decode_by_capacity(instances: Sequence[InstanceView], request: Request) -> int | None:
+    """The decode instance for a PD-disaggregated request by decode capacity; None when there are
+    no DECODE roles.
+
+    Instances are ranked by: a free sequence slot and room for the request's KV (prompt plus
+    expected output) first; then a predicted decode step, with the request added, within its
+    TPOT SLO (the step is shared, so this also keeps the running decodes on time); then the
+    shortest such step — the instance that decodes the request fastest, heterogeneous hardware
+    compared in each one's own estimator; full instances by their share of sequence slots
+    taken. Ties go to the lower index.
+    """
+    decode = [i for i in instances if i.role is InstanceRole.DECODE]
+    if not decode:
+        return None
+    healthy = [i for i in decode if i.healthy]
+    if not healthy:
+        raise NoHealthyInstanceError("no healthy decode instance")
+    output = request.expected_output_tokens
+    need = request.prompt_tokens + output
+    tpot = request.slo.tpot_s
+
+    def rank(instance: InstanceView) -> tuple[bool, bool, float, int]:
+        engine = instance.profile.engine
+        free = instance.num_free_kv_blocks
+        full = instance.num_decoding >= engine.max_num_seqs or (
+            free is not None and free * engine.block_size < need
+        )
+        if full:
+            return (True, True, instance.num_decoding / engine.max_num_seqs, instance.index)
+        step = decode_step_s(instance, request.prompt_tokens + output / 2)
+        return (False, tpot is not None and step > tpot, step, instance.index)
+
+    return min(healthy, key=rank).index

@@ -69,6 +69,14 @@ the router picks the instance of the largest **expected gain** ``G_p`` — *beyo
 Ties (a 1e-9 relative tolerance) go to the least ``Exec(p, r)``, then the lower index. The
 paper's main branch is unchanged; ``expected_gain`` in the decision stays ``Delta_p``.
 
+**Decode instance** (PD-disaggregation). The paper sends every request to the decode instance
+with the most free KV (``decode_choice="free-kv"``, :func:`pick_decode_instance`): on a
+heterogeneous fleet that ignores that a 910B decodes a step 3x slower than an A100 and that a
+decode instance past ``max_num_seqs`` queues its arrivals. By default
+(``decode_choice="capacity"``, *beyond the paper*) GoRouting picks by decode capacity
+(:func:`~priority.routing.decode.pick_decode_by_capacity`): a free slot and KV room, then a
+predicted step within the TPOT SLO, then the fastest step.
+
 **Other routers' prefills** (gateway workers in front of the same engines): an instance's
 ``external_prefills`` summary (:class:`~priority.routing.base.ExternalPrefills`) joins Q_p as
 work only: its raw work and chunks add to phi, its smallest TPOT SLO and earliest deadline
@@ -92,6 +100,7 @@ import bisect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 
 import numpy as np
 
@@ -104,7 +113,8 @@ from priority.routing.base import (
     RouteDecision,
     Router,
 )
-from priority.routing.decode import decode_step_s, running_decodes_s
+from priority.routing.decode import decode_step_s, pick_decode_by_capacity, running_decodes_s
+from priority.routing.prefill_queue import PrefillQueue
 from priority.routing.prefill_queue import raw_prefill_work as raw_prefill_work
 from priority.routing.simple import pick_decode_instance, prefill_candidates
 
@@ -119,6 +129,8 @@ DEFAULT_LAMBDA = 0.8
 estimator error and arrivals the router has not seen yet. Needs ``mu < lambda``."""
 DEFAULT_ETA = 0.65
 """Floor of the co-located batch budget as a fraction of the smallest TPOT SLO (xLLM's eta)."""
+DECODE_CHOICES = ("capacity", "free-kv")
+"""How GoRouting picks a PD decode instance (module docstring)."""
 FALLBACKS = ("expected-gain", "random")
 """What GoRouting does when no instance meets the request's SLO (module docstring)."""
 GAP_FLOOR = 0.1
@@ -154,7 +166,8 @@ class _QueueSummary:
     deadlines: list[float]
     """First-token deadlines, ascending."""
     value_suffix: list[float]
-    """``value_suffix[i]`` = total first-token value of the requests with deadlines[i:]."""
+    """``value_suffix[i]`` = total tier weight of the requests with deadlines[i:] (times the
+    first-token weight: their first-token value)."""
     raw_work: float
     chunks: int
     min_tpot_s: float
@@ -188,6 +201,7 @@ class GoRouter(Router):
         seed: int | None = None,
         avoid_harm_on_fallback: bool = True,
         fallback: str = "expected-gain",
+        decode_choice: str = "capacity",
     ) -> None:
         super().__init__(instances)
         if not 0.0 < alpha <= 1.0:
@@ -198,6 +212,10 @@ class GoRouter(Router):
             raise ValueError(f"eta must be in [0, 1], got {eta}")
         if fallback not in FALLBACKS:
             raise ValueError(f"fallback must be one of {', '.join(FALLBACKS)}, got {fallback!r}")
+        if decode_choice not in DECODE_CHOICES:
+            raise ValueError(
+                f"decode_choice must be one of {', '.join(DECODE_CHOICES)}, got {decode_choice!r}"
+            )
         if rng is not None and seed is not None:
             raise ValueError("pass rng or seed, not both")
         self.weights = weights if weights is not None else GainWeights()
@@ -208,6 +226,7 @@ class GoRouter(Router):
         self.rng = rng if rng is not None else np.random.default_rng(seed)
         self.avoid_harm_on_fallback = avoid_harm_on_fallback
         self.fallback = fallback
+        self.decode_choice = decode_choice
         # Memo of each queue's summary, keyed by a fingerprint of the queue; the callbacks also
         # drop it, which catches changes that leave length and timestamp alike.
         self._summaries: dict[
@@ -221,7 +240,11 @@ class GoRouter(Router):
         estimates = [
             self.estimate(inst, request, now) for inst in prefill_candidates(self.instances)
         ]
-        decode = pick_decode_instance(self.instances)
+        decode = (
+            pick_decode_by_capacity(self.instances, request)
+            if self.decode_choice == "capacity"
+            else pick_decode_instance(self.instances)
+        )
         if self.fallback == "expected-gain" and max(e.delta for e in estimates) <= 0.0:
             gains = [self.fallback_gain(e, request, now, decode) for e in estimates]
             best = max(gains)
@@ -288,8 +311,13 @@ class GoRouter(Router):
         exec_with_s = exec_s + (phi_after - phi_before)
 
         done_before, done_after = now + exec_s, now + exec_with_s
-        gain_before = summary.value_suffix[bisect.bisect_right(summary.deadlines, done_before)]
-        gain_after = summary.value_suffix[bisect.bisect_right(summary.deadlines, done_after)]
+        first = self.weights.first_token  # value_suffix holds tier weights: w_r(1) = w * first
+        gain_before = (
+            first * summary.value_suffix[bisect.bisect_right(summary.deadlines, done_before)]
+        )
+        gain_after = (
+            first * summary.value_suffix[bisect.bisect_right(summary.deadlines, done_after)]
+        )
         if done_after < req_deadline:
             gain_after += self.weights.token_value(request.weight, 1)
         return InstanceEstimate(instance.index, exec_s, exec_with_s, gain_before, gain_after)
@@ -389,35 +417,30 @@ class GoRouter(Router):
         cached = self._summaries.get(instance.index)
         if cached is not None and cached[0] == key:
             return cached[1]
-        totals = instance.prefill_totals  # O(1); only the per-request rows below need a walk
+        totals = instance.prefill_totals  # O(1)
         raw_work, chunks, min_tpot = totals.raw_work, totals.chunks, totals.min_tpot_s
-        value = self.weights.token_value
-        rows: list[tuple[float, float, float]] = []
-        decode_tokens = 0.0
-        for r in queue.values():
-            streaming = r.weight if r.slo.tpot_s is not None else 0.0
-            rows.append((r.arrival_s + r.slo.token_due_s(1), value(r.weight, 1), streaming))
-            decode_tokens += streaming * max(0, r.expected_output_tokens - 1)
+        if not isinstance(queue, PrefillQueue):  # a plain dict assigned after construction
+            queue = PrefillQueue(queue)
+        order = queue.deadline_order()  # kept sorted by the queue: no walk, no sort here
+        deadlines, weights, stream = list(order.deadlines), order.weights, order.stream_weights
         if external is not None:  # work and deadline pressure only: no gain of ours (docstring)
             raw_work += external.raw_work
             chunks += external.chunks
             min_tpot = min(min_tpot, external.min_tpot_s)
             if math.isfinite(external.earliest_deadline_s):
-                rows.append((external.earliest_deadline_s, 0.0, 0.0))
-        rows.sort()
-        suffix = [0.0] * (len(rows) + 1)
-        weight_suffix = [0.0] * (len(rows) + 1)
-        for i in range(len(rows) - 1, -1, -1):
-            suffix[i] = suffix[i + 1] + rows[i][1]
-            weight_suffix[i] = weight_suffix[i + 1] + rows[i][2]
+                at = bisect.bisect_right(deadlines, external.earliest_deadline_s)
+                deadlines.insert(at, external.earliest_deadline_s)
+                weights, stream = list(weights), list(stream)
+                weights.insert(at, 0.0)
+                stream.insert(at, 0.0)
         summary = _QueueSummary(
-            [row[0] for row in rows],
-            suffix,
+            deadlines,
+            _suffix_sums(weights),
             raw_work,
             chunks,
             min_tpot,
-            weight_suffix,
-            decode_tokens,
+            _suffix_sums(stream),
+            order.decode_tokens_weighted,
         )
         self._summaries[instance.index] = (key, summary)
         return summary
@@ -453,6 +476,13 @@ def own_prefills(instance: InstanceView) -> ExternalPrefills:
         totals.earliest_deadline_s,
         instance.queue_updated_s,
     )
+
+
+def _suffix_sums(values: list[float]) -> list[float]:
+    """``out[i] = sum(values[i:])``, ``out[len(values)] = 0`` (C-speed accumulation)."""
+    out = list(accumulate(reversed(values), initial=0.0))
+    out.reverse()
+    return out
 
 
 def on_time_decode_tokens(

@@ -9,10 +9,10 @@ from typing import Any
 
 from priority.request import Request
 from priority.routing.base import InstanceRole, InstanceView, RouteDecision, Router
-from priority.routing.decode import decode_step_s, running_decodes_s
+from priority.routing.decode import decode_step_s, pick_decode_by_capacity, running_decodes_s
 from priority.routing.plugin import RouterPlugin
 from priority.routing.prefill_queue import raw_prefill_work
-from priority.routing.simple import pick_decode_instance, prefill_candidates
+from priority.routing.simple import prefill_candidates
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +71,9 @@ class LeastTtftRouter(Router):
     has headroom, to the least loaded (fewest outstanding requests), ties to the lower index.
 
     The predictor is tiergate's estimator per instance (llm-d trains its own), so differences
-    against GoRouting are in the decision, not the prediction.
+    against GoRouting are in the decision, not the prediction. Under PD-disaggregation the
+    decode instance is chosen by predicted TPOT with headroom too, as llm-d scores decode pods
+    (:func:`~priority.routing.decode.pick_decode_by_capacity`, the choice GoRouting makes).
     """
 
     name = "least-predicted-ttft"
@@ -89,7 +91,7 @@ class LeastTtftRouter(Router):
         tpot_due = math.inf if request.slo.tpot_s is None else keep * request.slo.tpot_s
         predictions = [predict(i, request, now) for i in candidates]
         fits = [p for p in predictions if p.ttft_s <= ttft_due and p.tpot_s <= tpot_due]
-        decode = pick_decode_instance(self.instances)
+        decode = pick_decode_by_capacity(self.instances, request)
         if fits:
             best = min(fits, key=lambda p: (p.ttft_s, p.index))
             return RouteDecision(best.index, decode, predicted_ttft_s=best.ttft_s)

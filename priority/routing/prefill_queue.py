@@ -30,6 +30,7 @@ Choices, and why:
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from collections.abc import Iterable, Mapping
@@ -108,6 +109,54 @@ class _Entry:
     work: int = 0
     chunks: int = 0
 
+    @property
+    def stream_weight(self) -> float:
+        """Tier weight if the request streams (has a TPOT SLO), else 0."""
+        return self.request.weight if self.tpot_s < math.inf else 0.0
+
+
+class DeadlineOrder:
+    """The queued requests sorted by first-token deadline, as parallel lists, kept in order as
+    requests enter and leave (``list.insert``/``del``: a C memmove, O(W) bytes but no Python
+    work per queued request), so a router's per-deadline sums are C-speed accumulations
+    instead of a sort of the queue on every change."""
+
+    __slots__ = ("deadlines", "decode_tokens_weighted", "entries", "stream_weights", "weights")
+
+    def __init__(self, entries: Iterable[_Entry]) -> None:
+        ordered = sorted(entries, key=lambda e: e.deadline_s)
+        self.deadlines = [e.deadline_s for e in ordered]
+        self.entries = ordered
+        self.weights = [e.request.weight for e in ordered]
+        """Tier weights, in deadline order."""
+        self.stream_weights = [e.stream_weight for e in ordered]
+        """Tier weights of streaming requests (0 for end-to-end ones), in deadline order."""
+        self.decode_tokens_weighted = math.fsum(_decode_tokens(e) for e in ordered)
+        """Sum over streaming requests of tier weight x expected decode tokens (after the
+        first), as they were when they entered."""
+
+    def add(self, entry: _Entry) -> None:
+        at = bisect.bisect_right(self.deadlines, entry.deadline_s)
+        self.deadlines.insert(at, entry.deadline_s)
+        self.entries.insert(at, entry)
+        self.weights.insert(at, entry.request.weight)
+        self.stream_weights.insert(at, entry.stream_weight)
+        self.decode_tokens_weighted += _decode_tokens(entry)
+
+    def remove(self, entry: _Entry) -> None:
+        at = bisect.bisect_left(self.deadlines, entry.deadline_s)
+        while self.entries[at] is not entry:
+            at += 1
+        del self.deadlines[at], self.entries[at], self.weights[at], self.stream_weights[at]
+        if self.entries:
+            self.decode_tokens_weighted -= _decode_tokens(entry)
+        else:  # no drift left behind by a long run of adds and removals
+            self.decode_tokens_weighted = 0.0
+
+
+def _decode_tokens(entry: _Entry) -> float:
+    return entry.stream_weight * max(0, entry.request.expected_output_tokens - 1)
+
 
 class _LazyMin:
     """Minimum of one value over the live entries of a queue, under removals (module docstring)."""
@@ -154,6 +203,7 @@ class PrefillQueue(dict[str, Request]):
         "_entries",
         "_key",
         "_last",
+        "_order",
         "_prompt_tokens",
         "_tpot",
         "_work",
@@ -171,6 +221,8 @@ class PrefillQueue(dict[str, Request]):
         self._deadline = _LazyMin("deadline_s")
         self._last: PrefillTotals | None = None
         """The latest answer of :meth:`totals`, until the queue or its pricing changes."""
+        self._order: DeadlineOrder | None = None
+        """Kept from the first call of :meth:`deadline_order` on."""
         self.update(items)
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -198,6 +250,13 @@ class PrefillQueue(dict[str, Request]):
             )
         return self._last
 
+    def deadline_order(self) -> DeadlineOrder:
+        """The queue sorted by first-token deadline: sorted once, O(W log W), on the first call,
+        then kept in order by every mutation (O(W) memmove each)."""
+        if self._order is None:
+            self._order = DeadlineOrder(self._entries.values())
+        return self._order
+
     def _recompute_work(self, coefficients: LatencyCoefficients, chunk_tokens: int) -> None:
         self._work = self._chunks = 0
         for entry in self._entries.values():
@@ -224,6 +283,8 @@ class PrefillQueue(dict[str, Request]):
             self._price(entry, *self._key)
         self._tpot.push(key, entry, self._entries)
         self._deadline.push(key, entry, self._entries)
+        if self._order is not None:
+            self._order.add(entry)
 
     def _leave(self, key: str) -> None:
         entry = self._entries.pop(key, None)
@@ -233,6 +294,8 @@ class PrefillQueue(dict[str, Request]):
         self._prompt_tokens -= entry.prompt_tokens
         self._work -= entry.work
         self._chunks -= entry.chunks
+        if self._order is not None:
+            self._order.remove(entry)
         # the heaps drop the entry when it reaches their top (it is no longer in _entries)
 
     # ---- dict's mutators -------------------------------------------------------------------
@@ -265,6 +328,7 @@ class PrefillQueue(dict[str, Request]):
         self._prompt_tokens = self._work = self._chunks = 0
         self._tpot.clear()
         self._deadline.clear()
+        self._order = None
 
     def setdefault(self, key: str, default: Request | None = None) -> Request | None:  # type: ignore[override]
         if key not in self:

@@ -1,9 +1,12 @@
 """Load-balancing baselines (Round-Robin, Min-Load) and the instance choices every router shares.
 
 Both baselines ignore SLOs and gains; they exist to be compared with GoRouting (PROSERVE uses
-Min-Load as its multi-node baseline). Under PD-disaggregation every router picks the decode
-instance the same way, :func:`pick_decode_instance`: the one with the most free KV blocks, since
-decode instances are memory-bound and do not interfere with prefills (PROSERVE §4.3).
+Min-Load as its multi-node baseline). Under PD-disaggregation the load-balancing routers pick the
+decode instance the same way, :func:`pick_decode_instance`: the one with the most free KV, since
+decode instances are memory-bound and do not interfere with prefills (PROSERVE §4.3). Free KV is
+compared in *tokens* (blocks times the instance's block size): a 910B's 128-token blocks and an
+A100's 16-token blocks are not the same unit, and comparing block counts sent every decode of a
+2 x A100 + 2 x 910B PD fleet to the A100 while the 910B decode instance stood idle.
 """
 
 from __future__ import annotations
@@ -32,8 +35,8 @@ def prefill_candidates(instances: Sequence[InstanceView]) -> list[InstanceView]:
 def pick_decode_instance(instances: Sequence[InstanceView]) -> int | None:
     """The decode instance for a PD-disaggregated request; None when there are no DECODE roles.
 
-    Most free KV blocks first (an instance that has not reported counts as fewest), then fewest
-    decoding requests, then lowest index.
+    Most free KV tokens first (free blocks x block size; an instance that has not reported
+    counts as fewest), then fewest decoding requests, then lowest index.
     """
     decode = [i for i in instances if i.role is InstanceRole.DECODE]
     if not decode:
@@ -44,7 +47,11 @@ def pick_decode_instance(instances: Sequence[InstanceView]) -> int | None:
     best = min(
         healthy,
         key=lambda i: (
-            -(i.num_free_kv_blocks if i.num_free_kv_blocks is not None else -1),
+            -(
+                i.num_free_kv_blocks * i.profile.engine.block_size
+                if i.num_free_kv_blocks is not None
+                else -1
+            ),
             i.num_decoding,
             i.index,
         ),
