@@ -122,6 +122,39 @@ def test_totals_equal_a_walk_after_any_mutations(ops: list[tuple[str, object]], 
     check(queue, *PRICINGS[0])
 
 
+def check_order(queue: PrefillQueue) -> None:
+    """The deadline order the queue keeps equals a sort of a walk of it."""
+    order = queue.deadline_order()
+    rows = sorted(
+        (
+            r.arrival_s + r.slo.token_due_s(1),
+            r.weight,
+            r.weight if r.slo.tpot_s is not None else 0.0,
+        )
+        for r in queue.values()
+    )
+    assert order.deadlines == [d for d, _, _ in rows]
+    assert sorted(zip(order.deadlines, order.weights, order.stream_weights, strict=True)) == rows
+    decode = math.fsum(
+        r.weight * max(0, r.expected_output_tokens - 1)
+        for r in queue.values()
+        if r.slo.tpot_s is not None
+    )
+    assert order.decode_tokens_weighted == pytest.approx(decode, rel=1e-9, abs=1e-6)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(operations, max_size=80), st.integers(0, 80))
+def test_the_deadline_order_follows_any_mutations(ops: list[tuple[str, object]], ask: int) -> None:
+    queue, twin = PrefillQueue(), dict[str, Request]()
+    for i, (op, arg) in enumerate(ops):
+        if i == ask:  # kept from its first use on
+            check_order(queue)
+        if op != "ask":
+            apply(queue, twin, op, arg)
+    check_order(queue)
+
+
 def test_a_queue_emptied_by_removals_sums_to_exactly_zero() -> None:
     # a running float sum would keep the rounding of the large prompts here (1e-16 of ~10 s)
     queue = PrefillQueue()
