@@ -34,7 +34,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.app import shared_state
 from gateway.app.auth import AuthCache
-from gateway.app.backends import BackendPool, BackendSpec
+from gateway.app.backends import BackendPool, BackendSpec, ModelGroup
 from gateway.app.data_plane import DataPlaneEndpoint, GatewayApp, bounded_receive, too_large
 from gateway.app.docs import install_docs
 from gateway.app.drain import Drain, DrainMiddleware
@@ -244,6 +244,11 @@ def _shared_workflows() -> SharedFile | None:
     """The workflow table this supervisor's workers share (None: one process)."""
     shared = shared_state.joined()
     return None if shared is None else shared.workflows
+
+
+def _model_card(group: ModelGroup) -> dict[str, Any]:
+    """A served model as OpenAI's ``/v1/models`` describes one."""
+    return {"id": group.model, "object": "model", "created": group.created, "owned_by": "tiergate"}
 
 
 def _workflow_patterns(config: Settings) -> WorkflowPatterns | None:
@@ -520,11 +525,25 @@ def _add_routes(app: GatewayApp) -> None:
     )
     async def models(request: Request, state: StateDep) -> dict[str, Any]:
         await state.auth.authenticate(request.headers.get("authorization"))
-        data = [
-            {"id": g.model, "object": "model", "created": g.created, "owned_by": "tiergate"}
-            for g in state.pool.groups.values()
-        ]
-        return {"object": "list", "data": data}
+        return {"object": "list", "data": [_model_card(g) for g in state.pool.groups.values()]}
+
+    @app.get(
+        "/v1/models/{model:path}",  # a model id may hold a "/" (``Qwen/Qwen2-7B-Instruct``)
+        tags=["openai"],
+        summary="One model served by the configured backends",
+        responses=error_responses(
+            {401: GENERATION_ERROR_TEXT[401], 404: "`model_not_found`: no backend serves it"}
+        ),
+        openapi_extra={"security": [{V1_SECURITY: []}]},
+    )
+    async def model(model: str, request: Request, state: StateDep) -> dict[str, Any]:
+        await state.auth.authenticate(request.headers.get("authorization"))
+        group = state.pool.group(model)
+        if group is None:
+            raise ApiError(
+                404, f"The model `{model}` does not exist.", code="model_not_found", param="model"
+            )
+        return _model_card(group)
 
     @app.get("/health/liveliness", tags=["health"], summary="The process is up")
     async def liveliness() -> dict[str, str]:

@@ -176,6 +176,19 @@ def test_models_lists_the_served_model(env: Env) -> None:
     assert [m.id for m in models.data] == [MODEL]
 
 
+def test_models_retrieve_answers_one_model_and_404_for_others(env: Env) -> None:
+    client = env.client()
+    model = client.models.retrieve(MODEL)
+    assert (model.id, model.object, model.owned_by) == (MODEL, "model", "tiergate")
+    assert model == client.models.list().data[0]
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.models.retrieve("no-such-model")
+    assert missing.value.code == "model_not_found" and "no-such-model" in missing.value.message
+    unknown = openai.OpenAI(base_url=env.gateway.base_url, api_key="sk-123", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        unknown.models.retrieve(MODEL)
+
+
 # ---- SLOs and what reaches the engine ---------------------------------------------------------
 
 

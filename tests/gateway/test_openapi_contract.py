@@ -656,7 +656,8 @@ def test_admin_rules_are_worded_for_people(app: App) -> None:
     body = {"name": "bad name", "weight": 1.0, "ttft_ms": 500.0, "tpot_ms": 50.0}
     error = app.admin("POST", "/tiers", body).json()["error"]
     assert error["message"] == (
-        "name: use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit"
+        "name: use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit, "
+        "not digits only (a number is an id)"
     )
     error = app.admin("PATCH", "/backends/nope", {"kind": "triton"}).json()["error"]
     assert error["message"] == "kind: Input should be 'vllm', 'vllm-ascend' or 'emulated'"
