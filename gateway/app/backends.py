@@ -34,11 +34,12 @@ import json
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from sqlalchemy.orm import Session, sessionmaker
 
 from gateway.app.breaker import Breaker, OpenReason, breaker_state
+from gateway.app.engine_facts import EngineFacts, effective_engine, parse_engine_facts
 from gateway.app.metrics import GatewayMetrics
 from gateway.app.shared_queue import Publisher, backend_key, joined
 from gateway.app.upstream import Upstream, UpstreamError, UpstreamTimeout
@@ -60,8 +61,9 @@ log = logging.getLogger(__name__)
 RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
 KV_USAGE = "vllm:kv_cache_usage_perc"
-TIMEOUT_PHASES = ("first_token", "response", "stall")
-"""Values of ``phase`` in ``tiergate_upstream_timeouts_total`` (``record_timeout``)."""
+TIMEOUT_PHASES = ("first_token", "response", "stall", "queued")
+"""Values of ``phase`` in ``tiergate_upstream_timeouts_total``: ``record_timeout``'s, and
+``queued`` — a first-token budget spent in a serving engine's own queue (no fault)."""
 LOOP_LAG_TOLERANCE_S = 0.1
 """A health-loop tick later than this skips the watchdog: the event loop was blocked, so events
 may sit unread in socket buffers and streams would look stalled when the gateway was."""
@@ -89,6 +91,8 @@ class Backend:
 
     spec: BackendSpec
     profile: Profile
+    """The profile routed and admitted with: the registered one, its engine block replaced by
+    what the engine says it is (:meth:`BackendPool.learn_facts`)."""
     view: InstanceView
     breaker: Breaker = field(default_factory=lambda: Breaker(threshold=3, cooldown_s=5.0))
     """The pool gives each backend one from its settings (the default is theirs)."""
@@ -111,6 +115,14 @@ class Backend:
     """Wall-clock time (epoch s) of the last liveness probe's verdict; None before the first."""
     check_ok: bool | None = None
     """That verdict: ``/health`` answered below 500 in time (the fleet view shows it)."""
+    configured: Profile | None = None
+    """The profile as registered (None: the same as :attr:`profile`)."""
+    facts: EngineFacts | None = None
+    """What the engine said it is at the last scrape (None before the first)."""
+    mismatches: tuple[str, ...] = ()
+    """Where the registered profile disagrees with the engine (the engine's value is used)."""
+    max_model_len: int | None = None
+    """The engine's context length (its config info, else ``/v1/models``)."""
 
     @property
     def name(self) -> str:
@@ -131,6 +143,10 @@ class Backend:
     @property
     def health_url(self) -> str:
         return f"{self.spec.root_url}/health"
+
+    @property
+    def models_url(self) -> str:
+        return f"{self.spec.root_url}/v1/models"
 
 
 @dataclass(eq=False)
@@ -277,6 +293,17 @@ class BackendPool:
 
     # ---- prefills queued by the other workers ---------------------------------------------
 
+    def queueing(self, backend: Backend, now: float) -> bool:
+        """Whether a request without its first token here is waiting in a serving engine's
+        queue rather than on a broken one: the engine takes requests, its liveness probe
+        passed, and it either reported requests waiting at the last scrape or sent events for
+        other streams within the time its longest step may take."""
+        if not backend.breaker.routable(now) or backend.check_ok is False:
+            return False
+        return (backend.waiting or 0) > 0 or now - backend.last_event <= self.stall_threshold(
+            backend
+        )
+
     def queue_changed(self, backend: Backend) -> None:
         """This worker's prefill queue on ``backend`` changed (dispatch, first token, end):
         publish its summary to the other workers (nothing to do in a single process)."""
@@ -314,8 +341,59 @@ class BackendPool:
 
     @property
     def capacity(self) -> int:
-        """Dispatch slots the fleet offers: the sum of the backends' ``max_num_seqs``."""
-        return sum(b.profile.engine.max_num_seqs for b in self.backends)
+        """Dispatch slots the fleet offers: the seats (``max_num_seqs``, the engine's own where
+        it says) of the backends that take requests now. A backend whose breaker opens leaves
+        the admission budget at once, rather than holding requests for seats that are gone."""
+        return sum(b.profile.engine.max_num_seqs for b in self.backends if b.view.healthy)
+
+    def _capacity_changed(self) -> None:
+        if self.on_capacity is not None:
+            self.on_capacity(self.capacity)
+
+    # ---- what the engine says it is ------------------------------------------------------
+
+    def learn_facts(self, backend: Backend, facts: EngineFacts) -> None:
+        """Take the engine's seats, limits and estimator over the registered profile's.
+
+        The profile keeps supplying what the engine does not state; every disagreement is
+        logged once (when it appears or changes), exported as
+        ``tiergate_backend_config_mismatch`` and shown in the fleet view. The engine's refitted
+        coefficients and beta replace the router's estimator for this backend, so routing
+        predicts with the estimator the engine schedules with.
+        """
+        configured = backend.configured or backend.profile
+        backend.configured = configured
+        backend.facts = facts
+        if facts.max_model_len is not None:
+            backend.max_model_len = facts.max_model_len
+        engine, mismatches = effective_engine(configured.engine, facts)
+        if engine != backend.profile.engine:
+            backend.profile = replace(backend.profile, engine=engine)
+            backend.view.profile = backend.profile
+            self.metrics.backend_seats.labels(backend.name).set(engine.max_num_seqs)
+            self._capacity_changed()
+        if mismatches != backend.mismatches:
+            for text in mismatches:
+                log.warning(
+                    "backend %s: profile %s disagrees with the engine (%s); using the engine's",
+                    backend.name,
+                    configured.name,
+                    text,
+                )
+            stated = {text.split(":", 1)[0] for text in mismatches}
+            for field_name in {t.split(":", 1)[0] for t in backend.mismatches} | stated:
+                self.metrics.backend_config_mismatch.labels(backend.name, field_name).set(
+                    1.0 if field_name in stated else 0.0
+                )
+            backend.mismatches = mismatches
+        estimator = backend.view.estimator
+        if facts.coefficients is not None and (
+            facts.coefficients != estimator.coefficients
+            or (facts.beta is not None and facts.beta != estimator.beta)
+        ):
+            estimator.adopt(facts.coefficients, facts.beta or 1.0)
+        elif facts.coefficients is None and facts.beta is not None and facts.beta != estimator.beta:
+            estimator.adopt(estimator.coefficients, facts.beta)  # an engine without a refit
 
     # ---- circuit breaker ----------------------------------------------------------------
 
@@ -348,6 +426,10 @@ class BackendPool:
     def _opened(self, backend: Backend, detail: str) -> None:
         reason = backend.breaker.reason
         assert reason is not None
+        if reason is OpenReason.UNREACHABLE:  # its last numbers describe an engine that is gone
+            backend.running = backend.waiting = backend.kv_usage = None
+            for gauge in (self.metrics.backend_running, self.metrics.backend_waiting):
+                gauge.labels(backend.name).set(0)
         log.warning("backend %s: circuit open (%s: %s)", backend.name, reason.value, detail)
         self.metrics.breaker_opens.labels(backend.name, reason.value).inc()
         self._sync(backend)
@@ -363,6 +445,7 @@ class BackendPool:
         if healthy != backend.view.healthy:
             backend.view.healthy = healthy
             self.metrics.backend_healthy.labels(backend.name).set(1.0 if healthy else 0.0)
+            self._capacity_changed()
 
     @staticmethod
     def _abandon_attempts(backend: Backend) -> None:
@@ -414,8 +497,24 @@ class BackendPool:
             log.info("backend %s: metrics scrape failed (%s)", backend.name, exc)
             return False
         self.reconcile(backend, gauges)
+        facts = parse_engine_facts(text)
+        if facts.max_model_len is None and backend.max_model_len is None:
+            backend.max_model_len = await self._model_len(backend, timeout)
+        self.learn_facts(backend, facts)
         self._export(backend)
         return True
+
+    async def _model_len(self, backend: Backend, timeout: float) -> int | None:
+        """``max_model_len`` of the backend's model from its ``/v1/models`` (vLLM lists it)."""
+        try:
+            body = json.loads(await self.upstream.get_text(backend.models_url, timeout))
+            for model in body.get("data") or ():
+                if model.get("id") == backend.spec.model:
+                    value = model.get("max_model_len")
+                    return int(value) if isinstance(value, int) and value > 0 else None
+        except (UpstreamError, ValueError, AttributeError, TypeError) as exc:
+            log.info("backend %s: /v1/models unreadable (%s)", backend.name, exc)
+        return None
 
     async def _health_loop(self) -> None:
         """Liveness probes, half-opening breakers and the watchdog, a few times a second."""

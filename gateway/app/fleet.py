@@ -73,6 +73,13 @@ class LiveBackend:
     """This gateway's requests there now: waiting for their first token, or decoding."""
     last_health_check: datetime | None = None
     last_health_check_ok: bool | None = None
+    seats: int | None = None
+    """Requests it runs at once (``max_num_seqs``): the engine's own, else the profile's."""
+    engine_policy: str | None = None
+    """The scheduling policy the engine says it runs (None: it did not say)."""
+    max_model_len: int | None = None
+    config_mismatches: tuple[str, ...] = ()
+    """Where the registered profile disagrees with what the engine says it is."""
 
 
 def _profile_name(profile: str | Profile) -> str:
@@ -107,6 +114,10 @@ def _live(backend: PoolBackend, source: Source, row: BackendRow | None, now: flo
         in_flight=len(backend.view.prefill_queue) + backend.own_decoding,
         last_health_check=_utc(backend.checked_at),
         last_health_check_ok=backend.check_ok,
+        seats=backend.profile.engine.max_num_seqs,
+        engine_policy=backend.facts.policy if backend.facts is not None else None,
+        max_model_len=backend.max_model_len,
+        config_mismatches=backend.mismatches,
     )
 
 

@@ -333,6 +333,21 @@ class GatewayMetrics:
             registry=reg,
             mode="livemostrecent",
         )
+        self.backend_seats = gauge(
+            "tiergate_backend_seats",
+            "Requests the backend runs at once (max_num_seqs): the engine's, else the profile's.",
+            ("backend",),
+            registry=reg,
+            mode="livemostrecent",
+        )
+        self.backend_config_mismatch = gauge(
+            "tiergate_backend_config_mismatch",
+            "1 where the backend's profile disagrees with what the engine says it is (the "
+            "engine's value is used).",
+            ("backend", "field"),
+            registry=reg,
+            mode="livemax",
+        )
         self.upstream_failures = Counter(
             "tiergate_upstream_failures",
             "Failed upstream attempts (connect, 5xx, broken stream).",

@@ -468,7 +468,7 @@ class Job:
             backend = self.group.backends[decision.instance]
             self._dispatched(backend, decision, now)
             try:
-                return await self._timed_attempt(backend, payload, budget.timeout(now))
+                return await self._timed_attempt(backend, payload, budget.timeout(now), tried)
             except UpstreamFailed as exc:
                 last_error = f"backend {backend.name}: {exc}"
                 log.info(
@@ -481,8 +481,8 @@ class Job:
                     self.state.pool.record_failure(backend, counts=not exc.abandoned)
                 self._undispatch()
                 tried.add(backend.name)
-                if len(tried) >= len(self.group.backends):
-                    break
+                if not self._alternative(backend, tried):  # a healthy one failed: say so, not
+                    break  # "no healthy backend"
                 self.state.metrics.failovers.labels(self.tier).inc()
         raise ApiError(
             503,
@@ -512,28 +512,73 @@ class Job:
         return self.identity.policy.best_effort_allowed and gain is not None and gain <= 0.0
 
     async def _timed_attempt(
-        self, backend: Backend, payload: bytes, timeout_s: float
+        self, backend: Backend, payload: bytes, timeout_s: float, tried: set[str]
     ) -> UpstreamResponse | Response:
         """:meth:`_attempt` within ``timeout_s`` (to the first token, or the whole answer when
-        not streaming); abandoned at once if the backend's breaker opens meanwhile."""
+        not streaming); abandoned at once if the backend's breaker opens meanwhile.
+
+        When the budget runs out on an engine that is serving (:meth:`BackendPool.queueing`:
+        its own queue holds the request) the wait is queueing, not a fault: it counts nothing
+        against the engine, and where no other healthy backend is left to try, the request
+        keeps waiting there (until its deadline, else the upstream read timeout) rather than
+        failing on the one engine that can still serve it.
+        """
         pool = self.state.pool
+        loop = asyncio.get_running_loop()
+        queued = False
+        patience_end = loop.time() + self._patience_s()
+        check: asyncio.TimerHandle | None = None
+
+        def budget_spent(deadline: asyncio.Timeout) -> None:
+            nonlocal queued, check
+            queued = pool.queueing(backend, time.monotonic())
+            now = loop.time()
+            if queued and not self._alternative(backend, tried) and now < patience_end:
+                recheck = max(0.05, min(pool.stall_threshold(backend), patience_end - now))
+                check = loop.call_later(recheck, budget_spent, deadline)
+                return
+            deadline.reschedule(now)
+
         try:
-            async with asyncio.timeout(timeout_s) as deadline:
+            async with asyncio.timeout(None) as deadline:
                 backend.attempts.add(deadline)
+                check = loop.call_later(timeout_s, budget_spent, deadline)
                 try:
                     return await self._attempt(backend, payload)
                 finally:
                     backend.attempts.discard(deadline)
+                    if check is not None:
+                        check.cancel()
         except TimeoutError:
             if not backend.breaker.routable(time.monotonic()):
                 raise UpstreamFailed(
                     f"abandoned: the backend's breaker opened ({backend.breaker.reason})",
                     abandoned=True,
                 ) from None
-            phase = "first_token" if self.stream else "response"
-            pool.record_timeout(backend, phase)
             what = "no first token" if self.stream else "no answer"
+            if queued:  # the engine's own queue: try elsewhere, blame nothing
+                pool.metrics.upstream_timeouts.labels(backend.name, "queued").inc()
+                raise UpstreamFailed(
+                    f"{what} within {timeout_s:.3g} s: queued on a busy engine", recorded=True
+                ) from None
+            pool.record_timeout(backend, "first_token" if self.stream else "response")
             raise UpstreamFailed(f"{what} within {timeout_s:.3g} s", recorded=True) from None
+
+    def _patience_s(self) -> float:
+        """How long a request may keep waiting in a serving engine's queue when no other
+        backend could take it: to its deadline, else the upstream read timeout."""
+        assert self.slo is not None
+        limit = self.state.settings.upstream_timeout_s
+        if self.slo.deadline_ms is not None and not self.demoted:
+            limit = min(limit, self.arrival + self.slo.deadline_ms / 1e3 - time.monotonic())
+        return max(0.0, limit)
+
+    def _alternative(self, backend: Backend, tried: set[str]) -> bool:
+        """Another healthy backend of the group this request has not tried yet."""
+        assert self.group is not None
+        return any(
+            b is not backend and b.view.healthy and b.name not in tried for b in self.group.backends
+        )
 
     def _dispatched(self, backend: Backend, decision: RouteDecision, now: float) -> None:
         assert self.group is not None and self.core is not None
@@ -711,14 +756,16 @@ class Job:
                         if self.partial:
                             await write(self.partial)
                         raise
-                    if self.done and response.at_end:  # the next read is the end: no wait
-                        tail = data  # (not a break: an abandoned generator costs a task)
-                        continue
+                    if self.done:  # [DONE] goes out last, once the engine's stream has ended:
+                        tail = data  # a client that leaves on reading it finds nothing pending
+                        continue  # (not a break: an abandoned generator costs a task)
                     if data:
                         await write(data)
         except TimeoutError:
             if not watch.stalled:
                 raise
+            if self.done:  # the whole answer came; the engine only kept the connection open
+                return tail
             pool.record_timeout(backend, "stall")
             raise UpstreamFailed(f"no event for {watch.stall_s:.3g} s", recorded=True) from None
         finally:
@@ -1045,7 +1092,9 @@ class RelayStream(Response):
         gone = asyncio.ensure_future(_disconnected(receive))
         try:
             await asyncio.wait((pump, gone), return_when=asyncio.FIRST_COMPLETED)
-            if pump.done() and not pump.cancelled():
+            if not pump.done() and self.job.done:  # it left having been sent [DONE]: served
+                outcome = ("error", 502) if self.job.upstream_error else ("ok", 200)
+            elif pump.done() and not pump.cancelled():
                 error = pump.exception()
                 if error is None:
                     outcome = pump.result()
