@@ -426,6 +426,16 @@ class LiveBackendOut(_Output):
     )
     last_health_check: datetime | None = Field(description="the last liveness probe's verdict")
     last_health_check_ok: bool | None
+    seats: int | None = Field(
+        None,
+        description="requests it runs at once (max_num_seqs): the engine's, else the profile's",
+    )
+    engine_policy: str | None = Field(None, description="the policy the engine says it runs")
+    max_model_len: int | None = Field(None, description="the engine's context length")
+    config_mismatches: list[str] = Field(
+        default_factory=list,
+        description="where the registered profile disagrees with the engine (the engine wins)",
+    )
 
 
 class ProfileImport(_Input):
