@@ -35,6 +35,7 @@ _REGISTRY: dict[str, str] = {
     "gmax-oracle": "priority.policies.gmax:GmaxOraclePolicy",
     "gmax-fair-oracle": "priority.policies.gmax:GmaxFairOraclePolicy",
     "tempo-oracle": "priority.policies.tempo:TempoOraclePolicy",
+    "slos-serve": "priority.policies.slos_serve:SlosServePolicy",
 }
 
 POLICY_NAMES: tuple[str, ...] = tuple(_REGISTRY)

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 import numpy as np
+import numpy.typing as npt
 
 from priority.gain import (
     GainWeights,
@@ -93,8 +94,25 @@ def summarize(
         "tpot_p50_s": _percentile(tpots, 50),
         "tpot_p99_s": _percentile(tpots, 99),
         "per_tier": per_tier,
+        "multistage_attainment": multistage_attainment(requests, attained),
         **kind_metrics(requests, getattr(workload, "workflow_calls", None) or {}),
     }
+
+
+def multistage_attainment(
+    requests: Sequence[Request], attained: Sequence[bool] | npt.NDArray[np.bool_]
+) -> float:
+    """Share of multi-stage requests that attained every stage (SLOs-Serve's rule).
+
+    A workflow's calls (``workflow_id``: a conversation or agent loop whose continuation — a new
+    prompt turn after a tool call — is a stage with its own TTFT and TPOT) form one request; a
+    call without a workflow is a one-stage request. ``attained`` is each call's own verdict
+    (strict TTFT and TPOT, :func:`priority.gain.slo_attained`)."""
+    groups: dict[str, bool] = {}
+    for k, r in enumerate(requests):
+        key = r.workflow_id if r.workflow_id is not None else f"\0{r.request_id}"
+        groups[key] = groups.get(key, True) and bool(attained[k])
+    return _ratio(sum(groups.values()), len(groups))
 
 
 def kind_metrics(requests: Sequence[Request], calls: Mapping[str, Any]) -> dict[str, Any]:
