@@ -540,8 +540,11 @@ def _add_routes(app: GatewayApp) -> None:
         await state.auth.authenticate(request.headers.get("authorization"))
         group = state.pool.group(model)
         if group is None:
-            raise ApiError(
-                404, f"The model `{model}` does not exist.", code="model_not_found", param="model"
+            raise ApiError(  # not echoed: a path is no place to repeat what a client sent
+                404,
+                "No backend serves this model; GET /v1/models lists the models served.",
+                code="model_not_found",
+                param="model",
             )
         return _model_card(group)
 

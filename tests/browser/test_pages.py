@@ -1,4 +1,5 @@
-"""Every dashboard page renders in a real browser, cleanly; ``/docs`` works without internet.
+"""Every dashboard page renders in a real browser, cleanly; ``/docs`` and ``/redoc`` work
+without internet.
 
 "Cleanly" is what a person would notice in the browser's developer tools: no console error, no
 uncaught script error, no request that failed (a missing vendored file, a CDN that cannot be
@@ -31,6 +32,8 @@ NAV = (
 )
 """The navigation's pages, in its order (the contract), each with its ``<h1>``."""
 LOCAL_HOSTS = ("127.0.0.1", "localhost")
+LOGO = "https://cdn.redoc.ly/redoc/logo-mini.svg"
+"""The one CDN file ReDoc's bundle names (its footer's logo); /redoc's policy refuses it."""
 
 
 def _nav(page: Page) -> Locator:
@@ -105,6 +108,37 @@ def test_api_reference_renders_offline(
     assert any(url.endswith("/openapi.json") for url in requested), requested
     assert all(urlsplit(url).hostname in LOCAL_HOSTS for url in requested if "://" in url)
     assert page_problems.all() == []
+
+
+def test_redoc_renders_offline(stack: UiStack, page: Page, page_problems: PageProblems) -> None:
+    """ReDoc from the gateway's own files: every request stays on 127.0.0.1, and the one
+    CDN file its bundle names (a footer logo) is never requested (the page's policy)."""
+    blocked: list[str] = []
+
+    def only_local(route: Route) -> None:
+        host = urlsplit(route.request.url).hostname or ""
+        if host in LOCAL_HOSTS or route.request.url.startswith(("data:", "blob:")):
+            route.continue_()
+        else:
+            blocked.append(route.request.url)
+            route.abort("internetdisconnected")
+
+    page.context.route("**/*", only_local)
+    requested: list[str] = []
+    page.on("request", lambda request: requested.append(request.url))
+    page.goto("/redoc")
+    # the operations are drawn by ReDoc's script from /openapi.json: it really ran
+    expect(page.locator("h1").first).to_contain_text("tiergate", timeout=15_000)
+    expect(page.locator("body")).to_contain_text("/v1/chat/completions")
+    page.wait_for_load_state("networkidle")
+    assert blocked == [], f"/redoc reached outside 127.0.0.1: {blocked}"
+    assert any(url.endswith("/openapi.json") for url in requested), requested
+    outside = [u for u in requested if "://" in u and urlsplit(u).hostname not in LOCAL_HOSTS]
+    assert outside == [LOGO], outside  # asked for by the script, refused by the browser:
+    assert [p for p in page_problems.failed_requests if LOGO in p] == [
+        f"request failed: GET {LOGO} (csp)"
+    ]
+    assert page_problems.unexpected(LOGO) == []  # and Chromium's console line saying so
 
 
 def test_usage_charts_fit_their_panels(signed_in: Page) -> None:

@@ -17,7 +17,7 @@ from fastapi.testclient import TestClient
 
 from admin_ui import ROOT as ADMIN_UI
 from gateway.app import create_app
-from gateway.app.docs import SWAGGER_UI_DIR
+from gateway.app.docs import REDOC_DIR, SWAGGER_UI_DIR
 from gateway.settings import Settings
 
 
@@ -74,12 +74,27 @@ def test_docs_reference_no_external_host_and_their_assets_are_served(client: Tes
     assert '"validatorUrl": null' in page.text
 
 
-def test_redoc_is_off_and_the_oauth2_redirect_is_local(client: TestClient) -> None:
-    assert client.get("/redoc").status_code == 404  # it would load its script from a CDN
+def test_redoc_is_served_offline_and_the_oauth2_redirect_is_local(client: TestClient) -> None:
+    page = client.get("/redoc")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert not re.search(r"(?i)\bhttps?://|//cdn|jsdelivr|unpkg|fonts.googleapis", page.text)
+    scripts = re.findall(r'<script src="([^"]+)"', page.text)
+    assert scripts == ["/redoc/assets/redoc.standalone.js"]
+    assert 'spec-url="/openapi.json"' in page.text
+    bundle = client.get(scripts[0])
+    assert bundle.status_code == 200
+    assert bundle.headers["content-type"].startswith("text/javascript")
+    assert bundle.content == (REDOC_DIR / "redoc.standalone.js").read_bytes()
+    # the bundle names one image on a CDN (its footer logo): the page's policy keeps the
+    # browser from loading anything but this gateway's own files
+    policy = page.headers["content-security-policy"]
+    assert "default-src 'self'" in policy and "img-src 'self' data:" in policy
+    assert "connect-src 'self'" in policy
     redirect = client.get("/docs/oauth2-redirect")
     assert redirect.status_code == 200
     assert not re.search(r"(?i)<script[^>]+src=", redirect.text)
     assert client.get("/docs/assets/nope.js").status_code == 404
+    assert client.get("/redoc/assets/nope.js").status_code == 404
 
 
 def test_the_vendored_files_carry_their_licence() -> None:
@@ -88,3 +103,6 @@ def test_the_vendored_files_carry_their_licence() -> None:
     assert (SWAGGER_UI_DIR / "swagger-ui-bundle.js.LICENSE.txt").is_file()
     vendored = (ADMIN_UI / "VENDORED.md").read_text()
     assert re.search(r"swagger-ui-dist.*5\.35\.0.*Apache-2\.0", vendored), vendored
+    assert "MIT License" in (REDOC_DIR / "LICENSE").read_text()
+    assert (REDOC_DIR / "redoc.standalone.js.LICENSE.txt").is_file()
+    assert re.search(r"redoc.*2\.5\.0.*MIT", vendored), vendored
