@@ -76,6 +76,16 @@ EXAMPLES: dict[str, dict[str, Any]] = {
         "preempt_margin": 0.1,
         "max_preempt_per_frame": 2,
     },
+    "slos-serve": {
+        "quantile": 0.8,
+        "refine_every": 8,
+        "tpot_share": 0.9,
+        "min_chunk_tokens": 16,
+        "dp_window": 8,
+        "planner_budget_s": 0.002,
+        "replan_interval_s": 0.1,
+        "hold_first_token": False,
+    },
 }
 EXAMPLES["gmax-fair"] = EXAMPLES["gmax-oracle"] = EXAMPLES["gmax-fair-oracle"] = EXAMPLES["gmax"]
 EXAMPLES["tempo-oracle"] = EXAMPLES["tempo"]
