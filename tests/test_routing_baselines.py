@@ -33,6 +33,7 @@ from priority.routing.least_ttft import predict
 from priority.sim import ClusterConfig
 from priority.sim.compare import configure
 from priority.sim.workload import Workload
+from tests.test_routing import clusters
 
 NOW = 100.0
 
@@ -270,3 +271,19 @@ def test_decode_by_capacity_prefers_a_fast_step_a_tpot_within_slo_and_a_free_slo
     assert GoRouter([prefill, fast, slow]).route(new, NOW).decode_instance == 1
     paper = GoRouter([prefill, fast, slow], decode_choice="free-kv")
     assert paper.route(new, NOW).decode_instance == 2
+
+
+# ---- one estimate, however it is asked for ----------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(cluster=clusters(), prompt=st.integers(1, 20_000), ttft=st.floats(0.05, 5.0))
+def test_batch_estimates_equal_one_by_one_and_drain_is_exec(
+    cluster: list[InstanceView], prompt: int, ttft: float
+) -> None:
+    router = GoRouter(cluster, seed=0)
+    new = req("new", prompt, ttft=ttft)
+    batch = router.estimates(cluster, new, NOW)
+    assert batch == [router.estimate(i, new, NOW) for i in cluster]
+    for instance, estimate in zip(cluster, batch, strict=True):
+        assert router.drain_s(instance, NOW) == pytest.approx(estimate.exec_s, rel=1e-12, abs=1e-12)

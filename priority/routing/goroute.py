@@ -101,6 +101,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import accumulate
+from typing import NamedTuple
 
 import numpy as np
 
@@ -142,9 +143,9 @@ expected tokens bounds the total)."""
 _RELATIVE_TIE = 1e-9
 
 
-@dataclass(frozen=True, slots=True)
-class InstanceEstimate:
-    """GoRouting's view of one instance for one request (seconds; gains in TDG units)."""
+class InstanceEstimate(NamedTuple):
+    """GoRouting's view of one instance for one request (seconds; gains in TDG units). A named
+    tuple: one is made per instance per decision, and a tuple is the cheapest immutable record."""
 
     index: int
     exec_s: float
@@ -237,9 +238,7 @@ class GoRouter(Router):
 
     def route(self, request: Request, now: float) -> RouteDecision:
         """Algorithm 2. Pure apart from the random draw of the fallback branch."""
-        estimates = [
-            self.estimate(inst, request, now) for inst in prefill_candidates(self.instances)
-        ]
+        estimates = self.estimates(prefill_candidates(self.instances), request, now)
         decode = (
             pick_decode_by_capacity(self.instances, request)
             if self.decode_choice == "capacity"
@@ -286,41 +285,76 @@ class GoRouter(Router):
 
     def estimate(self, instance: InstanceView, request: Request, now: float) -> InstanceEstimate:
         """Exec and gain of ``instance`` without and with ``request`` (see the module docstring)."""
-        est = instance.estimator
-        beta, t_c = est.beta, est.t_c
-        summary = self._summary(instance)
-        req_raw, req_chunks = raw_prefill_work(
-            est.coefficients, instance.profile.engine.max_num_batched_tokens, request.prompt_tokens
-        )
-        req_deadline = request.arrival_s + request.slo.token_due_s(1)
+        return self.estimates([instance], request, now)[0]
 
-        phi_before = self._phi(instance, summary, now)
-        if instance.role is InstanceRole.PREFILL:
-            phi_after = phi_before + beta * req_raw + t_c * req_chunks
-        else:
-            req_tpot = request.slo.tpot_s if request.slo.tpot_s is not None else math.inf
-            remain = summary.min_remaining_s(now)
-            if req_deadline > now:
-                remain = min(remain, req_deadline - now)
-            tpot_after = min(summary.min_tpot_s, req_tpot)
-            phi_after = (
-                self._batch_factor(remain, tpot_after, t_c) * beta * (summary.raw_work + req_raw)
+    def estimates(
+        self, instances: Sequence[InstanceView], request: Request, now: float
+    ) -> list[InstanceEstimate]:
+        """:meth:`estimate` of each of ``instances``, in one loop: a decision makes one per
+        instance, so the phi, batch-factor and lag terms (:meth:`_phi`, :meth:`_exec`) are
+        written out inline here, and the request's prompt work is looked up once per profile."""
+        slo = request.slo
+        req_deadline = request.arrival_s + slo.token_due_s(1)
+        req_remain = req_deadline - now if req_deadline > now else math.inf
+        req_tpot = slo.tpot_s if slo.tpot_s is not None else math.inf
+        req_value = self.weights.token_value(request.weight, 1)
+        first, eta, prompt = self.weights.first_token, self.eta, request.prompt_tokens
+        prefill_role = InstanceRole.PREFILL
+        bisect_right, inf = bisect.bisect_right, math.inf
+        summary_of = self._summary
+        work: dict[tuple[int, int], tuple[float, int]] = {}
+        out: list[InstanceEstimate] = []
+        for instance in instances:
+            est = instance.estimator
+            c, beta = est.coefficients, est.beta
+            t_c = beta * c.t_c
+            chunk = instance.profile.engine.max_num_batched_tokens
+            key = (id(c), chunk)
+            req_work = work.get(key)
+            if req_work is None:
+                req_work = work[key] = raw_prefill_work(c, chunk, prompt)
+            req_raw, req_chunks = req_work
+            summary = summary_of(instance)
+            deadlines = summary.deadlines
+            live = bisect_right(deadlines, now)
+            remain = deadlines[live] - now if live < len(deadlines) else inf
+            if instance.role is prefill_role:
+                phi_before = beta * summary.raw_work + t_c * summary.chunks
+                phi_after = phi_before + beta * req_raw + t_c * req_chunks
+            else:
+                # Eq. 8's t_b / (t_b - t_c), before and with the request (see _batch_factor)
+                min_tpot = summary.min_tpot_s
+                floor = 2.0 * t_c
+                if min_tpot < inf and eta * min_tpot > floor:
+                    floor = eta * min_tpot
+                budget = min(remain, min_tpot)
+                budget = budget if budget > floor else floor
+                factor = budget / (budget - t_c) if budget < inf and budget > t_c else 1.0
+                phi_before = factor * beta * summary.raw_work
+                tpot_after = min(min_tpot, req_tpot)
+                floor = 2.0 * t_c
+                if tpot_after < inf and eta * tpot_after > floor:
+                    floor = eta * tpot_after
+                budget = min(remain, req_remain, tpot_after)
+                budget = budget if budget > floor else floor
+                factor = budget / (budget - t_c) if budget < inf and budget > t_c else 1.0
+                phi_after = factor * beta * (summary.raw_work + req_raw)
+            updated = instance.queue_updated_s
+            external = instance.external_prefills
+            if external is not None and external.updated_s > updated:
+                updated = external.updated_s
+            left = phi_before - (now - updated if now > updated else 0.0)
+            exec_s = (left if left > 0.0 else 0.0) + instance.num_decoding * beta * c.b_d
+            exec_with_s = exec_s + (phi_after - phi_before)
+            suffix = summary.value_suffix
+            gain_before = first * suffix[bisect_right(deadlines, now + exec_s)]
+            gain_after = first * suffix[bisect_right(deadlines, now + exec_with_s)]
+            if now + exec_with_s < req_deadline:
+                gain_after += req_value
+            out.append(
+                InstanceEstimate(instance.index, exec_s, exec_with_s, gain_before, gain_after)
             )
-
-        exec_s = self._exec(instance, phi_before, now)
-        exec_with_s = exec_s + (phi_after - phi_before)
-
-        done_before, done_after = now + exec_s, now + exec_with_s
-        first = self.weights.first_token  # value_suffix holds tier weights: w_r(1) = w * first
-        gain_before = (
-            first * summary.value_suffix[bisect.bisect_right(summary.deadlines, done_before)]
-        )
-        gain_after = (
-            first * summary.value_suffix[bisect.bisect_right(summary.deadlines, done_after)]
-        )
-        if done_after < req_deadline:
-            gain_after += self.weights.token_value(request.weight, 1)
-        return InstanceEstimate(instance.index, exec_s, exec_with_s, gain_before, gain_after)
+        return out
 
     def fallback_gain(
         self, estimate: InstanceEstimate, request: Request, now: float, decode: int | None
