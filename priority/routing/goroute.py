@@ -101,7 +101,6 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import accumulate
-from typing import NamedTuple
 
 import numpy as np
 
@@ -143,9 +142,11 @@ expected tokens bounds the total)."""
 _RELATIVE_TIE = 1e-9
 
 
-class InstanceEstimate(NamedTuple):
-    """GoRouting's view of one instance for one request (seconds; gains in TDG units). A named
-    tuple: one is made per instance per decision, and a tuple is the cheapest immutable record."""
+@dataclass(slots=True)
+class InstanceEstimate:
+    """GoRouting's view of one instance for one request (seconds; gains in TDG units). Not
+    frozen: one is made per instance per decision, and a frozen dataclass's ``__init__`` costs
+    several times a plain one's."""
 
     index: int
     exec_s: float
