@@ -426,10 +426,8 @@ class BackendPool:
     def _opened(self, backend: Backend, detail: str) -> None:
         reason = backend.breaker.reason
         assert reason is not None
-        if reason is OpenReason.UNREACHABLE:  # its last numbers describe an engine that is gone
-            backend.running = backend.waiting = backend.kv_usage = None
-            for gauge in (self.metrics.backend_running, self.metrics.backend_waiting):
-                gauge.labels(backend.name).set(0)
+        if reason is OpenReason.UNREACHABLE:
+            self._forget_load(backend)
         log.warning("backend %s: circuit open (%s: %s)", backend.name, reason.value, detail)
         self.metrics.breaker_opens.labels(backend.name, reason.value).inc()
         self._sync(backend)
@@ -583,9 +581,17 @@ class BackendPool:
         finally:
             backend.probe_task = None
 
-    @staticmethod
-    def _checked(backend: Backend, *, ok: bool) -> None:
+    def _checked(self, backend: Backend, *, ok: bool) -> None:
         backend.checked_at, backend.check_ok = time.time(), ok
+        if not ok:
+            self._forget_load(backend)
+
+    def _forget_load(self, backend: Backend) -> None:
+        """An engine that fails its liveness probe: its last scraped numbers describe an engine
+        that is gone, so the fleet view and the gauges stop showing them."""
+        backend.running = backend.waiting = backend.kv_usage = None
+        for gauge in (self.metrics.backend_running, self.metrics.backend_waiting):
+            gauge.labels(backend.name).set(0)
 
     async def _trial(self, backend: Backend) -> None:
         """A 1-token completion: the only proof that an engine which answers ``/health`` but
