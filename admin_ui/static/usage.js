@@ -20,7 +20,35 @@
     return Math.round(value).toLocaleString();
   }
 
-  function chartOptions(chart, width) {
+  // Whether a line has a value with no value on either side: a line alone cannot show it
+  // (a day in hour buckets with requests in one hour has one latency value), a point can.
+  function hasLonePoint(data) {
+    return data.some(function (v, i) {
+      return v !== null && (i === 0 || data[i - 1] === null) &&
+        (i === data.length - 1 || data[i + 1] === null);
+    });
+  }
+
+  // Tick labels with as many decimals as the ticks' spacing needs, so that no two read the
+  // same ("36.4 ms" five times over a narrow range); recorded on the chart's box.
+  function axisLabels(chart, box) {
+    return function (u, ticks, axisIdx, space, incr) {
+      var labels;
+      if (chart.unit === "ms" && incr > 0) {
+        var decimals = Math.max(0, Math.min(6, -Math.floor(Math.log10(incr) + 1e-9)));
+        labels = ticks.map(function (v) { return v.toFixed(decimals) + " ms"; });
+      } else if (chart.unit === "ratio" && incr > 0) {
+        var places = Math.max(1, Math.min(6, -Math.floor(Math.log10(incr * 100) + 1e-9)));
+        labels = ticks.map(function (v) { return (v * 100).toFixed(places) + "%"; });
+      } else {
+        labels = ticks.map(function (v) { return formatValue(chart.unit, v); });
+      }
+      box.setAttribute("data-y-labels", labels.join("|"));
+      return labels;
+    };
+  }
+
+  function chartOptions(chart, width, box) {
     var series = [{ label: "time" }];
     chart.series.forEach(function (line, i) {
       series.push({
@@ -28,7 +56,7 @@
         stroke: COLORS[i % COLORS.length],
         width: 1.5,
         spanGaps: false,
-        points: { show: false },
+        points: { show: hasLonePoint(line.data), size: 6, fill: COLORS[i % COLORS.length] },
         value: function (u, v) { return formatValue(chart.unit, v); }
       });
     });
@@ -39,7 +67,7 @@
       scales: { x: { time: true }, y: chart.unit === "ratio" ? { range: [0, 1] } : {} },
       axes: [
         {},
-        { values: function (u, ticks) { return ticks.map(function (v) { return formatValue(chart.unit, v); }); }, size: 80 }
+        { values: axisLabels(chart, box), size: 80 }
       ]
     };
   }
@@ -62,7 +90,8 @@
       var box = boxes[i];
       var columns = [data.x];
       chart.series.forEach(function (line) { columns.push(line.data); });
-      var plot = new window.uPlot(chartOptions(chart, Math.max(280, box.clientWidth - 24)), columns, box);
+      var options = chartOptions(chart, Math.max(280, box.clientWidth - 24), box);
+      var plot = new window.uPlot(options, columns, box);
       box.setAttribute("data-drawn", "true");
       box.setAttribute("data-points", String(data.x.length));
       return { plot: plot, box: box };

@@ -157,3 +157,83 @@ def test_usage_charts_fit_their_panels(signed_in: Page) -> None:
             name = figure.get_attribute("id")
             assert inner["x"] >= box["x"] - 1, (name, inner, box)
             assert inner["x"] + inner["width"] <= box["x"] + box["width"] + 1, (name, inner, box)
+
+
+def _one_request(stack: UiStack) -> None:
+    """A finished request of the demo tenant, its usage record written."""
+    import openai
+    from sqlalchemy import func, select
+
+    from gateway.db.models import UsageRecord
+    from tests.browser.stack import MODEL, wait_for
+
+    def records() -> int:
+        with stack.session_factory() as session:
+            return int(session.scalar(select(func.count()).select_from(UsageRecord)) or 0)
+
+    before = records()
+    client = openai.OpenAI(base_url=stack.openai_base_url, api_key=stack.tenant_key)
+    client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "hello"}], max_tokens=8
+    )
+    wait_for(lambda: records() > before, "the request's usage record")
+
+
+BLUE = (0x24, 0x52, 0xC9)
+"""The first series' colour (usage.js): what a drawn line or point of it is painted in."""
+
+
+def _painted(page: Page, chart: str) -> int:
+    """Pixels of the first series' colour on a chart's plot canvas."""
+    return int(
+        page.evaluate(
+            """([id, rgb]) => {
+                const canvas = document.querySelector('#chart-' + id + ' canvas');
+                const data = canvas.getContext('2d')
+                    .getImageData(0, 0, canvas.width, canvas.height).data;
+                let n = 0;
+                for (let i = 0; i < data.length; i += 4) {
+                    if (Math.abs(data[i] - rgb[0]) < 8 && Math.abs(data[i + 1] - rgb[1]) < 8 &&
+                        Math.abs(data[i + 2] - rgb[2]) < 8 && data[i + 3] > 200) { n++; }
+                }
+                return n;
+            }""",
+            [chart, list(BLUE)],
+        )
+    )
+
+
+def test_a_fresh_install_draws_its_one_point_with_distinct_axis_labels(
+    stack: UiStack, signed_in: Page
+) -> None:
+    """A day in hour buckets with requests in one hour: the latency charts have one value
+    each (the other buckets have none); it is drawn, and the axis labels differ."""
+    _one_request(stack)
+    signed_in.goto("/ui/usage?range=24h&bucket=hour")
+    expect(signed_in.locator("#usage-charts")).to_have_attribute("data-drawn", "true")
+    for chart in ("ttft", "tpot", "slo", "tdg"):
+        assert _painted(signed_in, chart) > 0, f"{chart}: its one point is not drawn"
+    for chart in ("ttft", "tpot"):
+        labels = signed_in.locator(f"#chart-{chart}").get_attribute("data-y-labels")
+        assert labels, chart
+        shown = labels.split("|")
+        assert len(shown) >= 2 and len(set(shown)) == len(shown), (chart, shown)
+
+
+def test_the_totals_table_fits_at_1280_pixels(stack: UiStack, signed_in: Page) -> None:
+    """Every column of the totals table, latencies included, is inside the page at the
+    browser's 1280 px width: nothing to scroll sideways to."""
+    _one_request(stack)
+    for group_by in ("none", "tier", "tenant"):
+        signed_in.goto(f"/ui/usage?range=24h&group_by={group_by}")
+        table = signed_in.locator("#usage-table")
+        expect(table).to_be_visible()
+        sizes = signed_in.evaluate(
+            """() => {
+                const wrap = document.querySelector('#usage-table').parentElement;
+                return [wrap.scrollWidth, wrap.clientWidth];
+            }"""
+        )
+        assert sizes[0] <= sizes[1], (group_by, sizes)
+        last = signed_in.locator("#usage-table thead th").last.bounding_box()
+        assert last is not None and last["x"] + last["width"] <= 1280, (group_by, last)
