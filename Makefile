@@ -16,13 +16,24 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
-install: $(BIN)/python
-	$(BIN)/pip install -q -e .
+# Installs run once, then again only when pyproject.toml is newer than the last one (a stamp in
+# the venv): `make run` starts at once. `rm $(VENV)/.installed*` forces a new install.
+INSTALLED := $(VENV)/.installed
+INSTALLED_DEV := $(VENV)/.installed-dev
 
-install-dev: $(BIN)/python
+install: $(INSTALLED)
+
+install-dev: $(INSTALLED_DEV)
+
+$(INSTALLED): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e .
+	touch $@
+
+$(INSTALLED_DEV): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q -e '.[dev]'
 	# CPU torch for the profiling script's tests (a local wheel on these machines).
 	$(BIN)/pip install -q torch==2.13.0 || echo "torch unavailable: profiling tests will skip"
+	touch $@ $(INSTALLED)
 
 # The main job: the gateway on the embedded default (SQLite, four emulated engines) on port 8000.
 run: install
