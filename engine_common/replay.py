@@ -171,6 +171,7 @@ def tiergate_settings(
         del os.environ[key]
     os.environ["TIERGATE_POLICY"] = policy
     os.environ["TIERGATE_PROFILE"] = profile
+    os.environ["TIERGATE_REFIT_EVERY"] = "0"  # the simulator's engines correct beta only
     if params:
         os.environ["TIERGATE_POLICY_PARAMS"] = json.dumps(dict(params))
     try:

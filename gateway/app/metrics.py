@@ -32,6 +32,8 @@ LATENCY_BUCKETS = (
     0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 20.0, 40.0,
     80.0, 160.0,
 )  # fmt: skip
+RATIO_BUCKETS = (0.25, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 2.5, 4.0)
+"""Buckets of measured/predicted ratios: finest around 1, where a good estimator lives."""
 OVERHEAD_BUCKETS = (
     0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.1,
 )  # fmt: skip
@@ -412,6 +414,14 @@ class GatewayMetrics:
             "tiergate_auth_stale",
             "Requests authenticated from a key's last-good identity while the database could "
             "not answer.",
+            registry=reg,
+        )
+        self.ttft_prediction = Histogram(
+            "tiergate_ttft_prediction_ratio",
+            "Measured dispatch-to-first-token time over the router's prediction, per backend "
+            "(streamed requests): 1 is a perfect estimator, above 1 the engine was slower.",
+            ("backend",),
+            buckets=RATIO_BUCKETS,
             registry=reg,
         )
         self.routing_time = Histogram(

@@ -682,7 +682,12 @@ class Job:
         assert self.group is not None and self.core is not None
         self.first_token = True
         backend.own_decoding += 1
-        self.group.router.on_first_token(self.core, self.decision_live, time.monotonic())
+        now = time.monotonic()
+        predicted = self.decision_live.predicted_ttft_s if self.decision_live else None
+        if self.stream and predicted and self.dispatched_at:  # how good the router's estimate was
+            ratio = (now - self.dispatched_at) / predicted
+            self.state.metrics.ttft_prediction.labels(backend.name).observe(ratio)
+        self.group.router.on_first_token(self.core, self.decision_live, now)
         self.state.pool.queue_changed(backend)
 
     def _read_usage(self, content: bytes) -> None:

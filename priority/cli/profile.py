@@ -56,7 +56,7 @@ def fit(
             "kind": "measured",
             "table": str(csv_path),
             "sources": sorted({r.meta.get("source", "") for r in rows} - {""}),
-            "note": "engine limits are defaults; edit them to match the deployment",
+            "note": "engine limits are defaults: the gateway and the plugin read the engine's own",
         },
         prefill_kv_term=prefill_kv_term,
         holdout_fraction=holdout,
@@ -107,6 +107,57 @@ def evaluate(
         f"{profile.name} on {len(rows)} measured rows: MAPE {result['mape']:.2%} ({kinds}); "
         f"predicted/measured median {ratios[len(ratios) // 2]:.3f}"
     )
+
+
+@profile_app.command("from-steps")
+def from_steps(
+    log_path: Annotated[
+        Path,
+        typer.Argument(
+            metavar="STEPLOG", exists=True, dir_okay=False, help="TIERGATE_STEP_LOG of an engine"
+        ),
+    ],
+    output: Annotated[Path, typer.Option("-o", "--output", help="profile JSON to write")],
+    prior: Annotated[
+        str, typer.Option(help="profile to start from (terms the steps leave unseen keep it)")
+    ] = "h100-llama3.1-8b",
+    name: Annotated[str | None, typer.Option(help="profile name (default: the log's stem)")] = None,
+    hardware: Annotated[str, typer.Option(help="device the engine ran on")] = "unknown",
+    model: Annotated[str, typer.Option(help="model the engine served")] = "unknown",
+    tp: Annotated[int, typer.Option(min=1, help="tensor-parallel degree")] = 1,
+    holdout: Annotated[
+        float, typer.Option(min=0.05, max=0.95, help="last fraction of steps held out for MAPE")
+    ] = 0.3,
+) -> None:
+    """Build a profile from a running vLLM's recorded steps (a new model or card)."""
+    from priority.profiles.from_steps import profile_from_steps
+    from priority.profiles.steps import read_steps
+
+    try:
+        start = load_profile(prior)
+    except (KeyError, ValueError) as exc:
+        raise typer.BadParameter(str(exc), param_hint="--prior") from None
+    steps = list(read_steps(log_path))
+    try:
+        profile = profile_from_steps(
+            steps,
+            start,
+            name=name or log_path.stem,
+            hardware=hardware,
+            model=model,
+            tensor_parallel=tp,
+            source=str(log_path),
+            holdout=holdout,
+        )
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="STEPLOG") from None
+    profile.save(output)
+    fit = profile.fit
+    Console().print(
+        f"{fit['steps']} steps ({fit['heldout_steps']} held out): held-out MAPE "
+        f"{fit['heldout_mape']:.2%} (the prior {start.name}: {fit['prior_heldout_mape']:.2%})"
+    )
+    Console().print(f"wrote {output}")
 
 
 @profile_app.command("list")

@@ -343,8 +343,11 @@ def test_policy_state_reaches_the_stat_logger(tiny_model_dir: Path) -> None:
     assert value("tiergate:policy_steps") == 2
 
 
-def test_beta_learns_from_real_step_times(tiny_model_dir: Path) -> None:
-    """Steps that take twice the profile's time: beta moves from 1 towards 2."""
+def test_beta_learns_from_real_step_times(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Steps that take twice the profile's time: beta moves from 1 towards 2 (refits off)."""
+    monkeypatch.setenv("TIERGATE_REFIT_EVERY", "0")
     clock = H.FakeClock(T0)
     scheduler = build(tiny_model_dir, clock, max_num_seqs=16)
     for i in range(12):
@@ -364,6 +367,56 @@ def test_beta_learns_from_real_step_times(tiny_model_dir: Path) -> None:
     assert betas[-1] == pytest.approx(2 - 0.8**k, rel=1e-9)
     assert all(b2 >= b1 for b1, b2 in itertools.pairwise(betas))
     assert not math.isclose(betas[-1], 1.0)
+
+
+def test_the_coefficients_are_refitted_from_real_step_times(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """An engine whose decode steps cost 3x the profile's and whose per-step overhead is 2x:
+    after a refit the estimator predicts its real steps (beta alone cannot: the two terms are
+    off by different factors), every step is in the step log, and the state the stat logger
+    exports carries the refitted coefficients."""
+    from dataclasses import replace
+
+    from engine_common.state import encode, pop_state
+    from priority.estimator import BatchLatencyEstimator
+    from priority.profiles.steps import read_steps
+
+    log = tmp_path / "steps.csv"
+    monkeypatch.setenv("TIERGATE_REFIT_EVERY", "32")
+    monkeypatch.setenv("TIERGATE_STEP_LOG", str(log))
+    c = PROFILE.coefficients
+    true = replace(c, a_d=3 * c.a_d, b_d=3 * c.b_d, t_c=2 * c.t_c)
+    clock = H.FakeClock(T0)
+    scheduler = build(tiny_model_dir, clock, max_num_seqs=16)
+    for i in range(16):
+        scheduler.add_request(
+            H.make_request(
+                f"r{i}", 20 + 7 * i, 200, arrival_time=T0, extra_args=slo_args(1000, 200)
+            )
+        )
+    errors = []
+    for _ in range(120):
+        output = scheduler.schedule()
+        real = H.step_time(true, scheduler, output)
+        predicted = H.step_time(scheduler.tiergate.policy.estimator.coefficients, scheduler, output)
+        errors.append(abs(predicted * scheduler.tiergate.policy.estimator.beta / real - 1))
+        clock.t += real
+        scheduler.update_from_output(output, H.model_output(scheduler, output))
+    driver = scheduler.tiergate
+    assert driver.learner.refits >= 2
+    assert errors[0] > 0.3  # the profile alone
+    assert max(errors[-20:]) < 0.05  # the refitted estimator (the prior pulls a little)
+    driver.learner.log.close()
+    assert len(list(read_steps(log))) == 120
+    stats: dict[str, int] = {}
+    encode(driver.current_state(), stats)
+    state = pop_state(stats)
+    assert state is not None and state.refits == driver.learner.refits
+    fitted = BatchLatencyEstimator(driver.policy.estimator.coefficients)
+    assert state.coefficients == tuple(
+        getattr(fitted.coefficients, f) for f in ("a_p", "b_p", "c_p", "a_d", "b_d", "t_c", "d_p")
+    )
 
 
 def test_waiting_views_are_reused_and_follow_vllms_in_place_changes(tiny_model_dir: Path) -> None:

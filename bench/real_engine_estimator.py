@@ -1,0 +1,177 @@
+"""How well the shared estimator knows a real vLLM engine: step-time MAPE and routed TTFT.
+
+One real `vllm serve` (vLLM's CPU build, the tiny model of .ci/real_engine.sh, TiergateScheduler
+with SlideBatching, its steps logged with ``TIERGATE_STEP_LOG``) behind the gateway, which is
+fed a Poisson stream of streamed chats with mixed prompt (64–1,536 tokens) and output (8–160
+tokens) lengths. Then, side by side on the same recorded steps (the last 30% held out, see
+``priority.profiles.from_steps``): the starting profile as it is, corrected by beta only, the
+engine's online refit replayed (each step predicted before it is learned from), and one offline
+fit — and, from the gateway, the router's predicted over measured dispatch-to-first-token time
+per request, in the first and the second half of the run (the router takes the engine's refitted
+estimator from its scrapes).
+
+    python bench/real_engine_estimator.py [--duration 90] [--rate 4] [--prior h100-llama3.1-8b]
+
+Needs the environment of .ci/real_engine.sh. Prints one table; ``--json`` writes the numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import httpx  # noqa: E402
+from pydantic import SecretStr  # noqa: E402
+
+from gateway.app import BackendSpec, create_app  # noqa: E402
+from gateway.app.server import GatewayThread  # noqa: E402
+from gateway.db import crud  # noqa: E402
+from gateway.db.models import Base  # noqa: E402
+from gateway.db.seed import seed_defaults  # noqa: E402
+from gateway.db.session import make_engine, make_session_factory  # noqa: E402
+from gateway.settings import Settings  # noqa: E402
+from priority.profiles import load_profile  # noqa: E402
+from priority.profiles.from_steps import evaluate  # noqa: E402
+from priority.profiles.steps import read_steps  # noqa: E402
+from tests.real_engine.vllm_server import MODEL, VllmServer, missing  # noqa: E402
+
+SECRET = "bench-estimator-secret"
+WORD = "value = compute(alpha, beta) + offset\n"  # ~10 tokens of the tiny model's BPE
+
+
+class RatioRecorder:
+    """Stands in for the gateway's TTFT-prediction histogram: keeps each ratio with its time."""
+
+    def __init__(self) -> None:
+        self.samples: list[tuple[float, float]] = []
+
+    def labels(self, *_: str) -> RatioRecorder:
+        return self
+
+    def observe(self, value: float) -> None:
+        self.samples.append((time.monotonic(), value))
+
+
+def _key(url: str) -> str:
+    engine = make_engine(url)
+    Base.metadata.create_all(engine)
+    with make_session_factory(engine).begin() as session:
+        seed_defaults(session)
+        crud.create_tenant(session, actor="bench", name="bench", tier="standard")
+        key = crud.create_key(session, actor="bench", tenant="bench", secret=SECRET).plaintext
+    engine.dispose()
+    return key
+
+
+async def _load(base_url: str, key: str, duration_s: float, rate: float, seed: int) -> int:
+    rng = random.Random(seed)
+    done = 0
+
+    async def one(client: httpx.AsyncClient) -> None:
+        nonlocal done
+        body = {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": WORD * rng.randint(6, 150)}],
+            "max_tokens": rng.randint(8, 160),
+            "stream": True,
+            "ignore_eos": True,
+        }
+        headers = {"authorization": f"Bearer {key}"}
+        async with client.stream(
+            "POST", f"{base_url}/chat/completions", json=body, headers=headers
+        ) as r:
+            async for _ in r.aiter_lines():
+                pass
+        done += 1
+
+    async with httpx.AsyncClient(timeout=600) as client:
+        tasks = []
+        end = time.monotonic() + duration_s
+        while time.monotonic() < end:
+            tasks.append(asyncio.create_task(one(client)))
+            await asyncio.sleep(rng.expovariate(rate))
+        await asyncio.gather(*tasks, return_exceptions=True)
+    return done
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--duration", type=float, default=90.0, help="seconds of load")
+    parser.add_argument("--rate", type=float, default=4.0, help="requests per second")
+    parser.add_argument("--prior", default="h100-llama3.1-8b", help="the engine's start profile")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", type=Path, help="write the numbers here")
+    args = parser.parse_args(argv)
+    reason = missing()
+    if reason is not None:
+        print(reason, file=sys.stderr)
+        return 2
+    work = Path(tempfile.mkdtemp(prefix="estimator-bench-"))
+    steps_path = work / "steps.csv"
+    server = VllmServer("engine", "slide", core=0, log_dir=work)
+    env = server.environment()
+    env.update(TIERGATE_STEP_LOG=str(steps_path), TIERGATE_PROFILE=args.prior)
+    server.environment = lambda: env  # type: ignore[method-assign]
+    server.start()
+    try:
+        server.wait_ready()
+        url = f"sqlite:///{work / 'tiergate.db'}"
+        key = _key(url)
+        settings = Settings(
+            database_url=url, secret=SecretStr(SECRET), data_dir=work, redis_url=None
+        )
+        app = create_app(settings, backends=[BackendSpec("engine", server.url, MODEL, args.prior)])
+        with GatewayThread(app) as gateway:
+            recorder = RatioRecorder()
+            gateway.state.metrics.ttft_prediction = recorder  # type: ignore[assignment]
+            started = time.monotonic()
+            served = asyncio.run(_load(gateway.base_url, key, args.duration, args.rate, args.seed))
+    finally:
+        server.stop()
+    steps = list(read_steps(steps_path))
+    errors = evaluate(steps, load_profile(args.prior).coefficients)
+    half = started + args.duration / 2
+    first = [r for t, r in recorder.samples if t < half]
+    second = [r for t, r in recorder.samples if t >= half]
+    result: dict[str, Any] = {
+        "requests": served,
+        "steps": errors.steps,
+        "heldout_steps": errors.heldout,
+        "mape_profile": errors.profile,
+        "mape_beta_only": errors.beta,
+        "mape_online_refit": errors.online,
+        "mape_offline_fit": errors.offline,
+        "ttft_measured_over_predicted_p50_first_half": statistics.median(first) if first else None,
+        "ttft_measured_over_predicted_p50_second_half": statistics.median(second)
+        if second
+        else None,
+        "ttft_samples": [len(first), len(second)],
+    }
+    print(
+        f"{served} requests, {errors.steps} steps ({errors.heldout} held out), prior {args.prior}"
+    )
+    print("step-time MAPE on held-out steps:")
+    for name in ("profile", "beta_only", "online_refit", "offline_fit"):
+        print(f"  {name:<14} {result['mape_' + name]:7.1%}")
+    for part in ("first", "second"):
+        value = result[f"ttft_measured_over_predicted_p50_{part}_half"]
+        text = "n/a" if value is None else f"{value:.3f}"
+        print(f"routed TTFT measured/predicted, p50, {part} half: {text}")
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
