@@ -85,6 +85,7 @@ EXAMPLES: dict[str, dict[str, Any]] = {
         "planner_budget_s": 0.002,
         "replan_interval_s": 0.1,
         "hold_first_token": False,
+        "plan_margin_steps": 0.5,
     },
 }
 EXAMPLES["gmax-fair"] = EXAMPLES["gmax-oracle"] = EXAMPLES["gmax-fair-oracle"] = EXAMPLES["gmax"]

@@ -38,7 +38,7 @@ import numpy as np
 
 from priority.estimator import BatchLatencyEstimator
 from priority.policies.base import BatchBuilder, SchedulerInput, SchedulingPolicy, StepPlan, cdiv
-from priority.policies.ordering import all_decode_repeatable
+from priority.policies.ordering import all_decode_repeatable, is_decoding
 from priority.policies.slos_batch import decode_load, prefill_capacity
 from priority.policies.slos_planner import (
     DEFAULT_DP_WINDOW,
@@ -71,13 +71,16 @@ class SlosServePolicy(SchedulingPolicy):
         planner_budget_s: float = DEFAULT_TIME_BUDGET_S,
         replan_interval_s: float = 0.05,
         hold_first_token: bool = True,
+        plan_margin_steps: float = 0.0,
     ) -> None:
         """``quantile``: level of the length bound memory and decode time are planned with;
         ``refine_every``: generated tokens between bound refreshes; ``tpot_share``: a step lasts
         this share of the tightest admitted TPOT; ``min_chunk_tokens``: smallest prefill chunk
         that does not end a prompt; ``dp_window``/``planner_budget_s``: the DP's candidates and
         time before the greedy fallback; ``replan_interval_s``: re-plan at least this often
-        while requests wait; ``hold_first_token``: see the module docstring."""
+        while requests wait; ``hold_first_token``: see the module docstring;
+        ``plan_margin_steps``: the planner wants each prefill done this many steps before its
+        deadline (work runs in whole steps and a first token comes at a step's end)."""
         super().__init__(estimator)
         if not 0.0 < quantile < 1.0:
             raise ValueError(f"quantile must be inside (0, 1), got {quantile}")
@@ -88,6 +91,7 @@ class SlosServePolicy(SchedulingPolicy):
         for label, value in (
             ("planner_budget_s", planner_budget_s),
             ("replan_interval_s", replan_interval_s),
+            ("plan_margin_steps", plan_margin_steps),
         ):
             if not (value >= 0 and math.isfinite(value)):
                 raise ValueError(f"{label} must be finite and >= 0, got {value}")
@@ -99,12 +103,14 @@ class SlosServePolicy(SchedulingPolicy):
         self.planner_budget_s = planner_budget_s
         self.replan_interval_s = replan_interval_s
         self.hold_first_token = hold_first_token
+        self.plan_margin_steps = plan_margin_steps
         self.admitted: set[str] = set()
         """Requests with a guarantee (running or not yet): the planner's forced items."""
         self.declined: set[str] = set()
         """Requests in the best-effort tier (declined, or of the ``best-effort`` kind)."""
         self._anchor: dict[str, float] = {}
         self._bounds: dict[str, tuple[int, int]] = {}
+        self._tau: dict[str, float] = {}
         self._known: set[str] = set()
         self._last_plan_s = -math.inf
         self._last_running: set[str] = set()
@@ -134,9 +140,14 @@ class SlosServePolicy(SchedulingPolicy):
             return False
         return request.kind == "latency" or slo.deadline_s is None
 
-    @classmethod
-    def tpot(cls, request: Request) -> float | None:
-        return request.slo.tpot_s if cls.streams(request) else None
+    def tpot(self, request: Request) -> float | None:
+        """The request's TPOT SLO if it streams (cached: this is asked of every request every
+        step)."""
+        tau = self._tau.get(request.request_id)
+        if tau is None:
+            tau = request.slo.tpot_s if self.streams(request) and request.slo.tpot_s else -1.0
+            self._tau[request.request_id] = tau
+        return tau if tau > 0 else None
 
     def prefill_deadline(self, request: Request, step_s: float) -> float:
         """When the request's first token is due: arrival + TTFT; for an end-to-end deadline,
@@ -145,7 +156,7 @@ class SlosServePolicy(SchedulingPolicy):
         if request.num_output_tokens > 0:
             return self.decode_due(request, step_s)
         slo = request.slo
-        if self.streams(request) and slo.ttft_s is not None:
+        if self.tpot(request) is not None and slo.ttft_s is not None:
             return request.arrival_s + slo.ttft_s
         if slo.deadline_s is not None:
             remaining = self.bound(request)
@@ -207,6 +218,7 @@ class SlosServePolicy(SchedulingPolicy):
         self._known &= live
         self._anchor = {k: v for k, v in self._anchor.items() if k in live}
         self._bounds = {k: v for k, v in self._bounds.items() if k in live}
+        self._tau = {k: v for k, v in self._tau.items() if k in live}
 
     def step_seconds(self, inp: SchedulerInput) -> float | None:
         """The step length: ``tpot_share`` of the tightest TPOT among admitted requests (running
@@ -240,6 +252,7 @@ class SlosServePolicy(SchedulingPolicy):
         now = inp.now
         ref_step = step_s if step_s is not None else 0.1
         bs = inp.limits.block_size
+        margin = self.plan_margin_steps * ref_step
         run_load: list[float] = []
         run_end: list[float] = []
         forced: list[tuple[float, float, float, int]] = []
@@ -256,9 +269,9 @@ class SlosServePolicy(SchedulingPolicy):
             left = max(bound - r.num_output_tokens, 1)
             period = self.tpot(r) or ref_step
             load = decode_load(est, r.prompt_tokens + r.num_output_tokens + left / 2, period)
-            if r.num_uncomputed_tokens > 1:  # still prefilling: a forced item
+            if not is_decoding(r):  # still prefilling: a forced item
                 work = est.prefill_time(r.num_uncomputed_tokens, r.num_computed_tokens)
-                forced.append((self.prefill_deadline(r, ref_step), work, load, 0))
+                forced.append((self.prefill_deadline(r, ref_step) - margin, work, load, 0))
             else:
                 run_load.append(load)
                 run_end.append(now + left * period)
@@ -272,7 +285,7 @@ class SlosServePolicy(SchedulingPolicy):
                 period = self.tpot(r) or ref_step
                 load = decode_load(est, r.prompt_tokens + bound / 2, period)
                 work = est.prefill_time(r.num_uncomputed_tokens, r.num_computed_tokens)
-                forced.append((self.prefill_deadline(r, ref_step), work, load, 0))
+                forced.append((self.prefill_deadline(r, ref_step) - margin, work, load, 0))
             elif r.kind != "best-effort":
                 if self.prefill_deadline(r, ref_step) > now:
                     cands.append(r)
@@ -290,12 +303,14 @@ class SlosServePolicy(SchedulingPolicy):
             running_load=np.asarray(run_load, dtype=np.float64),
             running_end=np.asarray(run_end, dtype=np.float64),
             forced=_items(forced),
-            candidates=self._candidate_items(cands, ref_step, bs),
+            candidates=self._candidate_items(cands, ref_step, bs, margin),
             free_memory=free_memory,
             free_seats=seats,
         ), cands
 
-    def _candidate_items(self, cands: Sequence[Request], ref_step: float, bs: int) -> PlanItems:
+    def _candidate_items(
+        self, cands: Sequence[Request], ref_step: float, bs: int, margin: float
+    ) -> PlanItems:
         if not cands:
             return PlanItems.empty()
         est = self.estimator
@@ -308,6 +323,7 @@ class SlosServePolicy(SchedulingPolicy):
         deadline = np.fromiter(
             (self.prefill_deadline(r, ref_step) for r in cands), dtype=np.float64, count=n
         )
+        deadline -= margin
         uncomputed = prompt + outputs - computed
         work = est.request_times(np.maximum(uncomputed, 2), computed)
         kv = (prompt + bound / 2).astype(np.float64)
@@ -360,10 +376,11 @@ class SlosServePolicy(SchedulingPolicy):
             victims, (r for r in latest_first if not self.is_best_effort(r) and r.num_kv_blocks)
         )
 
-        decodes = [r for r in guaranteed_run if r.num_uncomputed_tokens == 1]
+        # a decode (by its sequence: vLLM's speculative drafts ride along with its one token)
+        decodes = [r for r in guaranteed_run if is_decoding(r)]
         due = {id(r): self.decode_due(r, ref) for r in decodes}
         prefill_due: dict[int, float] = {}
-        prefills = [r for r in guaranteed_run if r.num_uncomputed_tokens > 1]
+        prefills = [r for r in guaranteed_run if not is_decoding(r)]
         for r in prefills:
             prefill_due[id(r)] = self.prefill_deadline(r, ref)
         held: list[Request] = []
