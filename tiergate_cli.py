@@ -110,7 +110,7 @@ def serve_command(
         host=host,
         port=port,
         log_level=log_level,
-        model=MODEL_NAME,
+        model=MODEL_NAME if emulated else None,  # else: what the backends table serves
         backends=partial(emulated_fleet, policy) if emulated else None,
         metrics_addr=metrics_addr,
         workers=workers,

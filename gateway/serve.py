@@ -36,7 +36,7 @@ from gateway.app.app import create_app
 from gateway.app.backends import BackendSpec
 from gateway.app.http_limits import http_options
 from gateway.db import migrate
-from gateway.db.crud import operators
+from gateway.db.crud import list_backends, operators
 from gateway.db.crud.keys import create_key
 from gateway.db.security import server_secret
 from gateway.db.seed import seed_defaults
@@ -76,6 +76,15 @@ def prepare_database(settings: Settings) -> str | None:
             session, actor=actor, tenant="demo", secret=server_secret(settings), name="demo"
         )
         return created.plaintext
+
+
+def served_model(settings: Settings) -> str | None:
+    """The model a first request should name when the backends table is served
+    (``--no-emulated``): that of the first enabled backend; None if none is enabled."""
+    factory = make_session_factory(make_engine(settings.database_url))
+    with factory() as session:
+        rows = list_backends(session, enabled=True, limit=1)
+        return rows[0].model if rows else None
 
 
 def prepare_operator(settings: Settings) -> str | None:
@@ -134,7 +143,7 @@ def announce(
     *,
     base: str,
     demo_key: str | None,
-    model: str,
+    model: str | None,
     operator_credential: str | None = None,
 ) -> None:
     """Where the gateway listens, the demo key (printed once, on stdout) and a first request;
@@ -167,10 +176,17 @@ def announce(
             "The demo tenant already has a key; make another with: "
             "[bold]tiergate keys create --tenant demo[/bold]"
         )
-    key_source = "the demo key above" if demo_key is not None else "a key of the demo tenant"
-    console.print(f"Set KEY to {key_source} (KEY=tg-...), then")
-    # one line, never wrapped, no markup: it must work when pasted into a shell
-    console.print(f"Try: {try_command(base, model)}", soft_wrap=True, markup=False, highlight=False)
+    if model is None:
+        console.print(
+            "No backend is enabled: add an engine with [bold]tiergate backends add[/bold] "
+            "(or the dashboard's Backends page), then send requests for its model."
+        )
+    else:
+        key_source = "the demo key above" if demo_key is not None else "a key of the demo tenant"
+        console.print(f"Set KEY to {key_source} (KEY=tg-...), then")
+        # one line, never wrapped, no markup: it must work when pasted into a shell
+        line = f"Try: {try_command(base, model)}"
+        console.print(line, soft_wrap=True, markup=False, highlight=False)
     if (settings.admin_key is None or not settings.admin_key.get_secret_value()) and not (
         settings.ui
     ):
@@ -263,13 +279,13 @@ def serve(
     host: str,
     port: int,
     log_level: str,
-    model: str,
+    model: str | None,
     backends: BackendsSource | None = None,
     metrics_addr: str | None = None,
     workers: int | None = None,
 ) -> int:
-    """Prepare the database, announce, and serve until stopped (``model``: for the example);
-    returns the exit status.
+    """Prepare the database, announce, and serve until stopped (``model``: for the example;
+    None: the backends table's, :func:`served_model`); returns the exit status.
 
     ``metrics_addr`` (``--metrics-addr``) overrides ``TIERGATE_METRICS_ADDR``; see
     :func:`metrics_address` for the default. ``workers`` (``--workers``) overrides
@@ -281,6 +297,8 @@ def serve(
     settings = settings.model_copy(update={"metrics_addr": chosen, "workers": count})
     demo_key = prepare_database(settings)
     credential = prepare_operator(settings) if settings.ui else None
+    if model is None:
+        model = served_model(settings)
     base = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
     announce(settings, base=base, demo_key=demo_key, model=model, operator_credential=credential)
     with contextlib.suppress(KeyboardInterrupt):  # a signal while starting: nothing to drain
