@@ -21,6 +21,7 @@ from priority.request import SLO, Request, RequestStatus
 from priority.sim import ClusterConfig, simulate
 from priority.sim.compare import configure
 from priority.sim.metrics import multistage_attainment
+from tests.test_policy_properties import engine_states
 from tests.test_scenarios import FIG3_PROFILE, fig3_workload, run_fig3
 
 COEFFICIENTS = LatencyCoefficients(a_p=1e-8, b_p=2e-9, c_p=5e-5, a_d=2e-7, b_d=2e-4, t_c=5e-3)
@@ -346,3 +347,36 @@ def test_a_multi_stage_request_attains_only_if_every_stage_does() -> None:
     # stage 1 of workflow a missed (its own TTFT after the tool call): a fails, b and c attain
     assert multistage_attainment(requests, [True, False, True, True]) == pytest.approx(2 / 3)
     assert multistage_attainment(requests, [True, True, True, True]) == 1.0
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(inp=engine_states())
+def test_every_request_is_admitted_or_best_effort_and_running_ones_stay(
+    inp: SchedulerInput,
+) -> None:
+    policy = _policy()
+    for r in inp.running[::2]:  # some running requests were admitted earlier, some declined
+        policy.admitted.add(r.request_id)
+    for r in inp.running[1::2]:
+        policy.declined.add(r.request_id)
+    before = set(policy.admitted)
+    plan = policy.schedule(inp)
+    assert before <= policy.admitted  # an admission is never taken back
+    assert not policy.admitted & policy.declined
+    reported = {rid for rid, _ in plan.hopeless}
+    for r in inp.waiting:
+        decided = r.request_id in policy.admitted or r.request_id in policy.declined
+        assert decided or r.kind == "best-effort"
+        # the declined ones are reported with the reason, the admitted ones never
+        assert (r.request_id in reported) == (
+            r.request_id in policy.declined and r.kind != "best-effort"
+        )
+    # preemption takes a best-effort request before any admitted one
+    victims = [r.request_id for r in plan.preempted]
+    if any(not policy.is_best_effort(r) for r in plan.preempted):
+        scheduled = {r.request_id for r, _ in plan.scheduled}
+        assert all(
+            r.request_id in victims or r.request_id in scheduled or not r.num_kv_blocks
+            for r in inp.running
+            if policy.is_best_effort(r)
+        )

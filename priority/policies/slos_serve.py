@@ -30,7 +30,7 @@ Fig. 3 that is what makes the third new request late. ``hold_first_token=False``
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from itertools import chain
 from typing import ClassVar
 
@@ -369,12 +369,16 @@ class SlosServePolicy(SchedulingPolicy):
         # best effort is evicted first (latest arrival first); an admitted request only when KV
         # runs out for the running ones (their length bound was too short), latest first
         latest_first = sorted(inp.running, key=lambda r: -r.arrival_s)
-        victims: Iterator[Request] = iter(
-            [r for r in latest_first if self.is_best_effort(r) and r.num_kv_blocks > 0]
-        )
-        last_resort = chain(
-            victims, (r for r in latest_first if not self.is_best_effort(r) and r.num_kv_blocks)
-        )
+        be_list = [r for r in latest_first if self.is_best_effort(r) and r.num_kv_blocks > 0]
+        admitted_list = [
+            r for r in latest_first if not self.is_best_effort(r) and r.num_kv_blocks > 0
+        ]
+
+        def victims() -> Iterator[Request]:  # fresh each time: the builder skips the taken ones
+            return iter(be_list)
+
+        def last_resort() -> Iterator[Request]:
+            return chain(be_list, admitted_list)
 
         # a decode (by its sequence: vLLM's speculative drafts ride along with its one token)
         decodes = [r for r in guaranteed_run if is_decoding(r)]
@@ -414,7 +418,7 @@ class SlosServePolicy(SchedulingPolicy):
             inp, estimator=est, time_budget_s=budget_s, min_prefill_chunk=self.min_chunk_tokens
         )
         for r in urgent:
-            self._grant(builder, r, 1, last_resort)
+            self._grant(builder, r, 1, last_resort())
 
         order = sorted(chain(prefills, admitted_waiting), key=lambda r: prefill_due[id(r)])
         for r in order:
@@ -424,7 +428,7 @@ class SlosServePolicy(SchedulingPolicy):
             if self.hold_first_token and r.num_output_tokens == 0 and prefill_due[id(r)] >= horizon:
                 want -= 1  # hold the last prompt token (see the module docstring)
             if want > 0:
-                self._grant(builder, r, want, last_resort if r.num_kv_blocks else victims)
+                self._grant(builder, r, want, last_resort() if r.num_kv_blocks else victims())
         for r in later:
             if builder.full:
                 break
@@ -435,7 +439,9 @@ class SlosServePolicy(SchedulingPolicy):
             for r in chain(held, order, later, be_run, inp.waiting):
                 if builder.is_scheduled(r) or r.num_uncomputed_tokens < 1:
                     continue
-                if self._grant(builder, r, r.num_uncomputed_tokens, last_resort):
+                # only a running request may evict an admitted one (KV its bound missed)
+                evict = last_resort() if r.num_kv_blocks else victims()
+                if self._grant(builder, r, r.num_uncomputed_tokens, evict):
                     break
         plan = builder.plan
         plan.hopeless = [
@@ -470,7 +476,7 @@ class SlosServePolicy(SchedulingPolicy):
         builder: BatchBuilder,
         inp: SchedulerInput,
         be_run: Sequence[Request],
-        victims: Iterator[Request],
+        victims: Callable[[], Iterator[Request]],
     ) -> None:
         """Leftover budget to the best-effort tier: running ones first, oldest first (they hold
         KV; one that cannot grow evicts the latest best-effort one), then the declined waiting
@@ -484,7 +490,7 @@ class SlosServePolicy(SchedulingPolicy):
                 continue
             usable = builder.step_fit_tokens(r)
             if usable > 0:
-                builder.add_preempting(r, usable, victims)
+                builder.add_preempting(r, usable, victims())
         if builder.plan.preempted:
             return  # KV was short enough to evict best effort: admit none of it this step
         waiting = [
