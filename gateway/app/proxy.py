@@ -531,7 +531,11 @@ class Job:
 
         def budget_spent(deadline: asyncio.Timeout) -> None:
             nonlocal queued, check
-            queued = pool.queueing(backend, time.monotonic())
+            if not queued and pool.queueing(backend, time.monotonic()):
+                queued = True  # counted once per attempt, whether it then waits or moves
+                pool.metrics.upstream_timeouts.labels(backend.name, "queued").inc()
+            else:
+                queued = queued and pool.queueing(backend, time.monotonic())
             now = loop.time()
             if queued and not self._alternative(backend, tried) and now < patience_end:
                 recheck = max(0.05, min(pool.stall_threshold(backend), patience_end - now))
@@ -557,7 +561,6 @@ class Job:
                 ) from None
             what = "no first token" if self.stream else "no answer"
             if queued:  # the engine's own queue: try elsewhere, blame nothing
-                pool.metrics.upstream_timeouts.labels(backend.name, "queued").inc()
                 raise UpstreamFailed(
                     f"{what} within {timeout_s:.3g} s: queued on a busy engine", recorded=True
                 ) from None
