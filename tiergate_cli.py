@@ -130,6 +130,19 @@ app.command("engine-sim")(engine_sim_command)
 register_admin_commands(app)
 register_lengths(lengths_app)  # the gateway's `lengths train-db`, beside the core's commands
 
+
+def plain_help(typer_app: typer.Typer) -> None:
+    """Click's own help formatter for ``typer_app`` and every group under it: it wraps the
+    help text, where Rich's option table cuts option names short on an 80-column terminal
+    (``--min-deadline-…``). Errors are then click's plain ``Error: ...`` lines too."""
+    typer_app.rich_markup_mode = None
+    for group in typer_app.registered_groups:
+        if group.typer_instance is not None:
+            plain_help(group.typer_instance)
+
+
+plain_help(app)
+
 __all__ = ["EMULATED_FLEET", "MODEL_NAME", "app", "emulated_fleet"]
 
 if __name__ == "__main__":

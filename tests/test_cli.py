@@ -156,3 +156,38 @@ def test_tiergate_commands_take_their_arguments(args: list[str], message: str) -
     server or database starts)."""
     result = runner.invoke(tiergate_cli.app, args)
     assert result.exit_code == 2 and message in plain(result.output), result.output
+
+
+def _commands(command: object, path: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], object]]:
+    """Every leaf command of the ``tiergate`` tree, with its path (typer bundles its own click:
+    read by duck typing)."""
+    children = getattr(command, "commands", None)
+    if not children:
+        return [(path, command)]
+    found: list[tuple[tuple[str, ...], object]] = []
+    for name, child in children.items():
+        found += _commands(child, (*path, name))
+    return found
+
+
+def test_help_at_80_columns_shows_every_option_name_whole() -> None:
+    """An 80-column terminal (the default of many) sees each option's full name, never cut to
+    ``--min-deadline-…``."""
+    runner = CliRunner()
+    commands = _commands(typer.main.get_command(tiergate_cli.app))
+    assert len(commands) > 20
+    cut = {}
+    for path, command in commands:
+        names = {
+            opt
+            for param in getattr(command, "params", [])
+            if getattr(param, "param_type_name", "") == "option"
+            for opt in (*param.opts, *param.secondary_opts)
+            if opt.startswith("--") and opt != "--help"
+        }
+        result = runner.invoke(tiergate_cli.app, [*path, "--help"], env={"COLUMNS": "80"})
+        assert result.exit_code == 0, (path, result.output)
+        shown = set(re.findall(r"--[\w-]+", result.output))
+        if names - shown:
+            cut[" ".join(path)] = sorted(names - shown)
+    assert cut == {}

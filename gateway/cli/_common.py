@@ -126,10 +126,16 @@ def print_changes(what: str, before: Mapping[str, Any], after: Mapping[str, Any]
 # -- options ----------------------------------------------------------------------------------
 
 
-def bounded(low: float, high: float, help_text: str) -> Any:
+def bounded(low: float, high: float, help_text: str, *names: str) -> Any:
     """An option refused outside ``[low, high]`` (exit code 2, naming the option and the
-    range): the bounds of :mod:`gateway.bounds`, which the admin API and the database apply."""
-    return typer.Option(min=low, max=high, help=f"{help_text}; {low:g} to {high:g}")
+    range): the bounds of :mod:`gateway.bounds`, which the admin API and the database apply.
+    ``names``: the option's names, the first the one shown (default: the parameter's)."""
+    return typer.Option(*names, min=low, max=high, help=f"{help_text}; {low:g} to {high:g}")
+
+
+RPM_NAMES = ("--rpm-limit", "--rpm")
+"""``--rpm-limit`` as the admin API's ``rpm_limit``; ``--rpm`` was its name before (alias)."""
+TPM_NAMES = ("--tpm-limit", "--tpm")
 
 
 def read_document(path: Path) -> Any:

@@ -15,6 +15,8 @@ import typer
 
 from gateway.bounds import MAX_LIMIT, MAX_SLO_MS, MIN_LIMIT, MIN_SLO_MS
 from gateway.cli._common import (
+    RPM_NAMES,
+    TPM_NAMES,
     actor,
     bounded,
     console,
@@ -46,8 +48,8 @@ def _slo_ms(help_text: str) -> Any:
     return bounded(MIN_SLO_MS, MAX_SLO_MS, help_text)
 
 
-def _limit(help_text: str) -> Any:
-    return bounded(MIN_LIMIT, MAX_LIMIT, help_text)
+def _limit(help_text: str, *names: str) -> Any:
+    return bounded(MIN_LIMIT, MAX_LIMIT, help_text, *names)
 
 
 class Clearable(StrEnum):
@@ -56,7 +58,9 @@ class Clearable(StrEnum):
     ttft_ms = "ttft-ms"
     tpot_ms = "tpot-ms"
     deadline_ms = "deadline-ms"
-    rpm = "rpm"
+    rpm_limit = "rpm-limit"
+    tpm_limit = "tpm-limit"
+    rpm = "rpm"  # the names before (aliases)
     tpm = "tpm"
     max_concurrency = "max-concurrency"
 
@@ -67,6 +71,8 @@ _FIELD_OF = {
     Clearable.deadline_ms: "deadline_ms",
     Clearable.rpm: "rpm_limit",
     Clearable.tpm: "tpm_limit",
+    Clearable.rpm_limit: "rpm_limit",  # last: the name errors use
+    Clearable.tpm_limit: "tpm_limit",
     Clearable.max_concurrency: "max_concurrency",
 }
 _OPTION_OF = {field: str(option) for option, field in _FIELD_OF.items()}
@@ -82,8 +88,8 @@ def _shown(tenant: Tenant) -> dict[str, Any]:
 def tenants_create(
     name: Annotated[str, typer.Argument(help="tenant name")],
     tier: Annotated[str, typer.Option(help="tier name")],
-    rpm: Annotated[int | None, _limit("override the tier's RPM limit")] = None,
-    tpm: Annotated[int | None, _limit("override the tier's TPM limit")] = None,
+    rpm: Annotated[int | None, _limit("override the tier's RPM limit", *RPM_NAMES)] = None,
+    tpm: Annotated[int | None, _limit("override the tier's TPM limit", *TPM_NAMES)] = None,
     max_concurrency: Annotated[int | None, _limit("override the tier's")] = None,
     ttft_ms: Annotated[float | None, _slo_ms("override the tier's TTFT SLO")] = None,
     tpot_ms: Annotated[float | None, _slo_ms("override the tier's TPOT SLO")] = None,
@@ -128,8 +134,8 @@ def tenants_update(
     ttft_ms: Annotated[float | None, _slo_ms("override the tier's TTFT SLO")] = None,
     tpot_ms: Annotated[float | None, _slo_ms("override the tier's TPOT SLO")] = None,
     deadline_ms: Annotated[float | None, _slo_ms("override the tier's deadline")] = None,
-    rpm: Annotated[int | None, _limit("override the tier's RPM limit")] = None,
-    tpm: Annotated[int | None, _limit("override the tier's TPM limit")] = None,
+    rpm: Annotated[int | None, _limit("override the tier's RPM limit", *RPM_NAMES)] = None,
+    tpm: Annotated[int | None, _limit("override the tier's TPM limit", *TPM_NAMES)] = None,
     max_concurrency: Annotated[int | None, _limit("override the tier's")] = None,
     clear: Annotated[
         list[Clearable] | None,

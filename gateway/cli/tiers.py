@@ -21,6 +21,8 @@ from gateway.bounds import (
     MIN_WEIGHT,
 )
 from gateway.cli._common import (
+    RPM_NAMES,
+    TPM_NAMES,
     actor,
     bounded,
     console,
@@ -39,8 +41,8 @@ def _slo_ms(help_text: str) -> Any:
     return bounded(MIN_SLO_MS, MAX_SLO_MS, help_text)
 
 
-def _limit(help_text: str) -> Any:
-    return bounded(MIN_LIMIT, MAX_LIMIT, help_text)
+def _limit(help_text: str, *names: str) -> Any:
+    return bounded(MIN_LIMIT, MAX_LIMIT, help_text, *names)
 
 
 def _weight(help_text: str) -> Any:
@@ -75,7 +77,9 @@ class Clearable(StrEnum):
     min_ttft_ms = "min-ttft-ms"
     min_tpot_ms = "min-tpot-ms"
     min_deadline_ms = "min-deadline-ms"
-    rpm = "rpm"
+    rpm_limit = "rpm-limit"
+    tpm_limit = "tpm-limit"
+    rpm = "rpm"  # the names before (aliases)
     tpm = "tpm"
     max_concurrency = "max-concurrency"
 
@@ -88,6 +92,8 @@ _FIELD_OF = {
     Clearable.min_deadline_ms: "min_deadline_ms",
     Clearable.rpm: "rpm_limit",
     Clearable.tpm: "tpm_limit",
+    Clearable.rpm_limit: "rpm_limit",  # last: the name errors use
+    Clearable.tpm_limit: "tpm_limit",
     Clearable.max_concurrency: "max_concurrency",
 }
 _OPTION_OF = {field: str(option) for option, field in _FIELD_OF.items()}
@@ -103,8 +109,10 @@ def tiers_create(
     min_ttft_ms: Annotated[float | None, _slo_ms("tightest TTFT allowed, ms")] = None,
     min_tpot_ms: Annotated[float | None, _slo_ms("tightest TPOT allowed, ms")] = None,
     min_deadline_ms: Annotated[float | None, _slo_ms("tightest deadline allowed, ms")] = None,
-    rpm: Annotated[int | None, _limit("requests per minute (unset = unlimited)")] = None,
-    tpm: Annotated[int | None, _limit("tokens per minute (unset = unlimited)")] = None,
+    rpm: Annotated[
+        int | None, _limit("requests per minute (unset = unlimited)", *RPM_NAMES)
+    ] = None,
+    tpm: Annotated[int | None, _limit("tokens per minute (unset = unlimited)", *TPM_NAMES)] = None,
     max_concurrency: Annotated[int | None, _limit("requests in flight")] = None,
     best_effort: Annotated[
         bool, typer.Option(help="serve best-effort instead of shedding when the SLO is infeasible")
@@ -185,8 +193,8 @@ def tiers_update(
     min_ttft_ms: Annotated[float | None, _slo_ms("tightest TTFT allowed, ms")] = None,
     min_tpot_ms: Annotated[float | None, _slo_ms("tightest TPOT allowed, ms")] = None,
     min_deadline_ms: Annotated[float | None, _slo_ms("tightest deadline allowed, ms")] = None,
-    rpm: Annotated[int | None, _limit("requests per minute")] = None,
-    tpm: Annotated[int | None, _limit("tokens per minute")] = None,
+    rpm: Annotated[int | None, _limit("requests per minute", *RPM_NAMES)] = None,
+    tpm: Annotated[int | None, _limit("tokens per minute", *TPM_NAMES)] = None,
     max_concurrency: Annotated[int | None, _limit("requests in flight")] = None,
     best_effort: Annotated[
         bool | None,

@@ -111,8 +111,8 @@ TIER_OPTION = {
     "min_ttft_ms": "--min-ttft-ms",
     "min_tpot_ms": "--min-tpot-ms",
     "min_deadline_ms": "--min-deadline-ms",
-    "rpm_limit": "--rpm",
-    "tpm_limit": "--tpm",
+    "rpm_limit": "--rpm-limit",
+    "tpm_limit": "--tpm-limit",
     "max_concurrency": "--max-concurrency",
     "best_effort_allowed": "--best-effort",
     "shed_slack": "--shed-slack",
@@ -124,8 +124,8 @@ TENANT_OPTION = {
     "ttft_ms": "--ttft-ms",
     "tpot_ms": "--tpot-ms",
     "deadline_ms": "--deadline-ms",
-    "rpm_limit": "--rpm",
-    "tpm_limit": "--tpm",
+    "rpm_limit": "--rpm-limit",
+    "tpm_limit": "--tpm-limit",
     "max_concurrency": "--max-concurrency",
 }
 
@@ -139,6 +139,24 @@ def test_update_commands_take_every_field_the_admin_patch_takes(app: typer.Typer
     assert {*TENANT_OPTION.values(), "--clear"} <= _options(app, "tenants", "update")
     # create takes every field a tier has too (min_deadline_ms was missing before issue 11)
     assert set(TIER_OPTION.values()) - {"--name"} <= _options(app, "tiers", "create")
+
+
+def test_limit_options_are_named_as_the_api_fields_and_the_old_names_still_work(
+    app: typer.Typer, cli: Invoke, db: Callable[[], Session]
+) -> None:
+    """``--rpm-limit`` is the API's ``rpm_limit``, in every command that takes it; ``--rpm``
+    (the name before) is an alias, and so is ``--clear rpm``."""
+    for path in (("tiers", "create"), ("tiers", "update"), ("tenants", "create")):
+        assert {"--rpm-limit", "--tpm-limit", "--rpm", "--tpm"} <= _options(app, *path), path
+    _ok(cli("tiers", "create", "gold", *GOLD, "--rpm-limit", "60", "--tpm", "9000"))
+    assert (_tier(db, "gold")["rpm_limit"], _tier(db, "gold")["tpm_limit"]) == (60, 9000)
+    _ok(cli("tenants", "create", "acme", "--tier", "gold", "--tpm-limit", "500"))
+    _ok(cli("tenants", "update", "acme", "--rpm", "7", "--clear", "tpm-limit"))
+    with db() as s:
+        acme = crud.get_tenant(s, "acme")
+        assert (acme.rpm_limit, acme.tpm_limit) == (7, None)
+    _ok(cli("tiers", "update", "gold", "--clear", "rpm"))
+    assert _tier(db, "gold")["rpm_limit"] is None
 
 
 def _tier(db: Callable[[], Session], name: str) -> dict[str, Any]:
@@ -228,13 +246,13 @@ def test_tiers_update_refuses_bad_input_with_exit_2_and_changes_nothing(
     _fails(cli("tiers", "update", "gold"), "nothing to update: give at least one option")
     _fails(
         cli("tiers", "update", "gold", "--rpm", "5", "--clear", "rpm"),
-        "--rpm and --clear rpm contradict each other",
+        "--rpm-limit and --clear rpm-limit contradict each other",
     )
     _fails(
         cli("tiers", "update", "gold", "--weight", "0"),
         "Invalid value for '--weight': Input should be greater than or equal to",
     )
-    _fails(cli("tiers", "update", "gold", "--rpm", "0"), "Invalid value for '--rpm'")
+    _fails(cli("tiers", "update", "gold", "--rpm", "0"), "Invalid value for '--rpm-limit'")
     _fails(
         cli("tiers", "update", "gold", "--shed-slack", "101"), "Invalid value for '--shed-slack'"
     )
@@ -317,7 +335,7 @@ def test_tenants_update_refuses_bad_input_with_exit_2_and_changes_nothing(
     _fails(cli("tenants", "update", "acme"), "nothing to update")
     _fails(
         cli("tenants", "update", "acme", "--rpm", "5", "--clear", "rpm"),
-        "--rpm and --clear rpm contradict each other",
+        "--rpm-limit and --clear rpm-limit contradict each other",
     )
     _fails(cli("tenants", "update", "acme", "--tier", "platinum"), "tier 'platinum' does not exist")
     _fails(cli("tenants", "update", "nobody", "--rpm", "5"), "tenant 'nobody' does not exist")
@@ -326,7 +344,7 @@ def test_tenants_update_refuses_bad_input_with_exit_2_and_changes_nothing(
         cli("tenants", "update", "acme", "--ttft-ms", "100"),
         "ttft_ms override 100 is tighter than tier 'gold' allows (min_ttft_ms = 200)",
     )
-    _fails(cli("tenants", "update", "acme", "--tpm", "-1"), "Invalid value for '--tpm'")
+    _fails(cli("tenants", "update", "acme", "--tpm", "-1"), "Invalid value for '--tpm-limit'")
     _fails(cli("tenants", "update", "acme", "--clear", "status"), "Invalid value for '--clear'")
     with db() as s:
         acme = crud.get_tenant(s, "acme")
