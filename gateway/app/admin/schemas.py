@@ -18,7 +18,7 @@ Integers are JSON's: ``5.0`` is 5, as on `/v1` (:data:`gateway.app.schemas.WHOLE
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Any, Generic, Literal, TypeVar
 from urllib.parse import urlsplit
 
@@ -610,8 +610,23 @@ class AuditOut(_Output):
 
 
 # Query parameters of the reports (module level: FastAPI resolves the annotations by name).
-Since = Annotated[AwareDatetime | None, Query(description="ISO 8601 with offset")]
-Until = Annotated[AwareDatetime | None, Query(description="ISO 8601 with offset (exclusive)")]
+def _utc(moment: datetime | None) -> datetime | None:
+    """A time without an offset is UTC, as the dashboard's filters read it."""
+    if moment is None:
+        return None
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+
+
+Since = Annotated[
+    datetime | None,
+    AfterValidator(_utc),
+    Query(description="ISO 8601; without an offset, UTC"),
+]
+Until = Annotated[
+    datetime | None,
+    AfterValidator(_utc),
+    Query(description="ISO 8601; without an offset, UTC (exclusive)"),
+]
 Hours = Annotated[
     float | None,
     Query(gt=0, le=MAX_USAGE_HOURS, description="window length, back from until (or now)"),
