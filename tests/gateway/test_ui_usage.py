@@ -162,3 +162,20 @@ def test_bad_filters_are_shown_beside_the_field(
     assert data.status_code == status
     assert data.json()["error"]["param"] == field
     assert client.get("/ui/usage.csv", params=params).status_code == status
+
+
+def test_window_is_an_alias_of_range_and_unknown_parameters_are_refused(
+    app_client: tuple[TestClient, Any],
+) -> None:
+    client, _ = app_client
+    hour = client.get("/ui/usage", params={"window": "1h"})
+    assert hour.status_code == 200, hour.text
+    assert '<option value="1h" selected' in hour.text  # the window asked for, not the default
+    data = client.get("/ui/usage/series.json", params={"window": "1h", "bucket": "minute"})
+    assert data.status_code == 200 and len(data.json()["x"]) in (60, 61)
+    for path in ("/ui/usage", "/ui/usage/series.json", "/ui/usage.csv"):
+        refused = client.get(path, params={"widnow": "1h"})
+        assert refused.status_code == 400, (path, refused.text)
+        assert "unknown parameter" in refused.text and "widnow" in refused.text
+    clash = client.get("/ui/usage/series.json", params={"window": "1h", "range": "6h"})
+    assert clash.status_code == 400 and clash.json()["error"]["param"] == "window"

@@ -61,6 +61,8 @@ MAX_POINTS = 5_000
 """Most buckets a chart draws: a wider bucket is asked for beyond it (the API allows more)."""
 GROUP_LABELS = {"none": "Everything", "tenant": "Tenant", "tier": "Tier"}
 _FIELDS = ("range", "from", "to", "tenant", "tier", "group_by", "bucket", "top")
+_ALIASES = {"window": "range"}
+"""Other names of a filter: ``window`` is what the page calls the range."""
 
 
 @dataclass
@@ -103,10 +105,21 @@ def _moment(text: str) -> datetime:
 
 
 def read_filters(request: Request) -> UsageFilters:
-    """The query's filters, checked; problems go to ``errors`` by field name."""
-    values = {name: request.query_params.get(name, "").strip() for name in _FIELDS}
+    """The query's filters, checked; problems go to ``errors`` by field name. ``window`` is
+    another name of ``range``; any other parameter is refused, never ignored (a filter
+    misspelt would otherwise show a different window than the one asked for)."""
+    query = request.query_params
+    values = {name: query.get(name, "").strip() for name in _FIELDS}
     found = UsageFilters(values)
     errors = found.errors
+    for name in query:
+        if name not in _FIELDS and name not in _ALIASES:
+            errors[name] = f"unknown parameter {name!r}: the filters are {', '.join(_FIELDS)}"
+    for alias, name in _ALIASES.items():
+        if alias in query:
+            if name in query:
+                errors[alias] = f"give {name} or {alias} (the same filter), not both"
+            values[name] = query[alias].strip()
     for name, value in values.items():
         if "\x00" in value:
             errors[name] = f"{name} must not contain a NUL character"
