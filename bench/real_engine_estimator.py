@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import random
 import statistics
 import sys
 import tempfile
@@ -28,26 +27,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from pydantic import SecretStr
+from real_engine_common import poisson_arrivals, replay, seed
 
-import httpx  # noqa: E402
-from pydantic import SecretStr  # noqa: E402
-
-from gateway.app import BackendSpec, create_app  # noqa: E402
-from gateway.app.server import GatewayThread  # noqa: E402
-from gateway.db import crud  # noqa: E402
-from gateway.db.models import Base  # noqa: E402
-from gateway.db.seed import seed_defaults  # noqa: E402
-from gateway.db.session import make_engine, make_session_factory  # noqa: E402
-from gateway.settings import Settings  # noqa: E402
-from priority.profiles import load_profile  # noqa: E402
-from priority.profiles.from_steps import evaluate  # noqa: E402
-from priority.profiles.steps import read_steps  # noqa: E402
-from tests.real_engine.vllm_server import MODEL, VllmServer, missing  # noqa: E402
+from gateway.app import BackendSpec, create_app
+from gateway.app.server import GatewayThread
+from gateway.settings import Settings
+from priority.profiles import load_profile
+from priority.profiles.from_steps import evaluate
+from priority.profiles.steps import read_steps
+from tests.real_engine.vllm_server import MODEL, VllmServer, missing
 
 SECRET = "bench-estimator-secret"
-WORD = "value = compute(alpha, beta) + offset\n"  # ~10 tokens of the tiny model's BPE
 
 
 class RatioRecorder:
@@ -61,48 +52,6 @@ class RatioRecorder:
 
     def observe(self, value: float) -> None:
         self.samples.append((time.monotonic(), value))
-
-
-def _key(url: str) -> str:
-    engine = make_engine(url)
-    Base.metadata.create_all(engine)
-    with make_session_factory(engine).begin() as session:
-        seed_defaults(session)
-        crud.create_tenant(session, actor="bench", name="bench", tier="standard")
-        key = crud.create_key(session, actor="bench", tenant="bench", secret=SECRET).plaintext
-    engine.dispose()
-    return key
-
-
-async def _load(base_url: str, key: str, duration_s: float, rate: float, seed: int) -> int:
-    rng = random.Random(seed)
-    done = 0
-
-    async def one(client: httpx.AsyncClient) -> None:
-        nonlocal done
-        body = {
-            "model": MODEL,
-            "messages": [{"role": "user", "content": WORD * rng.randint(6, 150)}],
-            "max_tokens": rng.randint(8, 160),
-            "stream": True,
-            "ignore_eos": True,
-        }
-        headers = {"authorization": f"Bearer {key}"}
-        async with client.stream(
-            "POST", f"{base_url}/chat/completions", json=body, headers=headers
-        ) as r:
-            async for _ in r.aiter_lines():
-                pass
-        done += 1
-
-    async with httpx.AsyncClient(timeout=600) as client:
-        tasks = []
-        end = time.monotonic() + duration_s
-        while time.monotonic() < end:
-            tasks.append(asyncio.create_task(one(client)))
-            await asyncio.sleep(rng.expovariate(rate))
-        await asyncio.gather(*tasks, return_exceptions=True)
-    return done
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -127,7 +76,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         server.wait_ready()
         url = f"sqlite:///{work / 'tiergate.db'}"
-        key = _key(url)
+        keys = seed(url, SECRET, [("bench", "standard")])
+        arrivals = poisson_arrivals(
+            args.duration,
+            args.rate,
+            [("bench", 1.0)],
+            prompt_words=(6, 150),
+            max_tokens=(8, 160),
+            seed=args.seed,
+        )
         settings = Settings(
             database_url=url, secret=SecretStr(SECRET), data_dir=work, redis_url=None
         )
@@ -136,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
             recorder = RatioRecorder()
             gateway.state.metrics.ttft_prediction = recorder  # type: ignore[assignment]
             started = time.monotonic()
-            served = asyncio.run(_load(gateway.base_url, key, args.duration, args.rate, args.seed))
+            served = asyncio.run(replay([gateway.base_url], [keys], arrivals))
     finally:
         server.stop()
     steps = list(read_steps(steps_path))
@@ -152,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         "mape_beta_only": errors.beta,
         "mape_online_refit": errors.online,
         "mape_offline_fit": errors.offline,
+        "mape_noise_floor": errors.floor,
         "ttft_measured_over_predicted_p50_first_half": statistics.median(first) if first else None,
         "ttft_measured_over_predicted_p50_second_half": statistics.median(second)
         if second
@@ -162,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{served} requests, {errors.steps} steps ({errors.heldout} held out), prior {args.prior}"
     )
     print("step-time MAPE on held-out steps:")
-    for name in ("profile", "beta_only", "online_refit", "offline_fit"):
+    for name in ("profile", "beta_only", "online_refit", "offline_fit", "noise_floor"):
         print(f"  {name:<14} {result['mape_' + name]:7.1%}")
     for part in ("first", "second"):
         value = result[f"ttft_measured_over_predicted_p50_{part}_half"]

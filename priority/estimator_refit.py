@@ -15,11 +15,10 @@ terms (:func:`step_features`), ``t_k`` its measured time and ``c0`` the profile'
 Relative residuals weigh a 5 ms decode step like a 500 ms prefill (what a TTFT or TPOT error
 costs is relative). The prior keeps coefficients the window cannot identify (no long prompt seen
 yet: ``a_p`` stays put) at the profile's value instead of letting them drift to 0 or explode;
-``lam`` (0.1) is worth a tenth of one step's error per coefficient, so a few informative steps
-outweigh it. A coefficient the profile has at 0 (usually ``d_p``) stays 0: the profile said the
-term is
-absent. Solved as non-negative least squares in units of the prior (``c_i / c0_i``), which keeps
-the problem well scaled whatever the hardware.
+``lam`` (0.001) is worth a thousandth of one step's error per coefficient, so a few
+informative steps outweigh it. A coefficient the profile has at 0 (usually ``d_p``) stays 0: the
+profile said the term is absent. Solved as non-negative least squares in units of the prior
+(``c_i / c0_i``), which keeps the problem well scaled whatever the hardware.
 """
 
 from __future__ import annotations
@@ -41,7 +40,7 @@ DEFAULT_WINDOW = 512
 sizes as well."""
 DEFAULT_EVERY = 64
 """Steps between refits (a refit is one small NNLS solve: well under a millisecond)."""
-DEFAULT_PRIOR_WEIGHT = 0.1
+DEFAULT_PRIOR_WEIGHT = 1e-3
 MIN_STEPS = 32
 """No refit before this many steps: the prior would dominate and it would change nothing."""
 

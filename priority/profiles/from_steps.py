@@ -10,7 +10,10 @@ the profile predicts *that* engine. The same evaluation backs ``bench/estimator_
 * ``online``: the engine's own loop replayed — each step predicted by the estimator as it was
   *before* that step was seen (refits every ``every`` steps, beta between them), so the error
   is measured on steps the estimator had not learned from;
-* ``offline``: one fit on the steps before the held-out part, judged on the held-out part.
+* ``offline``: one fit on the steps before the held-out part, judged on the held-out part;
+* ``floor``: a fit on the held-out part itself — about the best an estimator of this form does
+  on those steps, so it is the noise floor (identical batches on a shared machine vary by tens
+  of %).
 
 Errors are mean absolute percentage errors over the held-out part (the last ``holdout`` of the
 steps, in time order: a profile is used on the traffic that comes after it).
@@ -42,6 +45,7 @@ class StepErrors:
     beta: float
     online: float
     offline: float
+    floor: float
 
 
 def _mape(predicted: Sequence[float], real: Sequence[float]) -> float:
@@ -90,6 +94,7 @@ def evaluate(
         if refitted is not None:
             online.adopt(refitted)
     offline = BatchLatencyEstimator(fit_steps(steps[:cut], prior))
+    floor = BatchLatencyEstimator(fit_steps(held, prior))
     return StepErrors(
         steps=len(steps),
         heldout=len(held),
@@ -97,6 +102,7 @@ def evaluate(
         beta=_mape(beta_predictions, real),
         online=_mape(online_predictions, real),
         offline=_mape([offline.batch_time(s.prefill, s.decode_kv) for s in held], real),
+        floor=_mape([floor.batch_time(s.prefill, s.decode_kv) for s in held], real),
     )
 
 
