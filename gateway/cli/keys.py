@@ -59,6 +59,10 @@ def keys_revoke(
     console.print(f"revoked key {display_prefix(key.prefix)}")
 
 
+SHOWN_TIME = "%Y-%m-%d %H:%M:%S"
+"""To the second: a rotated key's grace may be seconds, and a date alone reads as "today"."""
+
+
 @keys_app.command("list")
 def keys_list(
     tenant: Annotated[str | None, typer.Option(help="only this tenant's keys")] = None,
@@ -83,11 +87,11 @@ def keys_list(
                     k.tenant.name,
                     k.name,
                     state,
-                    k.created_at.strftime("%Y-%m-%d %H:%M"),
-                    k.expires_at.strftime("%Y-%m-%d") if k.expires_at else None,
+                    k.created_at.strftime(SHOWN_TIME),
+                    k.expires_at.strftime(SHOWN_TIME) if k.expires_at else None,
                 )
             )
-    columns = ("prefix", "tenant", "name", "state", "created (UTC)", "expires")
+    columns = ("prefix", "tenant", "name", "state", "created (UTC)", "expires (UTC)")
     print_table("keys", columns, rows)
 
 

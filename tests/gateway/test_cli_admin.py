@@ -123,6 +123,8 @@ def test_tier_tenant_key_lifecycle(cli: Invoke) -> None:
             expires = identity.expires_at
             assert expires is not None
             assert timedelta(days=29) < expires - utcnow() <= timedelta(days=30)
+        # the expiry to the second (a rotation's grace of seconds must not read as "today")
+        assert expires.strftime("%H:%M:%S") in _ok(cli("keys", "list"))
 
         _ok(cli("tenants", "suspend", "acme"))
         with factory() as s:
