@@ -79,7 +79,7 @@ from engine_common import compat
 from engine_common.learning import StepLearner, StepShape
 from engine_common.settings import EngineSettings
 from engine_common.slo import parse_meta
-from engine_common.state import PolicyState, encode
+from engine_common.state import PolicyState, encode, received_key
 from engine_common.timing import StepTimer
 from priority.estimator_refit import COEFFICIENT_NAMES
 from priority.policies.base import EngineLimits, SchedulerInput, StepPlan, cdiv
@@ -88,6 +88,8 @@ from priority.request import Request, RequestStatus
 
 logger = logging.getLogger(__name__)
 
+_MAX_RECEIVED_KEYS = 64
+"""Distinct (tier, kind, objective) counters an engine exports at most (tiers are few)."""
 _SWEEP_EVERY = 1024
 """Steps between full sweeps of views whose request vLLM dropped without reporting it as
 finished (a request whose blocks a KV connector frees late)."""
@@ -196,6 +198,8 @@ class PolicyDriver:
         request in place)."""
         self._snapshot: _WaitingSnapshot | None = None
         self._sweep_countdown = _SWEEP_EVERY
+        self.received: dict[str, int] = {}
+        """Requests seen so far by tier, kind and objective (exported: :class:`PolicyState`)."""
 
     # ---- the hooks around vLLM's schedule() ---------------------------------------------------
 
@@ -337,6 +341,7 @@ class PolicyDriver:
             beta=estimator.beta,
             estimator_error=estimator.last_ratio_error,
             refits=self.learner.refits,
+            received=tuple(self.received.items()),
             coefficients=tuple(getattr(estimator.coefficients, name) for name in COEFFICIENT_NAMES),
         )
         if not self.scheduler.has_unfinished_requests():
@@ -594,6 +599,7 @@ class PolicyDriver:
             defaults=self.settings.defaults,
             zero_load_ttft_s=profile.zero_load_ttft_s(prompt_tokens),
         )
+        self._count_received(meta)
         max_tokens = max(1, int(req.max_tokens))
         length = meta.length  # the wire has no cap: the request's own bounds the distribution
         if length is not None:
@@ -612,6 +618,15 @@ class PolicyDriver:
             stage=meta.stage,
             length=length,
         )
+
+    def _count_received(self, meta: Any) -> None:
+        """Count a new request by what its metadata said (tier, kind, own objective or best
+        effort); at most ``_MAX_RECEIVED_KEYS`` distinct keys, the rest under tier ``other``."""
+        objective = "slo" if meta.has_slo else "best-effort"
+        key = received_key(meta.tier, meta.kind, objective)
+        if key not in self.received and len(self.received) >= _MAX_RECEIVED_KEYS:
+            key = received_key("other", meta.kind, objective)
+        self.received[key] = self.received.get(key, 0) + 1
 
     def view_of(self, request_id: str) -> Request | None:
         """The policy's current view of a request (for tests and debugging)."""

@@ -19,6 +19,9 @@ so vLLM's own loggers see exactly the stats they would without us — into the g
 * ``tiergate:estimator_refits`` and ``tiergate:estimator_coefficient{name}`` — the engine's
   corrected estimator (with ``tiergate:estimator_beta``), refitted from its real steps: the
   gateway's router predicts with exactly it;
+* ``tiergate:requests_received{tier,kind,objective}`` — requests received so far by what their
+  metadata said (``objective``: ``slo`` or ``best-effort``): whether the gateway's tiers, kinds
+  and objectives reach the policy;
 * ``tiergate:engine_config_info`` — what the engine *is*, from its own configuration, as labels
   (``scheduler``, ``policy``, ``profile``, ``max_num_seqs``, ``max_num_batched_tokens``,
   ``max_model_len``, ``block_size``, ``num_kv_blocks``), value 1: the gateway takes seats and
@@ -52,7 +55,8 @@ CONFIG_LABELS = (
     "block_size",
     "num_kv_blocks",
 )
-_EXTRA: dict[int, tuple[Gauge, Gauge]] = {}
+_EXTRA: dict[int, tuple[Gauge, Gauge, Gauge]] = {}
+RECEIVED = "tiergate:requests_received"
 
 _GAUGES: dict[int, dict[str, Gauge]] = {}
 _SPECS = {
@@ -95,8 +99,9 @@ def _gauges(registry: CollectorRegistry) -> dict[str, Gauge]:
     return gauges
 
 
-def _extra_gauges(registry: CollectorRegistry) -> tuple[Gauge, Gauge]:
-    """The config info and the coefficients: one pair per registry, like :func:`_gauges`."""
+def _extra_gauges(registry: CollectorRegistry) -> tuple[Gauge, Gauge, Gauge]:
+    """The config info, the coefficients and the requests received: one set per registry,
+    like :func:`_gauges`."""
     pair = _EXTRA.get(id(registry))
     if pair is None:
         info = Gauge(
@@ -113,7 +118,14 @@ def _extra_gauges(registry: CollectorRegistry) -> tuple[Gauge, Gauge]:
             registry=registry,
             multiprocess_mode="mostrecent",
         )
-        pair = _EXTRA[id(registry)] = (info, coefficient)
+        received = Gauge(
+            RECEIVED,
+            "Requests received so far, by the tier, kind and objective their metadata said.",
+            labelnames=["engine", "tier", "kind", "objective"],
+            registry=registry,
+            multiprocess_mode="mostrecent",
+        )
+        pair = _EXTRA[id(registry)] = (info, coefficient, received)
     return pair
 
 
@@ -156,7 +168,7 @@ class TiergateStatLogger(StatLoggerBase):
         self.engine_index = engine_index
         self.vllm_config = vllm_config
         self.gauges = _gauges(registry)
-        self.config_info, self.coefficients = _extra_gauges(registry)
+        self.config_info, self.coefficients, self.received = _extra_gauges(registry)
         self.last_state: PolicyState | None = None
         self._config: dict[str, str] | None = None
         self.log_engine_initialized()
@@ -179,6 +191,9 @@ class TiergateStatLogger(StatLoggerBase):
             gauge.labels(engine=engine).set(getattr(state, field))
         for name, value in zip(COEFFICIENT_NAMES, state.coefficients, strict=False):
             self.coefficients.labels(engine=engine, name=name).set(value)
+        for key, count in state.received:
+            tier, kind, objective = [*key.split("|"), "", "", ""][:3]
+            self.received.labels(engine, tier, kind, objective).set(count)
 
     def log_engine_initialized(self) -> None:
         """(Re-)export the engine's configuration; vLLM calls this once the KV cache is sized

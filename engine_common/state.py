@@ -46,6 +46,9 @@ class PolicyState:
     coefficients: tuple[float, ...] = ()
     """The estimator's current coefficients (``COEFFICIENT_NAMES`` order; with ``beta``, the
     engine's corrected estimator, which the gateway's router uses); empty: not sent."""
+    received: tuple[tuple[str, int], ...] = ()
+    """Requests received so far by what their metadata said, ``("tier|kind|objective", n)``
+    (:func:`received_key`): the proof that the gateway's objectives reach the policy."""
 
 
 _FIELDS = {
@@ -60,6 +63,13 @@ _FIELDS = {
     "refits": 1,
 }
 _COEFFICIENT_KEY = KEY_PREFIX + "coef:"
+_RECEIVED_KEY = KEY_PREFIX + "n:"
+
+
+def received_key(tier: str, kind: str, objective: str) -> str:
+    """The key of :attr:`PolicyState.received` (``|`` never occurs in a tier or kind name the
+    gateway sends; it is replaced if it does)."""
+    return "|".join(part.replace("|", "/") for part in (tier, kind, objective))
 
 
 def _bits(value: float) -> int:
@@ -76,13 +86,15 @@ def encode(state: PolicyState, into: MutableMapping[str, int]) -> None:
         into[KEY_PREFIX + name] = round(getattr(state, name) * scale)
     for name, value in zip(COEFFICIENT_NAMES, state.coefficients, strict=False):
         into[_COEFFICIENT_KEY + name] = _bits(value)
+    for key, count in state.received:
+        into[_RECEIVED_KEY + key] = count
 
 
 def pop_state(source: MutableMapping[str, int]) -> PolicyState | None:
     """Remove our entries from ``source``; the state they encode, or None if there were none."""
     if not any(key.startswith(KEY_PREFIX) for key in source):
         return None
-    values: dict[str, float | int | tuple[float, ...]] = {}
+    values: dict[str, float | int | tuple[float, ...] | tuple[tuple[str, int], ...]] = {}
     for name, scale in _FIELDS.items():
         raw = source.pop(KEY_PREFIX + name, None)
         if raw is not None:  # a field an older encoder did not send keeps its default
@@ -90,6 +102,12 @@ def pop_state(source: MutableMapping[str, int]) -> PolicyState | None:
     coefficients = [source.pop(_COEFFICIENT_KEY + name, None) for name in COEFFICIENT_NAMES]
     if all(bits is not None for bits in coefficients):
         values["coefficients"] = tuple(_float(bits) for bits in coefficients if bits is not None)
+    received = tuple(
+        (key[len(_RECEIVED_KEY) :], source.pop(key))
+        for key in [k for k in source if k.startswith(_RECEIVED_KEY)]
+    )
+    if received:
+        values["received"] = received
     for key in [k for k in source if k.startswith(KEY_PREFIX)]:
         del source[key]  # entries of a newer encoder: never leak them to vLLM's loggers
     return PolicyState(**values)  # type: ignore[arg-type]

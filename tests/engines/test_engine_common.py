@@ -123,6 +123,13 @@ def test_priority_maps_to_weight_when_no_weight_is_sent() -> None:
         plan_deviations=st.integers(0, 10**9),
         steps=st.integers(0, 10**9),
         num_hopeless=st.integers(0, 10**6),
+        refits=st.integers(0, 10**6),
+        coefficients=st.tuples(*[st.floats(0, 1, allow_subnormal=True)] * 7),
+        received=st.dictionaries(
+            st.text(min_size=1, max_size=12).filter(lambda t: "|" not in t),
+            st.integers(0, 10**9),
+            max_size=5,
+        ).map(lambda d: tuple((f"{k}|latency|slo", v) for k, v in d.items())),
     )
 )
 def test_state_survives_the_stats_channel(state: PolicyState) -> None:
@@ -147,6 +154,9 @@ def test_state_survives_the_stats_channel(state: PolicyState) -> None:
     )
     for name in ("latency_budget_s", "beta", "estimator_error"):
         assert getattr(back, name) == pytest.approx(getattr(state, name), abs=1e-6)
+    assert back.refits == state.refits
+    assert back.coefficients == state.coefficients  # exactly: the double's own bits travel
+    assert sorted(back.received) == sorted(state.received)
 
 
 def test_pop_state_ignores_foreign_dicts_and_strips_unknown_keys() -> None:

@@ -27,7 +27,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from gateway.app import BackendSpec, create_app
-from gateway.app.engine_facts import parse_engine_facts
+from gateway.app.engine_facts import parse_engine_facts, parse_labels
 from gateway.app.server import GatewayThread
 from gateway.db import crud
 from gateway.db.models import Base, UsageRecord
@@ -261,6 +261,42 @@ def test_the_engines_gauges_and_estimator(gateway: GatewayThread, engines: dict)
     # stock vLLM states its seats too (the plugin's stat logger loads with any scheduler)
     stock = parse_engine_facts(engines["vllm-stock"].metrics())
     assert stock.max_num_seqs == SEATS and stock.policy == "vllm-fcfs"
+
+
+def test_tiers_kinds_and_objectives_reach_the_policy(
+    gateway: GatewayThread, key: str, engines: dict
+) -> None:
+    """What the gateway's headers said arrives in the engine's scheduler: the plugin counts
+    each request by the tier, kind and objective its metadata carried."""
+    slide = engines["vllm-slide"]
+    client = _client(gateway, key)
+    sent = {
+        "latency": {},
+        "deadline": {"x-slo-deadline-ms": "60000"},
+        "compound": {
+            "x-tiergate-workflow-id": "wf-real-engine",
+            "x-tiergate-workflow-deadline-ms": "60000",
+        },
+    }
+    for kind, headers in sent.items():
+        labels = {"tier": "premium", "kind": kind, "objective": "slo"}
+        before = _labelled(slide, "tiergate:requests_received", labels)
+        for _ in range(8):  # idle engines: the router's tie goes to the first, the plugin's
+            _chat(client, max_tokens=2, extra_headers=headers)
+            if _labelled(slide, "tiergate:requests_received", labels) > before:
+                break
+        else:
+            raise AssertionError(f"no {kind} request reached the policy as such")
+
+
+def _labelled(server: VllmServer, name: str, labels: dict[str, str]) -> float:
+    """The sample of ``name`` whose labels include ``labels`` (0 if none)."""
+    for line in server.metrics().splitlines():
+        if line.startswith(name + "{"):
+            have = parse_labels(line[len(name) :])
+            if all(have.get(k) == v for k, v in labels.items()):
+                return float(line.rsplit(" ", 1)[1])
+    return 0.0
 
 
 def _gauge(server: VllmServer, name: str) -> float:
