@@ -106,9 +106,10 @@ def tool_trace(base: Trace, count: int, rng: np.random.Generator) -> Trace:
 
 
 def scenarios(names: list[str], count: int, seed: int) -> list[Scenario]:
-    rng = np.random.default_rng(seed)
     out = []
     for name in names:
+        # each scenario its own stream: its requests do not depend on which others are built
+        rng = np.random.default_rng([seed, SCENARIOS.index(name) if name in SCENARIOS else 0])
         if name == "chat":
             out.append(Scenario(name, trace_first(load_trace("azure_conv"), count), LOOSE))
         elif name == "coding":
