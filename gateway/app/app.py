@@ -35,7 +35,13 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from gateway.app import shared_state
 from gateway.app.auth import AuthCache
 from gateway.app.backends import BackendPool, BackendSpec, ModelGroup
-from gateway.app.data_plane import DataPlaneEndpoint, GatewayApp, bounded_receive, too_large
+from gateway.app.data_plane import (
+    DataPlaneEndpoint,
+    GatewayApp,
+    bounded_receive,
+    encoding_refused,
+    too_large,
+)
 from gateway.app.docs import install_docs
 from gateway.app.drain import Drain, DrainMiddleware
 from gateway.app.durability import DurabilityExporter, database_readiness
@@ -326,6 +332,7 @@ GENERATION_ERROR_TEXT: dict[int | str, str] = {
     409: f"`{WORKFLOW_EXPIRED}`: the workflow `{WORKFLOW_ID_HEADER}` names is past its "
     "deadline (start a new one under a new id)",
     413: "request body too large",
+    415: "`unsupported_content_encoding`: a compressed body (send it uncompressed)",
     429: "a tenant limit (`x-tiergate-reject-reason`, `retry-after`) or the admission queue",
     503: "no backend can serve the request in time (a latency request: its first token by its "
     "TTFT; a deadline, compound or best-effort one: its last token by its deadline), or every "
@@ -614,7 +621,8 @@ def _install_error_handlers(app: FastAPI) -> None:
 
 
 class BodySizeLimit:
-    """Answer 413 to request bodies over ``max_bytes`` before any handler reads them
+    """Answer 413 to request bodies over ``max_bytes`` (and 415 to compressed ones) before any
+    handler reads them
     (:func:`~gateway.app.data_plane.bounded_receive`; the data plane's endpoints check the
     same themselves, ahead of this middleware)."""
 
@@ -625,6 +633,10 @@ class BodySizeLimit:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS", "DELETE"):
             await self.app(scope, receive, send)
+            return
+        refused = encoding_refused(scope)
+        if refused is not None:  # compressed: 415 (encoding_refused says why)
+            await refused.response()(scope, receive, send)
             return
         bounded = await bounded_receive(scope, receive, self.max_bytes)
         if bounded is None:

@@ -9,7 +9,8 @@ answers ``POST /v1/chat/completions`` and ``POST /v1/completions`` before any of
 :class:`DataPlaneEndpoint` does what they did for these two routes, and nothing more:
 
 * counts the request in flight for the graceful shutdown (:class:`~gateway.app.drain.Drain`);
-* bounds the body (:func:`bounded_receive`, the same rule as ``BodySizeLimit``);
+* bounds the body (:func:`bounded_receive`, the same rule as ``BodySizeLimit``) and refuses
+  a compressed one (:func:`encoding_refused`, the same rule too);
 * turns an exception into the gateway's error dialect through the app's own exception
   handlers — and one nobody handles into a 500 in the same dialect, never a plain-text one.
 
@@ -69,6 +70,10 @@ class DataPlaneEndpoint:
         drain.requests.add(request)
         send = request.send
         try:
+            refused = encoding_refused(scope)
+            if refused is not None:
+                await refused.response()(scope, receive, send)
+                return
             bounded = await bounded_receive(scope, receive, self.max_body_bytes)
             if bounded is None:
                 await too_large(self.max_body_bytes).response()(scope, receive, send)
@@ -105,6 +110,31 @@ def too_large(max_bytes: int) -> ApiError:
         f"Request body too large: the limit is {max_bytes} bytes.",
         code="request_too_large",
     )
+
+
+def encoding_refused(scope: Scope) -> ApiError | None:
+    """415 for a body sent with a ``Content-Encoding`` other than ``identity`` (RFC 7694), in
+    the dialect and with ``Accept-Encoding: identity``; None for a plain body.
+
+    Refused rather than decoded: a compressed body's size says nothing of what it inflates to,
+    so every endpoint would need a second, decoded bound; clients of an OpenAI-style API send
+    plain JSON. Before this, the JSON parser met the gzip bytes and answered a misleading 400
+    about a "utf-8 codec"."""
+    for name, value in scope.get("headers", ()):
+        if name != b"content-encoding":
+            continue
+        codings = [c.strip().lower() for c in value.decode("latin-1").split(",")]
+        if any(c and c != "identity" for c in codings):
+            shown = value.decode("latin-1")[:64]
+            return ApiError(
+                415,
+                f"Content-Encoding {shown!r} is not accepted: send the request body "
+                "uncompressed (no Content-Encoding, or identity).",
+                code="unsupported_content_encoding",
+                param="content-encoding",
+                headers={"accept-encoding": "identity"},
+            )
+    return None
 
 
 async def bounded_receive(scope: Scope, receive: Receive, max_bytes: int) -> Receive | None:

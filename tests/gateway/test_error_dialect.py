@@ -214,3 +214,38 @@ def test_the_envelope_matches_its_documented_model() -> None:
     assert ErrorOut.model_validate(error.body()).model_dump() == error.body()
     assert error.body()["error"]["type"] == "rate_limit_exceeded"
     assert error.sse_event() == b"data: " + json.dumps(error.body()).encode() + b"\n\n"
+
+
+@pytest.mark.parametrize("coding", ["gzip", "deflate, gzip", "br"])
+def test_a_compressed_body_is_415_alike_everywhere(planes: Planes, coding: str) -> None:
+    """A body sent with a ``Content-Encoding`` is refused in the dialect, on the data plane,
+    the admin API and the dashboard's forms, naming the header: never a misleading
+    "utf-8 codec" 400."""
+    import gzip
+
+    for path, key, body in (
+        ("/v1/chat/completions", planes.key, CHAT),
+        ("/admin/v1/tiers", ADMIN_KEY, TIER),
+        ("/ui/login", None, {"credential": "x"}),
+    ):
+        headers = {"content-type": "application/json", "content-encoding": coding}
+        if key is not None:
+            headers["authorization"] = f"Bearer {key}"
+        response = planes.client.post(
+            path, content=gzip.compress(json.dumps(body).encode()), headers=headers
+        )
+        assert response.status_code == 415, (path, response.text)
+        error = response.json()["error"]
+        assert (error["type"], error["code"]) == (
+            "invalid_request_error",
+            "unsupported_content_encoding",
+        ), error
+        assert error["param"] == "content-encoding" and "uncompressed" in error["message"]
+        assert response.headers["accept-encoding"] == "identity"
+    plain = planes.client.post(
+        "/admin/v1/tiers",
+        json={**TIER, "name": "plain"},
+        headers={"authorization": f"Bearer {ADMIN_KEY}", "content-encoding": "identity"},
+    )
+    assert plain.status_code == 201, plain.text
+    planes.client.delete("/admin/v1/tiers/plain", headers={"authorization": f"Bearer {ADMIN_KEY}"})
