@@ -201,7 +201,8 @@ def announce(
         limits = (
             "exact, shared through Redis"
             if settings.redis_url
-            else f"each worker enforces 1/{workers} of every tenant limit (no TIERGATE_REDIS_URL)"
+            else f"each worker enforces limit // {workers} of a limit of at least {workers}, "
+            "smaller ones are counted once for all workers (no TIERGATE_REDIS_URL)"
         )
         console.print(f"{workers} worker processes; tenant limits: {limits}.")
 
