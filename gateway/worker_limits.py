@@ -93,7 +93,7 @@ class WorkerShareLimiter(RateLimiter):
             reservation = await self.inner.reserve(tenant, share, tokens)
         except LimitExceeded as exc:
             if entry is not None and self.table is not None:
-                self.table.release(tenant, entry, 0)  # not admitted: it counts nowhere
+                self.table.cancel(tenant, entry)  # not admitted: it counts nowhere
             raise LimitExceeded(
                 exc.reason, exc.retry_after_s, self._share_message(exc, limits, share)
             ) from None

@@ -163,6 +163,13 @@ class SharedLimitTable:
             if entry[WINDOWED] != 1.0:
                 entry[RID] = 0.0
 
+    def cancel(self, tenant: str, rid: float) -> None:
+        """Take back an entry whose request was not admitted after all: it counts nowhere."""
+        with self.table.locked():
+            entries = self._row(tenant, self._clock(), create=False)
+            if entries is not None:
+                entries[entries[:, RID] == rid, RID] = 0.0
+
     def release_worker(self, slot: int) -> None:
         """Free the slots a worker that exited held (its admissions still count)."""
         with self.table.locked():

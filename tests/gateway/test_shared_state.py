@@ -233,6 +233,12 @@ def test_limits_of_at_least_n_are_shared_out_and_the_refusal_says_the_real_share
         with pytest.raises(LimitExceeded):
             await b.reserve("t", limits, 1)
         assert (await a.usage("t")).in_flight == 0
+        # refused by its TPM share (10 // 2 = 5), a request leaves no trace in the shared RPM
+        small_rpm = Limits(rpm=1, tpm=10)
+        with pytest.raises(LimitExceeded) as too_big:
+            await a.reserve("u", small_rpm, 6)
+        assert too_big.value.reason is RejectReason.RATE_LIMIT_TPM
+        await b.reserve("u", small_rpm, 5)  # the tenant's one request a minute is still free
 
     asyncio.run(scenario())
 
