@@ -287,3 +287,17 @@ def test_batch_estimates_equal_one_by_one_and_drain_is_exec(
     assert batch == [router.estimate(i, new, NOW) for i in cluster]
     for instance, estimate in zip(cluster, batch, strict=True):
         assert router.drain_s(instance, NOW) == pytest.approx(estimate.exec_s, rel=1e-12, abs=1e-12)
+
+
+def test_goroute_rebinds_the_decode_instance_at_the_first_token() -> None:
+    prefill = view(0, role=InstanceRole.PREFILL)
+    fast = decode_view(1, step_s=0.02, block_size=16, free=90_000)
+    slow = decode_view(2, step_s=0.06, block_size=16, free=99_000)
+    router = GoRouter([prefill, fast, slow])
+    new = req("new", 500, tpot=0.05)
+    decision = router.route(new, NOW)
+    assert decision.decode_instance == 1
+    fast.num_decoding = 4  # filled up while the request waited for its prefill
+    assert router.decode_at_handoff(new, decision, NOW + 5).decode_instance == 2
+    paper = GoRouter([prefill, fast, slow], decode_choice="free-kv")
+    assert paper.decode_at_handoff(new, decision, NOW + 5) is decision

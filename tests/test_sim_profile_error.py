@@ -1,5 +1,6 @@
 """Profile error in the cluster simulator: instances run at a true speed other than their
-profile's, engines learn the correction, the router receives it at each scrape."""
+profile's, engines learn the correction, the router receives it at each scrape; and the router's
+other late knowledge, the PD decode instance bound at the first token."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ import pytest
 from test_sim_cluster import RoundRobin, config, workload
 from test_sim_engine import FcfsPolicy, make_profile
 
-from priority.routing.base import InstanceView
-from priority.sim.cluster import ClusterConfig, simulate, true_profile
+from priority.request import Request
+from priority.routing.base import InstanceView, RouteDecision
+from priority.sim.cluster import ClusterConfig, KvTransferModel, PdConfig, simulate, true_profile
 
 
 class Recording(RoundRobin):
@@ -75,3 +77,23 @@ def test_policy_estimators_start_from_the_profile() -> None:
 
     simulate(workload(n=2), config(policy=factory, true_time_scale=[2.0, 2.0, 2.0]))
     assert seen == [make_profile().coefficients.c_p] * 3
+
+
+class LateDecode(RoundRobin):
+    """Names decode instance 1 at dispatch and re-binds every handoff to instance 2."""
+
+    def route(self, request: Request, now: float) -> RouteDecision:
+        return RouteDecision(0, 1)
+
+    def decode_at_handoff(
+        self, request: Request, decision: RouteDecision, now: float
+    ) -> RouteDecision:
+        return RouteDecision(decision.instance, 2)
+
+
+def test_the_simulator_hands_off_to_the_decode_instance_bound_at_the_first_token() -> None:
+    pd = PdConfig(num_prefill=1, transfer=KvTransferModel(per_token_s=1e-6))
+    result = simulate(workload(n=20), config(router=LateDecode, pd=pd))
+    assert all(r.is_finished for r in result.requests)
+    assert [s.transfers_in for s in result.instances] == [0, 0, 20]
+    assert {d.decode_instance for d in result.placement.values()} == {2}

@@ -167,5 +167,14 @@ class Router(ABC):
             target = _decode_target(decision)
             self.instances[target].num_decoding = max(0, self.instances[target].num_decoding - 1)
 
+    def decode_at_handoff(
+        self, request: Request, decision: RouteDecision, now: float
+    ) -> RouteDecision:
+        """PD-disaggregation: the decision to hand ``request`` off with, now that its first
+        token is out (called before :meth:`on_first_token`). By default the decode instance
+        chosen at dispatch; a router may re-pick it from what it knows now (a decode instance
+        that pulls the KV when it admits the request can be named this late)."""
+        return decision
+
     def on_kv_report(self, index: int, num_free_kv_blocks: int) -> None:
         self.instances[index].num_free_kv_blocks = num_free_kv_blocks

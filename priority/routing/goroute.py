@@ -75,7 +75,9 @@ heterogeneous fleet that ignores that a 910B decodes a step 3x slower than an A1
 decode instance past ``max_num_seqs`` queues its arrivals. By default
 (``decode_choice="capacity"``, *beyond the paper*) GoRouting picks by decode capacity
 (:func:`~priority.routing.decode.pick_decode_by_capacity`): a free slot and KV room, then a
-predicted step within the TPOT SLO, then the fastest step.
+predicted step within the TPOT SLO, then the fastest step — picked again when the first token
+is out (:meth:`GoRouter.decode_at_handoff`), since at dispatch, seconds earlier under load, every
+request of a burst sees the same free slots.
 
 **Other routers' prefills** (gateway workers in front of the same engines): an instance's
 ``external_prefills`` summary (:class:`~priority.routing.base.ExternalPrefills`) joins Q_p as
@@ -97,6 +99,7 @@ only for the per-request deadlines and values it sorts.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -414,6 +417,21 @@ class GoRouter(Router):
             n_d = min(instance.num_decoding, instance.profile.engine.max_num_seqs)
             loss += mean_weight * n_d * late_rate * tokens * step
         return own - weights.token_value(1.0, 2) * loss
+
+    def decode_at_handoff(
+        self, request: Request, decision: RouteDecision, now: float
+    ) -> RouteDecision:
+        """With ``decode_choice="capacity"``, the decode instance is re-picked when the first
+        token is out: the dispatch-time pick is made seconds earlier under load, when the
+        instance's slots look free, and every request dispatched in a burst then lands on it
+        at once (measured: the first-to-second-token gap's p99 was 2 s at 7x on azure_conv PD).
+        """
+        if self.decode_choice != "capacity" or decision.decode_instance is None:
+            return decision
+        target = pick_decode_by_capacity(self.instances, request)
+        if target == decision.decode_instance:
+            return decision
+        return dataclasses.replace(decision, decode_instance=target)
 
     def drain_s(self, instance: InstanceView, now: float) -> float:
         """Exec(p): the wait a newcomer would see on ``instance`` before its own prefill (its

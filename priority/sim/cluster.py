@@ -9,7 +9,8 @@ policy (built per instance around that instance's estimator) and its own noise s
 **PD-disaggregation.** The first ``num_prefill`` instances are prefill instances, the rest decode
 instances. A prefill instance runs the prompt and emits the first token; the request then leaves
 it (its KV there is freed at once) and lands on the decode instance the router chose
-(``RouteDecision.decode_instance``) after the KV transfer time, where it joins the running batch
+(``RouteDecision.decode_instance``, which the router may re-pick at that first token:
+``Router.decode_at_handoff``) after the KV transfer time, where it joins the running batch
 as soon as blocks are free. The transfer is modelled as a delay only (no link contention):
 ``fixed_s + prompt_tokens * per_token_s``, with ``per_token_s`` either given directly or derived
 from the model shape and the link bandwidth (:meth:`KvTransferModel.from_model_shape`).
@@ -342,6 +343,10 @@ class _Simulation:
             self._scrape(index, t)
         outcome = engine.finish_step(step)
         router, placement = self.router, self.placement
+        for request in outcome.handoffs:  # the decode instance, bound now (Router docstring)
+            rid = request.request_id
+            placement[rid] = router.decode_at_handoff(request, placement[rid], t)
+            self._check_decision(placement[rid])
         for request in outcome.first_tokens:
             router.on_first_token(request, placement[request.request_id], t)
         for request in outcome.finished:
