@@ -20,11 +20,16 @@ Per step:
    (reason ``slo_unattainable``) so an executor or the gateway may send them elsewhere. A
    declined request whose prefill deadline has not passed is reconsidered at the next plan.
 
-**The prompt's last token is held back** until the prefill deadline nears (``3 × batch``
-ahead) unless the step has nothing else to do: the planner budgets a request's decode from its
-prefill deadline (the paper's demand line), and the metric judges TPOT from the first token, so
-a first token emitted early would start a decode the plan did not budget for — in SLOs-Serve's
-Fig. 3 that is what makes the third new request late. ``hold_first_token=False`` turns it off.
+**The prompt's last token is held back** until the step after the next could end past the
+prefill deadline (the rule due decodes follow), unless the step has nothing else to do: the
+planner budgets a request's decode from its prefill deadline (the paper's demand line), and the
+metric judges TPOT from the first token, so a first token emitted early would start a decode
+the plan did not budget for — in SLOs-Serve's Fig. 3 that is what makes the third new request
+late. ``hold_first_token=False`` turns it off (on the trace scenarios of
+``bench/slos_serve_capacity.py`` neither setting was consistently ahead).
+
+Not modelled: speculative decoding (the paper's SLO-adaptive speculation) and routing a declined
+request to another replica (the gateway's job; the reason is in ``hopeless``).
 """
 
 from __future__ import annotations
