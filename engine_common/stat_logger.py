@@ -40,30 +40,25 @@ from typing import Any
 from prometheus_client import REGISTRY, CollectorRegistry, Gauge
 from vllm.v1.metrics.loggers import StatLoggerBase
 
+from engine_common.exports import (
+    BETA,
+    COEFFICIENT,
+    CONFIG_INFO,
+    CONFIG_LABELS,
+    RECEIVED,
+    REFITS,
+)
 from engine_common.state import PolicyState, pop_state
 from priority.estimator_refit import COEFFICIENT_NAMES
 
-CONFIG_INFO = "tiergate:engine_config_info"
-COEFFICIENT = "tiergate:estimator_coefficient"
-CONFIG_LABELS = (
-    "scheduler",
-    "policy",
-    "profile",
-    "max_num_seqs",
-    "max_num_batched_tokens",
-    "max_model_len",
-    "block_size",
-    "num_kv_blocks",
-)
 _EXTRA: dict[int, tuple[Gauge, Gauge, Gauge]] = {}
-RECEIVED = "tiergate:requests_received"
 
 _GAUGES: dict[int, dict[str, Gauge]] = {}
 _SPECS = {
     "num_urgent": ("tiergate:urgent_requests", "Requests the policy ranks URGENT."),
     "num_normal": ("tiergate:normal_requests", "Requests the policy ranks NORMAL."),
     "latency_budget_s": ("tiergate:latency_budget_seconds", "The step's latency budget."),
-    "beta": ("tiergate:estimator_beta", "Momentum correction of the step-time estimator."),
+    "beta": (BETA, "Momentum correction of the step-time estimator."),
     "estimator_error": (
         "tiergate:estimator_error_ratio",
         "|real / predicted - 1| of the latest step time.",
@@ -77,7 +72,7 @@ _SPECS = {
         "tiergate:hopeless_requests",
         "Waiting requests the latest plan judged unable to meet their objective.",
     ),
-    "refits": ("tiergate:estimator_refits", "Refits of the estimator's coefficients so far."),
+    "refits": (REFITS, "Refits of the estimator's coefficients so far."),
 }
 
 

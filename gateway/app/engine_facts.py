@@ -23,14 +23,12 @@ import contextlib
 import math
 from dataclasses import dataclass, fields, replace
 
+from engine_common.exports import BETA, COEFFICIENT, CONFIG_INFO
+from engine_common.exports import VLLM_CACHE_INFO as CACHE_INFO
 from priority.estimator import LatencyCoefficients
 from priority.estimator_refit import COEFFICIENT_NAMES
 from priority.profiles import EngineConfig
 
-CONFIG_INFO = "tiergate:engine_config_info"
-CACHE_INFO = "vllm:cache_config_info"
-COEFFICIENT = "tiergate:estimator_coefficient"
-BETA = "tiergate:estimator_beta"
 LIMITS = ("max_num_seqs", "max_num_batched_tokens", "block_size", "num_kv_blocks")
 """The fields of :class:`EngineConfig` an engine states (the profile's engine block)."""
 

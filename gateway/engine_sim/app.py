@@ -124,13 +124,14 @@ def build_engine_sim(
         rng=np.random.default_rng(noise_seed),
         name=f"engine-sim:{profile.name}:{policy}",
     )
-    metrics = EngineMetrics(model_name, core)
+    # any request within the context then fits the KV pool alone (EngineCore.fits)
+    model_len = min(max_model_len, core.pool.capacity_tokens)
+    metrics = EngineMetrics(model_name, core, policy=policy, max_model_len=model_len)
     return EngineSim(
         profile=profile,
         policy=policy,
         model_name=model_name,
-        # any request within the context then fits the KV pool alone (EngineCore.fits)
-        max_model_len=min(max_model_len, core.pool.capacity_tokens),
+        max_model_len=model_len,
         engine=WallClockEngine(core, metrics, time_scale=time_scale),
         metrics=metrics,
         sampler=OutputLengthSampler(length_seed),

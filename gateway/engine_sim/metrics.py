@@ -12,7 +12,9 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
+from engine_common.exports import COEFFICIENT, CONFIG_INFO, CONFIG_LABELS
 from gateway.histogram import ITL_BUCKETS, BatchHistogram
+from priority.estimator_refit import COEFFICIENT_NAMES
 from priority.policies.base import StepPlan
 from priority.sim.engine import EngineCore
 
@@ -54,11 +56,37 @@ logger (:mod:`engine_common.stat_logger`), so one dashboard reads emulated and r
 class EngineMetrics:
     """The metric objects of one emulated engine and the ``/metrics`` rendering."""
 
-    def __init__(self, model_name: str, core: EngineCore) -> None:
+    def __init__(
+        self, model_name: str, core: EngineCore, *, policy: str = "", max_model_len: int = 0
+    ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.core = core
         labels = {"model_name": model_name, "engine": "0"}
         reg = self.registry
+        # what the engine is, as the plugin's stat logger states it (engine_common.exports)
+        limits = core.profile.engine
+        stated = {
+            "scheduler": "tiergate-emulated",
+            "policy": policy,
+            "profile": core.profile.name,
+            "max_num_seqs": str(limits.max_num_seqs),
+            "max_num_batched_tokens": str(limits.max_num_batched_tokens),
+            "max_model_len": str(max_model_len) if max_model_len else "",
+            "block_size": str(limits.block_size),
+            "num_kv_blocks": str(limits.num_kv_blocks),
+        }
+        Gauge(
+            CONFIG_INFO,
+            "The engine's own configuration, as labels.",
+            ("engine", *CONFIG_LABELS),
+            registry=reg,
+        ).labels("0", *(stated[name] for name in CONFIG_LABELS)).set(1.0)
+        self._coefficients = Gauge(
+            COEFFICIENT,
+            "The engine's step-time coefficients (before beta).",
+            ("engine", "name"),
+            registry=reg,
+        )
 
         def gauge(name: str, doc: str) -> Gauge:
             return Gauge(name, doc, _LABELS, registry=reg)
@@ -140,6 +168,9 @@ class EngineMetrics:
     def render(self) -> bytes:
         """Refresh the gauges from the engine core and render the exposition text."""
         core = self.core
+        coefficients = core.policy.estimator.coefficients
+        for name in COEFFICIENT_NAMES:
+            self._coefficients.labels("0", name).set(getattr(coefficients, name))
         self.running.set(core.num_running)
         self.waiting.set(core.num_waiting)
         self.kv_usage.set(core.kv_usage)
