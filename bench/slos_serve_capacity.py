@@ -5,7 +5,7 @@ admission planner's time at 1,024 waiting + 256 running.
     python bench/slos_serve_capacity.py [--scenarios chat,coding,summary,tools]
         [--policies slos-serve,vllm-v1,sarathi-fcfs,slide,gmax] [--requests N]
         [--profile a100-qwen2-7b] [--seed S] [--rel-tol 0.05] [--planner-repeats K]
-        [--skip-planner] [--skip-capacity] [--json]
+        [--skip-planner] [--skip-capacity] [--noise SIGMA] [--json]
 
 Scenarios (SLOs after SLOs-Serve Table 1/3: tight = 3x zero-load TTFT / 50 ms TPOT, loose = 5x /
 100 ms; the first ``N`` requests of each trace, arrivals rescaled to each probed rate):
@@ -151,6 +151,7 @@ def attainment(
     rps: float,
     seed: int,
     params: dict[str, Any] | None = None,
+    noise: float = 0.0,
 ) -> float:
     workload = workload_at(scenario, profile, rps, seed)
     config = ClusterConfig(
@@ -159,6 +160,7 @@ def attainment(
         router="round-robin",
         seed=seed,
         policy_params=params or {},
+        noise_sigma=noise,
     )
     run = simulate(workload, configure(config, policy, workload))
     verdicts = [
@@ -176,12 +178,13 @@ def capacity(
     seed: int,
     rel_tol: float,
     params: dict[str, Any] | None = None,
+    noise: float = 0.0,
 ) -> tuple[float, list[tuple[float, float]]]:
     """Highest probed rate with attainment >= 90% (0 if even the near-idle rate misses)."""
     probes: list[tuple[float, float]] = []
 
     def ok(rps: float) -> bool:
-        value = attainment(scenario, profile, policy, rps, seed, params)
+        value = attainment(scenario, profile, policy, rps, seed, params, noise)
         probes.append((rps, value))
         return value >= TARGET
 
@@ -273,6 +276,9 @@ def main(argv: list[str] | None = None) -> int:
         default="{}",
         help='JSON {"policy": {param: value}}, e.g. {"slos-serve": {"plan_margin_steps": 1}}',
     )
+    ap.add_argument(
+        "--noise", type=float, default=0.0, help="lognormal sigma of the true step times"
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     profile = load_profile(args.profile)
@@ -292,6 +298,7 @@ def main(argv: list[str] | None = None) -> int:
                     args.seed,
                     args.rel_tol,
                     policy_params.get(policy),
+                    args.noise,
                 )
                 row[policy] = rps
                 if not args.json:

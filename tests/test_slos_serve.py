@@ -69,8 +69,15 @@ def _meets(request: Request) -> bool:
 
 def run_fig3_slos_serve(**params: Any) -> dict[str, Request]:
     workload = fig3_workload()
-    # the toy computes exactly 6 tokens per unit: a step lasts the whole TPOT, chunks of any size
-    policy_params = {"tpot_share": 1.0, "min_chunk_tokens": 1, **params}
+    # the toy computes exactly 6 tokens per unit: a step lasts the whole TPOT, chunks of any size;
+    # and it runs at exactly its capacity, so a first token must not start its decode before the
+    # plan's line does (the policy's ``hold_first_token``, off by default for noisy engines)
+    policy_params = {
+        "tpot_share": 1.0,
+        "min_chunk_tokens": 1,
+        "hold_first_token": True,
+        **params,
+    }
     config = ClusterConfig(
         profiles=[FIG3_PROFILE],
         policy="slos-serve",
@@ -106,7 +113,7 @@ def test_fig3_beats_prefill_first_and_decode_first() -> None:
 
 def test_fig3_without_holding_the_first_token_loses_the_third() -> None:
     """Emitting a first token early starts a decode the plan budgeted from the deadline on:
-    the third new request is then late (why the policy holds the prompt's last token)."""
+    the third new request is then late (why the toy holds the prompt's last token)."""
     done = run_fig3_slos_serve(hold_first_token=False)
     assert sum(_meets(done[f"n{i}"]) for i in (1, 2, 3, 4)) < 3
 
@@ -305,7 +312,7 @@ def test_declined_requests_go_best_effort_and_are_evicted_for_admitted_ones() ->
 
 
 def test_best_effort_only_gets_the_leftover() -> None:
-    policy = _policy(hold_first_token=False)
+    policy = _policy()
     declined = _request("late", arrival=0.0, prompt=4000, ttft=0.01)  # already past its TTFT
     fresh = _request("new", arrival=1.0, prompt=4000, ttft=2.0)
     limits = EngineLimits(token_budget=4000, max_num_seqs=64, block_size=16, num_free_blocks=10_000)

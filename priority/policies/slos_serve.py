@@ -20,13 +20,16 @@ Per step:
    (reason ``slo_unattainable``) so an executor or the gateway may send them elsewhere. A
    declined request whose prefill deadline has not passed is reconsidered at the next plan.
 
-**The prompt's last token is held back** until the step after the next could end past the
-prefill deadline (the rule due decodes follow), unless the step has nothing else to do: the
-planner budgets a request's decode from its prefill deadline (the paper's demand line), and the
-metric judges TPOT from the first token, so a first token emitted early would start a decode
-the plan did not budget for — in SLOs-Serve's Fig. 3 that is what makes the third new request
-late. ``hold_first_token=False`` turns it off (on the trace scenarios of
-``bench/slos_serve_capacity.py`` neither setting was consistently ahead).
+**The prompt's last token can be held back** (``hold_first_token``) until the step after the
+next could end past the prefill deadline (the rule due decodes follow), unless the step has
+nothing else to do: the planner budgets a request's decode from its prefill deadline (the
+paper's demand line), and the metric judges TPOT from the first token, so a first token emitted
+early would start a decode the plan did not budget for — in SLOs-Serve's Fig. 3 that is what
+makes the third new request late. It is off by default: real step times vary, and a token held
+until the last safe step misses its TTFT whenever that step runs long
+(``bench/slos_serve_capacity.py --noise 0.15 --requests 400``: capacity 10.28 / 3.66 / 4.13
+req/s on chat / summary / tools with it, 11.21 / 3.82 / 4.31 without; without noise neither
+setting was consistently ahead).
 
 Not modelled: speculative decoding (the paper's SLO-adaptive speculation) and routing a declined
 request to another replica (the gateway's job; the reason is in ``hopeless``).
@@ -75,7 +78,7 @@ class SlosServePolicy(SchedulingPolicy):
         dp_window: int = DEFAULT_DP_WINDOW,
         planner_budget_s: float = DEFAULT_TIME_BUDGET_S,
         replan_interval_s: float = 0.05,
-        hold_first_token: bool = True,
+        hold_first_token: bool = False,
         plan_margin_steps: float = 0.0,
     ) -> None:
         """``quantile``: level of the length bound memory and decode time are planned with;
