@@ -86,12 +86,34 @@ def factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[sessionmaker[S
     engine.dispose()
 
 
+TENANTS = {"acme": "premium", "router": "premium", "bulk": "batch"}
+"""``acme`` for single requests, ``router`` for the routing load, ``bulk`` for the fault loads:
+batch is never shed (demoted instead), so under a fault every error a client sees is the
+fault's, not the overload answer's. Each test's usage rows are its tenant's."""
+
+
 @pytest.fixture(scope="module")
-def key(factory: sessionmaker[Session]) -> str:
+def keys(factory: sessionmaker[Session]) -> dict[str, str]:
     with factory.begin() as session:
         seed_defaults(session)
-        crud.create_tenant(session, actor="test", name="acme", tier="premium")
-        return crud.create_key(session, actor="test", tenant="acme", secret=SECRET).plaintext
+        for name, tier in TENANTS.items():
+            crud.create_tenant(session, actor="test", name=name, tier=tier)
+        return {
+            name: crud.create_key(session, actor="test", tenant=name, secret=SECRET).plaintext
+            for name in TENANTS
+        }
+
+
+@pytest.fixture(scope="module")
+def key(keys: dict[str, str]) -> str:
+    return keys["acme"]
+
+
+def _rows_of(factory: sessionmaker[Session], tenant: str) -> list[UsageRecord]:
+    with factory() as session:
+        tenant_id = crud.get_tenant(session, tenant).id
+        query = select(UsageRecord).where(UsageRecord.tenant_id == tenant_id)
+        return list(session.scalars(query.order_by(UsageRecord.id)).all())
 
 
 @contextmanager
@@ -196,21 +218,18 @@ def test_unary_and_streamed_chat_with_usage(gateway: GatewayThread, key: str) ->
 
 
 def test_routing_across_both_engines_with_usage_and_gain_rows(
-    gateway: GatewayThread, key: str, factory: sessionmaker[Session], engines: dict
+    gateway: GatewayThread, keys: dict[str, str], factory: sessionmaker[Session], engines: dict
 ) -> None:
     before = {name: _successes(server) for name, server in engines.items()}
-    client = _client(gateway, key)
-    with factory() as session:
-        known = len(session.scalars(select(UsageRecord.id)).all())
+    client = _client(gateway, keys["router"])
     with ThreadPoolExecutor(24) as pool:
         results = list(pool.map(lambda _: _stream(client, max_tokens=24), range(24)))
     assert all(error is None and pieces > 0 for pieces, error, _ in results)
     served = {name: _successes(server) - before[name] for name, server in engines.items()}
     assert all(count > 0 for count in served.values()), served
     assert sum(served.values()) == 24
-    _wait_for(lambda: _rows(factory) >= known + 24, what="usage rows written")
-    with factory() as session:
-        rows = session.scalars(select(UsageRecord).order_by(UsageRecord.id)).all()[known:]
+    _wait_for(lambda: len(_rows_of(factory, "router")) == 24, what="usage rows written")
+    rows = _rows_of(factory, "router")
     assert {r.status for r in rows} == {"ok"}, [
         (r.request_id, r.backend, r.status, r.completion_tokens, r.reject_reason) for r in rows
     ]
@@ -225,11 +244,6 @@ def _successes(server: VllmServer) -> float:
         if line.startswith("vllm:request_success_total{"):
             total += float(line.rsplit(" ", 1)[1])
     return total
-
-
-def _rows(factory: sessionmaker[Session]) -> int:
-    with factory() as session:
-        return len(session.scalars(select(UsageRecord.id)).all())
 
 
 def test_the_engines_gauges_and_estimator(gateway: GatewayThread, engines: dict) -> None:
@@ -311,7 +325,7 @@ def _gauge(server: VllmServer, name: str) -> float:
 
 
 def test_a_frozen_engine_leaves_routing_and_its_seats_leave_admission(
-    gateway: GatewayThread, key: str, engines: dict
+    gateway: GatewayThread, keys: dict[str, str], engines: dict
 ) -> None:
     frozen = engines["vllm-stock"]
     backend = _backend(gateway, "vllm-stock")
@@ -320,7 +334,7 @@ def test_a_frozen_engine_leaves_routing_and_its_seats_leave_admission(
         _wait_for(lambda: not backend.view.healthy, what="breaker open on the frozen engine")
         assert gateway.state.pool.capacity == SEATS
         assert gateway.state.queue.max_in_flight == SEATS
-        client = _client(gateway, key)
+        client = _client(gateway, keys["bulk"])
         with ThreadPoolExecutor(8) as pool:
             results = list(pool.map(lambda _: _stream(client, max_tokens=8), range(8)))
         assert [error for _, error, _ in results] == [None] * 8
@@ -331,14 +345,15 @@ def test_a_frozen_engine_leaves_routing_and_its_seats_leave_admission(
 
 
 def test_kill_9_under_load_fails_only_what_was_on_the_dead_engine(
-    gateway: GatewayThread, key: str, engines: dict, factory: sessionmaker[Session]
+    gateway: GatewayThread, keys: dict[str, str], engines: dict, factory: sessionmaker[Session]
 ) -> None:
     """Two engines kept busy; ``kill -9`` of one. Requests that had not reached it are served
     (0 client errors); its streams end with an OpenAI error event; nothing fails on the
     survivor; its last scraped load is not shown as if it were alive."""
     victim, victim_name = engines["vllm-stock"], "vllm-stock"
     backend = _backend(gateway, victim_name)
-    client = _client(gateway, key)
+    client = _client(gateway, keys["bulk"])
+    known = len(_rows_of(factory, "bulk"))
     errors: list[str] = []
 
     def one(_: int) -> None:
@@ -358,9 +373,8 @@ def test_kill_9_under_load_fails_only_what_was_on_the_dead_engine(
     assert backend.running is None  # the dead engine's last numbers are gone
     assert gateway.state.pool.capacity == SEATS
     _wait_for(lambda: gateway.state.queue.in_flight == 0)
-    with factory() as session:
-        rows = session.scalars(select(UsageRecord)).all()
-    failed = [r for r in rows if r.status != "ok"]
+    _wait_for(lambda: len(_rows_of(factory, "bulk")) == known + 48, what="usage rows written")
+    failed = [r for r in _rows_of(factory, "bulk")[known:] if r.status != "ok"]
     # every failure was a stream the dead engine held; none on the survivor
     assert all(r.backend == victim_name for r in failed), [(r.backend, r.status) for r in failed]
     assert len(errors) == len(failed)
