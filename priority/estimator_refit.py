@@ -128,9 +128,15 @@ class CoefficientRefit:
         self, prefill: Sequence[tuple[int, int]], decode_kv: Sequence[int], real_s: float
     ) -> LatencyCoefficients | None:
         """Record one executed step; the refitted coefficients when a refit is due, else None."""
+        return self.observe_features(step_features(prefill, decode_kv), real_s)
+
+    def observe_features(
+        self, features: npt.NDArray[np.float64], real_s: float
+    ) -> LatencyCoefficients | None:
+        """:meth:`observe` for a step already in :func:`step_features` form."""
         if not real_s > 0:
             return None
-        self._features.append(step_features(prefill, decode_kv))
+        self._features.append(np.asarray(features, dtype=np.float64))
         self._times.append(real_s)
         self._since += 1
         if self._since < self.every or len(self._times) < MIN_STEPS:

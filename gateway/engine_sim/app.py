@@ -50,6 +50,7 @@ from gateway.engine_sim.schemas import (
 )
 from gateway.heap import freeze_startup_objects
 from gateway.jsonbody import nesting_error
+from priority.estimator_refit import DEFAULT_EVERY as REFIT_EVERY
 from priority.policies import make_policy
 from priority.profiles import Profile
 from priority.request import Request as CoreRequest
@@ -123,6 +124,7 @@ def build_engine_sim(
         noise_sigma=noise_sigma,
         rng=np.random.default_rng(noise_seed),
         name=f"engine-sim:{profile.name}:{policy}",
+        refit_every=REFIT_EVERY,  # as the vLLM plugin does by default
     )
     # any request within the context then fits the KV pool alone (EngineCore.fits)
     model_len = min(max_model_len, core.pool.capacity_tokens)

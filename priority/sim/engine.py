@@ -6,7 +6,10 @@ gateway as an emulated engine. It owns two latency models on purpose:
 * the *true* step time — the profile's coefficients (Eq. 7 with beta = 1) times a mean-1
   lognormal noise factor ``exp(sigma*Z - sigma^2/2)``;
 * the *policy's* estimator (``policy.estimator``), which only sees the raw prediction and the
-  real duration of each executed step (``observe``) and learns its momentum correction from them.
+  real duration of each executed step (``observe``) and learns its momentum correction from them
+  — and, with ``refit_every``, refits its coefficients from the steps' shapes and durations as
+  the vLLM plugin does (:mod:`priority.estimator_refit`), so an engine whose true speed has
+  another *shape* than its profile learns it too.
 
 **Fast-forward.** When a plan is ``repeatable`` (an all-decode batch the policy promises to plan
 again), :meth:`EngineCore.start_step` may run ``k`` decode steps at once without calling the
@@ -33,6 +36,7 @@ import numpy as np
 import numpy.typing as npt
 
 from priority.estimator import LatencyCoefficients
+from priority.estimator_refit import COEFFICIENT_NAMES, CoefficientRefit, step_features
 from priority.policies.base import EngineLimits, SchedulerInput, SchedulingPolicy, StepPlan
 from priority.profiles import Profile
 from priority.request import Request, RequestStatus
@@ -74,6 +78,9 @@ class StepInFlight:
     """Fast-forward only: each request's ``num_computed_tokens`` at the start."""
     decode_blocks: IntArray | None = None
     """Fast-forward only: each request's KV blocks once the first step was allocated."""
+    features: FloatArray | None = None
+    """With a refit: each step's :func:`~priority.estimator_refit.step_features` (one row per
+    step)."""
 
     @property
     def num_steps(self) -> int:
@@ -130,10 +137,12 @@ class EngineCore:
         max_fast_forward_steps: int = DEFAULT_MAX_FAST_FORWARD_STEPS,
         rules: EngineRules = DEFAULT_ENGINE_RULES,
         max_stalled_steps: int | None = DEFAULT_MAX_STALLED_STEPS,
+        refit_every: int = 0,
     ) -> None:
         """``max_stalled_steps``: consecutive executed steps without a token or a finish after
         which :meth:`finish_step` raises :class:`~priority.sim.stall.LivelockError` (a
-        scheduler livelock; None: never)."""
+        scheduler livelock; None: never). ``refit_every``: steps between refits of the policy
+        estimator's coefficients (0: beta only, the simulator's default)."""
         if noise_sigma < 0 or not math.isfinite(noise_sigma):
             raise ValueError(f"noise_sigma must be finite and >= 0, got {noise_sigma}")
         if max_fast_forward_steps < 1:
@@ -147,6 +156,11 @@ class EngineCore:
         self.fast_forward = fast_forward
         self.max_fast_forward_steps = max_fast_forward_steps
         self.rules = rules
+        self.refit = (
+            CoefficientRefit(policy.estimator.coefficients, every=refit_every)
+            if refit_every
+            else None
+        )
         cfg = profile.engine
         self.pool = KvBlockPool(cfg.num_kv_blocks, cfg.block_size)
         self.running: list[Request] = []
@@ -283,6 +297,7 @@ class EngineCore:
         n_decode = decode_kv = 0
         all_continuing_decodes = True
         admitted: list[Request] = []
+        chunks: list[tuple[int, int]] | None = [] if self.refit is not None else None
         for request, tokens in plan.scheduled:
             l_kv = request.num_computed_tokens
             if tokens == 1 and request.num_tokens - l_kv == 1:
@@ -294,6 +309,8 @@ class EngineCore:
                 all_continuing_decodes = False
                 prefill_true += _prefill_time(true_c, tokens, l_kv)
                 prefill_pred += _prefill_time(pred_c, tokens, l_kv)
+                if chunks is not None:
+                    chunks.append((tokens, l_kv))
             if request.num_kv_blocks == 0:
                 admitted.append(request)
             self.pool.grow(request, l_kv + tokens)
@@ -331,8 +348,22 @@ class EngineCore:
         step = StepInFlight(plan, now, ends, raw_pred, free_before, self.pool.free)
         if k > 1:
             step.decode_kv, step.decode_blocks = run_kv, run_blocks
+        if chunks is not None:  # the decode terms of step j: sum_kv[j] and n_decode
+            base = step_features(chunks, ())
+            step.features = np.repeat(base[None, :], ends.size, axis=0)
+            step.features[:, COEFFICIENT_NAMES.index("a_d")] = sum_kv[: ends.size]
+            step.features[:, COEFFICIENT_NAMES.index("b_d")] = n_decode
         self.in_flight = step
         return step
+
+    def _learn(self, step: StepInFlight, durations: list[float]) -> None:
+        """Feed the coefficient refit (if any) the executed steps; adopt a refit when due."""
+        if self.refit is None or step.features is None:
+            return
+        for features, real in zip(step.features, durations, strict=False):
+            refitted = self.refit.observe_features(features, real)
+            if refitted is not None:
+                self.policy.estimator.adopt(refitted)
 
     def interrupt(self, now: float) -> float | None:
         """Something arrived at ``now``: cut a fast-forward after the step in progress.
@@ -347,6 +378,8 @@ class EngineCore:
             if k < step.num_steps:
                 step.end_times = step.end_times[:k]
                 step.raw_predicted_s = step.raw_predicted_s[:k]
+                if step.features is not None:
+                    step.features = step.features[:k]
         return step.end_s
 
     def free_blocks_at(self, now: float) -> int:
@@ -414,11 +447,13 @@ class EngineCore:
         observe = self.policy.estimator.observe
         if k == 1:
             observe(float(step.raw_predicted_s[0]), end - step.start_s)
+            self._learn(step, [end - step.start_s])
             self.policy.on_step_end(plan, end)
             return outcome
         durations = np.diff(ends, prepend=step.start_s).tolist()
         for raw, real in zip(step.raw_predicted_s.tolist(), durations, strict=True):
             observe(raw, real)
+        self._learn(step, durations)
         on_step_end = self.policy.on_step_end
         for t in ends.tolist():
             on_step_end(plan, t)
