@@ -119,8 +119,9 @@ class Backend:
     """The profile as registered (None: the same as :attr:`profile`)."""
     facts: EngineFacts | None = None
     """What the engine said it is at the last scrape (None before the first)."""
-    mismatches: tuple[str, ...] = ()
-    """Where the registered profile disagrees with the engine (the engine's value is used)."""
+    mismatches: dict[str, str] = field(default_factory=dict)
+    """Where the registered profile disagrees with the engine, by field (the engine's value is
+    used), each worded for an operator."""
     max_model_len: int | None = None
     """The engine's context length (its config info, else ``/v1/models``)."""
 
@@ -373,17 +374,17 @@ class BackendPool:
             self.metrics.backend_seats.labels(backend.name).set(engine.max_num_seqs)
             self._capacity_changed()
         if mismatches != backend.mismatches:
-            for text in mismatches:
-                log.warning(
-                    "backend %s: profile %s disagrees with the engine (%s); using the engine's",
-                    backend.name,
-                    configured.name,
-                    text,
-                )
-            stated = {text.split(":", 1)[0] for text in mismatches}
-            for field_name in {t.split(":", 1)[0] for t in backend.mismatches} | stated:
-                self.metrics.backend_config_mismatch.labels(backend.name, field_name).set(
-                    1.0 if field_name in stated else 0.0
+            for name, text in mismatches.items():
+                if backend.mismatches.get(name) != text:
+                    log.warning(
+                        "backend %s: profile %s disagrees with the engine (%s); using the engine's",
+                        backend.name,
+                        configured.name,
+                        text,
+                    )
+            for name in backend.mismatches.keys() | mismatches.keys():
+                self.metrics.backend_config_mismatch.labels(backend.name, name).set(
+                    1.0 if name in mismatches else 0.0
                 )
             backend.mismatches = mismatches
         estimator = backend.view.estimator

@@ -94,17 +94,17 @@ def parse_engine_facts(text: str) -> EngineFacts:
 
 def effective_engine(
     configured: EngineConfig, facts: EngineFacts
-) -> tuple[EngineConfig, tuple[str, ...]]:
+) -> tuple[EngineConfig, dict[str, str]]:
     """The engine block to route and admit with — the engine's values where it states them,
-    the profile's elsewhere — and each disagreement, worded for an operator."""
+    the profile's elsewhere — and each disagreement by field, worded for an operator."""
     stated = facts.limits()
-    mismatches = tuple(
-        f"{name}: profile says {getattr(configured, name)}, engine says {value}"
+    mismatches = {
+        name: f"{name}: profile says {getattr(configured, name)}, engine says {value}"
         for name, value in stated.items()
         if getattr(configured, name) != value
-    )
+    }
     if not stated:
-        return configured, ()
+        return configured, {}
     try:
         return replace(configured, **stated), mismatches
     except ValueError:  # a 0 or negative limit: keep the profile's, still report it

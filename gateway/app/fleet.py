@@ -117,7 +117,7 @@ def _live(backend: PoolBackend, source: Source, row: BackendRow | None, now: flo
         seats=backend.profile.engine.max_num_seqs,
         engine_policy=backend.facts.policy if backend.facts is not None else None,
         max_model_len=backend.max_model_len,
-        config_mismatches=backend.mismatches,
+        config_mismatches=tuple(backend.mismatches.values()),
     )
 
 

@@ -185,7 +185,7 @@ def test_the_engine_is_the_source_of_truth_for_its_seats(gateway: GatewayThread)
         assert backend.profile.engine.max_num_seqs == SEATS  # not the profile's 256
         assert backend.facts.policy == policy
         assert backend.max_model_len == 2048
-        assert any(m.startswith("max_num_seqs: profile says 256") for m in backend.mismatches)
+        assert backend.mismatches["max_num_seqs"].startswith("max_num_seqs: profile says 256")
     assert pool.capacity == 2 * SEATS
     assert gateway.state.queue.max_in_flight == 2 * SEATS
     listed = httpx.get(
