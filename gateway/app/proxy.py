@@ -531,6 +531,8 @@ class Job:
 
         def budget_spent(deadline: asyncio.Timeout) -> None:
             nonlocal queued, check
+            if deadline.expired():  # abandoned meanwhile (the breaker opened): nothing to judge
+                return
             if not queued and pool.queueing(backend, time.monotonic()):
                 queued = True  # counted once per attempt, whether it then waits or moves
                 pool.metrics.upstream_timeouts.labels(backend.name, "queued").inc()
