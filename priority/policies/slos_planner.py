@@ -17,6 +17,9 @@ committed work. A candidate is admitted from state ``n - 1`` if the budget at it
 its prefill; *forced* items (requests already admitted: running, or admitted earlier and not yet
 prefilled) are added to every state, and a state whose new admissions would make a forced item
 late that is on time without them is dropped. The answer is the largest feasible ``n``.
+Keeping one plan per count (the paper's state also indexes memory and budget) is what fits the
+time budget; the memory and decode load then ride along with the kept plan, so with memory
+binding or unequal decode loads the DP is a heuristic, not the exact optimum.
 
 **Time budget and fallback.** The DP looks at the ``dp_window`` candidates with the earliest
 deadlines; past that, or once ``time_budget_s`` is spent (checked every few candidates), the best
