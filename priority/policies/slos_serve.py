@@ -196,7 +196,13 @@ class SlosServePolicy(SchedulingPolicy):
         """Record first-token anchors; True when the admission should be planned again."""
         now = inp.now
         anchor = self._anchor
+        admitted, declined = self.admitted, self.declined
         for r in inp.running:
+            rid = r.request_id
+            if rid not in admitted and rid not in declined:
+                # running without a decision of ours (the policy restarted, or the engine ran a
+                # step on its own): kept, as every running request is (the paper's forced items)
+                (declined if r.kind == "best-effort" else admitted).add(rid)
             if r.num_output_tokens > 0 and r.request_id not in anchor:
                 tau = self.tpot(r) or 0.0
                 first = r.token_times[0] if r.token_times else now - (r.num_output_tokens - 1) * tau
