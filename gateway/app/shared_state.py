@@ -2,7 +2,8 @@
 
 The kernel hands each new connection to whichever worker accepts first, so a tenant's requests
 land on any worker: state a request needs from an earlier one (a workflow's deadline and stage
-count, a limit smaller than the number of workers) must be seen by all of them. With
+count, a limit smaller than the number of workers, the dashboard's failed sign-ins) must be
+seen by all of them. With
 ``TIERGATE_REDIS_URL`` it lives in Redis; without it, here: the supervisor creates one file per
 table in a fresh directory (on ``/dev/shm`` where there is one, so the pages never touch a
 disk), every worker maps it, and every read-modify-write runs under that file's lock.
@@ -37,6 +38,7 @@ from pathlib import Path
 
 WORKFLOWS_FILE = "workflows"
 LIMITS_FILE = "limits"
+SIGNIN_FILE = "signin"
 
 
 class SharedFile:
@@ -68,12 +70,17 @@ class SharedFile:
         os.unlink(table.path)  # gone from the file system; the mapping stays
         os.rmdir(directory)
         table.owner = False
+        os.close(table._fd)  # no other process: the thread lock is the whole lock
+        table._fd = -1
         return table
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
         """Exclusive against every other process (and thread) using this table."""
         with self._thread_lock:
+            if self._fd < 0:  # private
+                yield
+                return
             fcntl.flock(self._fd, fcntl.LOCK_EX)
             try:
                 yield
@@ -83,8 +90,9 @@ class SharedFile:
     def close(self) -> None:
         with contextlib.suppress(BufferError):  # numpy views still exported: the OS unmaps
             self.buffer.close()
-        with contextlib.suppress(OSError):
-            os.close(self._fd)
+        if self._fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
         if self.owner:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.path)
@@ -104,12 +112,14 @@ class SharedState:
     workers: int
     workflows: SharedFile
     limits: SharedFile
+    signin: SharedFile
     slot: int | None = None
     """This worker's slot (None: the supervisor)."""
 
     @classmethod
     def create(cls, workers: int) -> SharedState:
         """The supervisor's: a fresh directory with every table, zeroed."""
+        from gateway.app.ui.sessions import signin_table_bytes
         from gateway.app.workflows import SHARED_TABLE_BYTES
         from gateway.limits.shared import table_bytes
 
@@ -119,10 +129,12 @@ class SharedState:
             workers,
             SharedFile.create(directory / WORKFLOWS_FILE, SHARED_TABLE_BYTES),
             SharedFile.create(directory / LIMITS_FILE, table_bytes(workers)),
+            SharedFile.create(directory / SIGNIN_FILE, signin_table_bytes()),
         )
 
     @classmethod
     def attach(cls, directory: str | Path, workers: int, slot: int) -> SharedState:
+        from gateway.app.ui.sessions import signin_table_bytes
         from gateway.app.workflows import SHARED_TABLE_BYTES
         from gateway.limits.shared import table_bytes
 
@@ -132,6 +144,7 @@ class SharedState:
             workers,
             SharedFile(path / WORKFLOWS_FILE, SHARED_TABLE_BYTES, owner=False),
             SharedFile(path / LIMITS_FILE, table_bytes(workers), owner=False),
+            SharedFile(path / SIGNIN_FILE, signin_table_bytes(), owner=False),
             slot,
         )
 
@@ -144,6 +157,7 @@ class SharedState:
     def close(self) -> None:
         self.workflows.close()
         self.limits.close()
+        self.signin.close()
         if self.slot is None:
             shutil.rmtree(self.directory, ignore_errors=True)
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from gateway.app.shared_state import SharedFile, SharedState
+from gateway.app.ui.sessions import SignInLimiter
 from gateway.app.workflows import (
     SHARED_BUCKETS,
     SHARED_TABLE_BYTES,
@@ -267,9 +268,35 @@ def test_small_limits_hold_across_real_processes(state: SharedState) -> None:
     assert refused == "rate_limit_tpm"
 
 
+# ---- the dashboard's failed sign-ins --------------------------------------------------------
+
+
+def test_failed_sign_ins_are_seen_by_every_worker(state: SharedState) -> None:
+    at = 5_000.0  # explicit times: each process reads the table at the moment given
+    mine = SignInLimiter(table=state.signin)
+    mine.failed("10.0.0.1", "tgop-stale", guessable=False, now=at)
+    assert mine.retry_after("10.0.0.1", "tgop-stale", now=at) == pytest.approx(1.0)
+    answer = _in_another_process(
+        state,
+        f"""
+        from gateway.app.ui.sessions import SignInLimiter
+        limiter = SignInLimiter(table=state.signin)
+        # the value that failed on the other worker backs off here too; others do not
+        print(limiter.retry_after("10.0.0.1", "tgop-stale", now={at} + 0.5),
+              limiter.retry_after("10.0.0.1", "tgop-right", now={at} + 0.5))
+        for n in range(10):
+            limiter.failed("10.0.0.2", f"guess-{{n}}", guessable=True, now={at} + n)
+        """,
+    )
+    assert answer == "0.5 None"
+    # ten guesses of a short admin key on the other worker: this one refuses the next
+    assert mine.retry_after("10.0.0.2", "guess-x", guessable=True, now=at + 10) == 50.0
+    assert mine.retry_after("10.0.0.2", "tgop-right", now=at + 10) is None
+
+
 def test_the_supervisor_removes_its_tables() -> None:
     shared = SharedState.create(2)
     directory = shared.directory
-    assert sorted(os.listdir(directory)) == ["limits", "workflows"]
+    assert sorted(os.listdir(directory)) == ["limits", "signin", "workflows"]
     shared.close()
     assert not directory.exists()

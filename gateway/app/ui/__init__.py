@@ -23,6 +23,7 @@ from fastapi.responses import RedirectResponse
 from fastapi.staticfiles import StaticFiles
 
 from admin_ui import STATIC_DIR
+from gateway.app import shared_state
 from gateway.app.ui.sessions import SignInLimiter
 
 __all__ = ["PAGES", "build_ui_router", "mount_ui"]
@@ -56,7 +57,8 @@ def mount_ui(app: FastAPI) -> None:
     """Serve the dashboard in ``app``: the pages at ``/ui``, the static files at
     ``/ui/static``, ``/`` sends a browser to the dashboard. Kept out of the OpenAPI document:
     the pages are HTML for people, not an API."""
-    app.state.ui_signin_limiter = SignInLimiter()
+    shared = shared_state.joined()  # several workers: one table of failures for all of them
+    app.state.ui_signin_limiter = SignInLimiter(table=shared.signin if shared else None)
     app.mount(STATIC_PREFIX, StaticFiles(directory=str(STATIC_DIR)), name="ui-static")
     app.include_router(build_ui_router(), prefix=UI_PREFIX, include_in_schema=False)
 

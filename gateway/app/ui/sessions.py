@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import threading
+import math
 import time
-from collections import deque
 from dataclasses import dataclass
 
+import numpy as np
 from fastapi import Request, Response
+
+from gateway.app.shared_state import SharedFile
 
 SESSION_COOKIE = "tiergate_session"
 COOKIE_PATH = "/ui"
@@ -30,7 +32,6 @@ sign-in is never limited per address): 32 characters is ``openssl rand -hex 16``
 SIGNIN_WINDOW_S = 60.0
 SIGNIN_MAX_BACKOFF_S = 60.0
 """The longest a value that failed waits before it is checked again from the same address."""
-_MAX_CLIENTS = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +80,18 @@ def clear_session_cookie(request: Request, response: Response) -> None:
     )
 
 
+SIGNIN_BUCKETS = 2048
+SIGNIN_WAYS = 8
+"""The failure table: an (address) or (address, value) key hashes to one bucket of this many
+rows (16,384 keys); a full bucket forgets the key whose last failure is oldest."""
+_COUNT, _LAST, _RING = 0, 1, 2
+
+
+def signin_table_bytes(failures: int = SIGNIN_FAILURES) -> int:
+    """The size of a failure table whose address rows keep ``failures`` times."""
+    return SIGNIN_BUCKETS * SIGNIN_WAYS * 8 * (2 + _RING + failures)
+
+
 class SignInLimiter:
     """Failed sign-ins, kept so that a stranger cannot lock the operator out.
 
@@ -91,46 +104,73 @@ class SignInLimiter:
       its holder out). A short ``TIERGATE_ADMIN_KEY`` can be guessed: attempts that could only
       match it (``guessable``) get ``failures`` per ``window_s`` per address, then 429.
 
-    Kept per process (with N workers an address gets N times as many).
+    The failures live in a fixed table of hashed keys (no address or value is kept): the
+    workers' shared one under ``tiergate serve --workers N``
+    (:mod:`gateway.app.shared_state`), so every worker sees every failure; else one of this
+    process's own.
     """
 
-    def __init__(self, failures: int = SIGNIN_FAILURES, window_s: float = SIGNIN_WINDOW_S) -> None:
+    def __init__(
+        self,
+        failures: int = SIGNIN_FAILURES,
+        window_s: float = SIGNIN_WINDOW_S,
+        *,
+        table: SharedFile | None = None,
+    ) -> None:
         self.failures = failures
         self.window_s = window_s
-        self._seen: dict[str, deque[float]] = {}
-        self._attempts: dict[tuple[str, bytes], tuple[int, float]] = {}
-        """(address, digest of the attempt) -> (failures in a row, time of the last)."""
-        self._lock = threading.Lock()
+        self.table = table or SharedFile.private(signin_table_bytes(failures))
+        self._keys: np.ndarray = np.ndarray(
+            (SIGNIN_BUCKETS, SIGNIN_WAYS, 2), dtype=np.int64, buffer=self.table.buffer
+        )
+        self._rows: np.ndarray = np.ndarray(
+            (SIGNIN_BUCKETS, SIGNIN_WAYS, _RING + failures),
+            dtype=np.float64,
+            buffer=self.table.buffer,
+            offset=SIGNIN_BUCKETS * SIGNIN_WAYS * 2 * 8,
+        )
 
     @staticmethod
-    def _key(client: str, attempt: str) -> tuple[str, bytes]:
-        return client, hashlib.sha256(attempt.encode()).digest()[:16]
+    def _key(*parts: str) -> tuple[int, int, int]:
+        """(high, low, bucket) of a key: its parts, hashed."""
+        digest = hashlib.blake2b("\0".join(parts).encode(), digest_size=16).digest()
+        high = int.from_bytes(digest[:8], "little", signed=True)
+        low = int.from_bytes(digest[8:], "little", signed=True) or 1
+        return high, low, int.from_bytes(digest[:8], "little") % SIGNIN_BUCKETS
 
-    def _recent(self, client: str, now: float) -> deque[float]:
-        times = self._seen.get(client)
-        if times is None:
-            return deque()
-        while times and times[0] <= now - self.window_s:
-            times.popleft()
-        if not times:
-            del self._seen[client]
-        return times
+    def _row(self, key: tuple[int, int, int], *, create: bool) -> np.ndarray | None:
+        high, low, bucket = key
+        keys, rows = self._keys[bucket], self._rows[bucket]
+        found = np.flatnonzero((keys[:, 0] == high) & (keys[:, 1] == low))
+        if found.size:
+            return rows[int(found[0])]
+        if not create:
+            return None
+        empty = np.flatnonzero((keys[:, 0] == 0) & (keys[:, 1] == 0))
+        way = int(empty[0]) if empty.size else int(np.argmin(rows[:, _LAST]))
+        rows[way, _COUNT] = 0.0
+        rows[way, _LAST] = -math.inf
+        rows[way, _RING:] = -math.inf
+        keys[way] = (high, low)
+        return rows[way]
 
     def retry_after(
         self, client: str, attempt: str, *, guessable: bool = False, now: float | None = None
     ) -> float | None:
         """Seconds until ``attempt`` from ``client`` is checked, or None if it is now."""
         now = time.monotonic() if now is None else now
-        with self._lock:
+        with self.table.locked():
             wait = 0.0
-            seen = self._attempts.get(self._key(client, attempt))
-            if seen is not None:
-                count, last = seen
-                wait = last + min(SIGNIN_MAX_BACKOFF_S, 2.0 ** (count - 1)) - now
+            pair = self._row(self._key("attempt", client, attempt), create=False)
+            if pair is not None and pair[_COUNT] > 0:
+                backoff = min(SIGNIN_MAX_BACKOFF_S, 2.0 ** (pair[_COUNT] - 1))
+                wait = float(pair[_LAST]) + backoff - now
             if guessable:
-                times = self._recent(client, now)
-                if len(times) >= self.failures:
-                    wait = max(wait, times[0] + self.window_s - now)
+                address = self._row(self._key("address", client), create=False)
+                if address is not None:
+                    recent = address[_RING:][address[_RING:] > now - self.window_s]
+                    if recent.size >= self.failures:
+                        wait = max(wait, float(recent.min()) + self.window_s - now)
             return wait if wait > 0 else None
 
     def failed(
@@ -138,26 +178,16 @@ class SignInLimiter:
     ) -> None:
         """Count a failure of ``attempt`` (and, if ``guessable``, against the address)."""
         now = time.monotonic() if now is None else now
-        with self._lock:
-            self._bound(now)
-            key = self._key(client, attempt)
-            count, last = self._attempts.pop(key, (0, now))
-            if now - last > self.window_s + SIGNIN_MAX_BACKOFF_S:
-                count = 0  # a long quiet: start over
-            self._attempts[key] = (count + 1, now)
+        with self.table.locked():
+            pair = self._row(self._key("attempt", client, attempt), create=True)
+            assert pair is not None
+            if now - pair[_LAST] > self.window_s + SIGNIN_MAX_BACKOFF_S:
+                pair[_COUNT] = 0.0  # a long quiet: start over
+            pair[_COUNT] += 1.0
+            pair[_LAST] = now
             if guessable:
-                self._seen.setdefault(client, deque()).append(now)
-
-    def _bound(self, now: float) -> None:
-        """At most :data:`_MAX_CLIENTS` of each, the stale ones dropped first, then the oldest."""
-        cutoff = now - self.window_s - SIGNIN_MAX_BACKOFF_S
-        if len(self._attempts) >= _MAX_CLIENTS:
-            for key in [k for k, (_, last) in self._attempts.items() if last <= cutoff]:
-                del self._attempts[key]
-            while len(self._attempts) >= _MAX_CLIENTS:
-                del self._attempts[next(iter(self._attempts))]
-        if len(self._seen) >= _MAX_CLIENTS:
-            for old in [c for c, t in self._seen.items() if not t or t[-1] <= cutoff]:
-                del self._seen[old]
-            while len(self._seen) >= _MAX_CLIENTS:
-                del self._seen[next(iter(self._seen))]
+                address = self._row(self._key("address", client), create=True)
+                assert address is not None
+                ring = address[_RING:]
+                ring[int(np.argmin(ring))] = now  # the oldest of the last ``failures``
+                address[_LAST] = now
