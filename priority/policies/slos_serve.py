@@ -238,10 +238,13 @@ class SlosServePolicy(SchedulingPolicy):
         """The step length: ``tpot_share`` of the tightest TPOT among admitted requests (running
         or waiting); None when no admitted request streams."""
         tightest = math.inf
+        admitted, tau_of = self.admitted, self._tau.get
         for r in chain(inp.running, inp.waiting):
-            if r.request_id in self.admitted:
-                tau = self.tpot(r)
-                if tau is not None and tau < tightest:
+            if r.request_id in admitted:
+                tau = tau_of(r.request_id)
+                if tau is None:
+                    tau = self.tpot(r) or -1.0
+                if 0 < tau < tightest:
                     tightest = tau
         return None if tightest == math.inf else self.tpot_share * tightest
 
@@ -291,8 +294,10 @@ class SlosServePolicy(SchedulingPolicy):
                 run_end.append(now + left * period)
         seats -= len(inp.running)
         cands: list[Request] = []
+        rows: list[tuple[int, int, int, int, float, float]] = []
+        admitted = self.admitted
         for r in inp.waiting:
-            if r.request_id in self.admitted:
+            if r.request_id in admitted:
                 bound = self.bound(r)
                 growth += cdiv(r.prompt_tokens + bound, bs)
                 seats -= 1
@@ -301,8 +306,19 @@ class SlosServePolicy(SchedulingPolicy):
                 work = est.prefill_time(r.num_uncomputed_tokens, r.num_computed_tokens)
                 forced.append((self.prefill_deadline(r, ref_step) - margin, work, load, 0))
             elif r.kind != "best-effort":
-                if self.prefill_deadline(r, ref_step) > now:
+                deadline = self.prefill_deadline(r, ref_step)
+                if deadline > now:
                     cands.append(r)
+                    rows.append(
+                        (
+                            r.prompt_tokens,
+                            r.num_computed_tokens,
+                            r.num_output_tokens,
+                            self.bound(r),
+                            self.tpot(r) or ref_step,
+                            deadline - margin,
+                        )
+                    )
                 else:
                     self.declined.add(r.request_id)  # its first token can no longer be on time
         free_memory = (
@@ -317,27 +333,22 @@ class SlosServePolicy(SchedulingPolicy):
             running_load=np.asarray(run_load, dtype=np.float64),
             running_end=np.asarray(run_end, dtype=np.float64),
             forced=_items(forced),
-            candidates=self._candidate_items(cands, ref_step, bs, margin),
+            candidates=self._candidate_items(rows, bs),
             free_memory=free_memory,
             free_seats=seats,
         ), cands
 
     def _candidate_items(
-        self, cands: Sequence[Request], ref_step: float, bs: int, margin: float
+        self, rows: Sequence[tuple[int, int, int, int, float, float]], bs: int
     ) -> PlanItems:
-        if not cands:
+        """Candidates' planner arrays from their (prompt, computed, outputs, bound, period,
+        deadline) rows, vectorized over the estimator."""
+        if not rows:
             return PlanItems.empty()
         est = self.estimator
-        n = len(cands)
-        prompt = np.fromiter((r.prompt_tokens for r in cands), dtype=np.int64, count=n)
-        computed = np.fromiter((r.num_computed_tokens for r in cands), dtype=np.int64, count=n)
-        outputs = np.fromiter((r.num_output_tokens for r in cands), dtype=np.int64, count=n)
-        bound = np.fromiter((self.bound(r) for r in cands), dtype=np.int64, count=n)
-        period = np.fromiter(((self.tpot(r) or ref_step) for r in cands), dtype=np.float64, count=n)
-        deadline = np.fromiter(
-            (self.prefill_deadline(r, ref_step) for r in cands), dtype=np.float64, count=n
-        )
-        deadline -= margin
+        table = np.asarray(rows, dtype=np.float64)
+        prompt, computed, outputs, bound = (table[:, k].astype(np.int64) for k in range(4))
+        period, deadline = table[:, 4], table[:, 5]
         uncomputed = prompt + outputs - computed
         work = est.request_times(np.maximum(uncomputed, 2), computed)
         kv = (prompt + bound / 2).astype(np.float64)
