@@ -249,7 +249,7 @@ class GoRouter(Router):
             else pick_decode_instance(self.instances)
         )
         if self.fallback == "expected-gain" and max(e.delta for e in estimates) <= 0.0:
-            gains = [self.fallback_gain(e, request, now, decode) for e in estimates]
+            gains = self.fallback_gains(estimates, request, now, decode)
             best = max(gains)
             tie = _RELATIVE_TIE * max(1.0, abs(best))
             chosen = min(
@@ -365,58 +365,70 @@ class GoRouter(Router):
     ) -> float:
         """G_p of the expected-gain fallback (module docstring) for one instance's estimate;
         ``decode`` is the PD decode instance (None: co-located, the request decodes in place)."""
-        instance = self.instances[estimate.index]
-        summary = self._summary(instance)
+        return self.fallback_gains([estimate], request, now, decode)[0]
+
+    def fallback_gains(
+        self,
+        estimates: Sequence[InstanceEstimate],
+        request: Request,
+        now: float,
+        decode: int | None,
+    ) -> list[float]:
+        """:meth:`fallback_gain` of each estimate, what depends only on the request (and, under
+        PD, on its decode instance) worked out once."""
         weights, slo = self.weights, request.slo
-        first_s = now + estimate.exec_with_s
         due_first = request.arrival_s + slo.token_due_s(1)
+        deadline_at = None if slo.deadline_s is None else request.arrival_s + slo.deadline_s
         tokens = max(0, request.expected_output_tokens - 1)
-        where = self.instances[decode] if decode is not None else instance
-        step = decode_step_s(where, request.prompt_tokens + tokens / 2)
-        own_decode = on_time_decode_tokens(
-            slack_s=due_first - first_s,
-            tpot_s=slo.tpot_s,
-            step_s=step,
-            tokens=tokens,
-            deadline_slack_s=(
-                math.inf if slo.deadline_s is None else request.arrival_s + slo.deadline_s - first_s
-            ),
-        )
-        # Delta_p: own first-token value if met, minus the queued ones pushed past theirs
-        own = estimate.delta + weights.token_value(request.weight, 2) * own_decode
-        # decode tokens the queued requests lose by the delay (|TPOT - s| floored, capped)
-        delay = estimate.exec_with_s - estimate.exec_s
-        loss = 0.0
-        if delay > 0.0 and summary.decode_tokens_weighted > 0.0:
-            tpot_q = summary.min_tpot_s
-            gap = tpot_q - step
-            if gap > 0.0:  # late after the push: they catch up later
-                cut = bisect.bisect_right(summary.deadlines, now + estimate.exec_with_s)
-            else:  # not yet late before the push: they fall behind sooner
-                cut = bisect.bisect_right(summary.deadlines, now + estimate.exec_s)
-            exposed = summary.stream_weight_suffix[0] - summary.stream_weight_suffix[cut]
-            if gap <= 0.0:
-                exposed = summary.stream_weight_suffix[cut]
-            rate = 1.0 / max(abs(gap), GAP_FLOOR * tpot_q)
-            loss = min(exposed * delay * rate, summary.decode_tokens_weighted)
-        # co-located: the request's decode slowing the running decodes past their TPOT
-        if (
-            decode is None
-            and slo.tpot_s is not None
-            and instance.num_decoding
-            and step > slo.tpot_s
-        ):
-            before = instance.estimator.t_c + running_decodes_s(instance)
-            late_rate = 1.0 / max(before, slo.tpot_s) - 1.0 / step
-            queued_weight = summary.stream_weight_suffix[0]
-            mean_weight = (
-                queued_weight / len(queue)
-                if (queue := instance.prefill_queue) and queued_weight
-                else request.weight
+        extra_kv = request.prompt_tokens + tokens / 2
+        decode_value = weights.token_value(request.weight, 2)
+        unit_value = weights.token_value(1.0, 2)
+        tpot = slo.tpot_s
+        pd_step = None if decode is None else decode_step_s(self.instances[decode], extra_kv)
+        instances, summary_of = self.instances, self._summary
+        gains: list[float] = []
+        for estimate in estimates:
+            instance = instances[estimate.index]
+            summary = summary_of(instance)
+            first_s = now + estimate.exec_with_s
+            step = pd_step if pd_step is not None else decode_step_s(instance, extra_kv)
+            own_decode = on_time_decode_tokens(
+                slack_s=due_first - first_s,
+                tpot_s=tpot,
+                step_s=step,
+                tokens=tokens,
+                deadline_slack_s=math.inf if deadline_at is None else deadline_at - first_s,
             )
-            n_d = min(instance.num_decoding, instance.profile.engine.max_num_seqs)
-            loss += mean_weight * n_d * late_rate * tokens * step
-        return own - weights.token_value(1.0, 2) * loss
+            # Delta_p: own first-token value if met, minus the queued ones pushed past theirs
+            own = estimate.delta + decode_value * own_decode
+            # decode tokens the queued requests lose by the delay (|TPOT - s| floored, capped)
+            delay = estimate.exec_with_s - estimate.exec_s
+            loss = 0.0
+            if delay > 0.0 and summary.decode_tokens_weighted > 0.0:
+                tpot_q = summary.min_tpot_s
+                gap = tpot_q - step
+                stream = summary.stream_weight_suffix
+                if gap > 0.0:  # late after the push: they catch up later
+                    cut = bisect.bisect_right(summary.deadlines, now + estimate.exec_with_s)
+                    exposed = stream[0] - stream[cut]
+                else:  # not yet late before the push: they fall behind sooner
+                    cut = bisect.bisect_right(summary.deadlines, now + estimate.exec_s)
+                    exposed = stream[cut]
+                rate = 1.0 / max(abs(gap), GAP_FLOOR * tpot_q)
+                loss = min(exposed * delay * rate, summary.decode_tokens_weighted)
+            # co-located: the request's decode slowing the running decodes past their TPOT
+            if decode is None and tpot is not None and instance.num_decoding and step > tpot:
+                before = instance.estimator.t_c + running_decodes_s(instance)
+                late_rate = 1.0 / max(before, tpot) - 1.0 / step
+                queued_weight = summary.stream_weight_suffix[0]
+                queue = instance.prefill_queue
+                mean_weight = (
+                    queued_weight / len(queue) if queue and queued_weight else request.weight
+                )
+                n_d = min(instance.num_decoding, instance.profile.engine.max_num_seqs)
+                loss += mean_weight * n_d * late_rate * tokens * step
+            gains.append(own - unit_value * loss)
+        return gains
 
     def decode_at_handoff(
         self, request: Request, decision: RouteDecision, now: float
