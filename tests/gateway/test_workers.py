@@ -439,10 +439,10 @@ def _readiness(served: Served) -> tuple[int, str]:
 
 def _refused(served: Served) -> bool:
     """No longer accepting: refused, or (a connection the kernel queued as the listening socket
-    closed) closed without an answer."""
+    closed) closed without an answer or reset."""
     try:
         httpx.get(f"{served.base}/health/liveliness", timeout=5)
-    except (httpx.ConnectError, httpx.RemoteProtocolError):
+    except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError):
         return True
     return False
 
