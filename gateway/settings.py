@@ -44,7 +44,11 @@ class Settings(BaseSettings):
 
     # ---- the gateway app: routing, admission, health and accounting ----------------------
 
-    router: str = Field(default="goroute", description="goroute | min-load | round-robin")
+    router: str = Field(
+        default="goroute",
+        description="goroute, or a router users run: min-load | round-robin | power-of-two | "
+        "least-predicted-ttft (priority.routing)",
+    )
     auth_cache_ttl_s: float = Field(
         default=2.0, gt=0, le=2.0, description="how long a key's identity is cached (≤ 2 s)"
     )
@@ -325,6 +329,15 @@ class Settings(BaseSettings):
         le=30 * 86_400,
         description="a dashboard session unused for this long is signed out (idle expiry)",
     )
+
+    @field_validator("router")
+    @classmethod
+    def _check_router(cls, value: str) -> str:
+        from priority.routing import ROUTER_NAMES
+
+        if value not in ROUTER_NAMES:
+            raise ValueError(f"unknown router {value!r}; known: {', '.join(ROUTER_NAMES)}")
+        return value
 
     @field_validator("metrics_addr")
     @classmethod
