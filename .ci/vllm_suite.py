@@ -1,6 +1,6 @@
 """vLLM's own scheduler unit tests, run against stock vLLM and against TiergateScheduler.
 
-The drop-in check of ``.ci/engines.sh`` (issue 13): the source distribution of the installed
+The drop-in check of ``.ci/engines.sh``: the source distribution of the installed
 vLLM carries ``tests/v1/core/``; this script extracts it (with the one helper module it imports,
 ``tests/v1/kv_connector/unit/utils.py``), runs the selected files once with vLLM's own scheduler
 and once per policy with ours, and compares test by test. A test that passes with stock and not

@@ -18,7 +18,7 @@ key, a suspended tenant's key, an empty or non-bearer header, a huge token) and 
 other plane's valid key: the admin key on `/v1`, a tenant key on `/admin/v1`).
 
 Checks on every response: schemathesis' ``not_a_server_error`` (no status >= 500 at all, as
-issue 10 asks, documented or not), ``status_code_conformance``, ``content_type_conformance``,
+the gateway promises, documented or not), ``status_code_conformance``, ``content_type_conformance``,
 ``response_schema_conformance`` and ``response_headers_conformance``; plus this script's
 ``auth_enforced`` (invalid credentials get 401) and ``sse_well_formed`` (every event of a stream
 is ``data: <JSON>`` or ``data: [DONE]``). A request that gets no HTTP answer at all (connection

@@ -46,7 +46,7 @@ rule, a workflow's calls counting together; share of submitted), token goodput (
 on time, share of all), per-kind attainment and ``jain_tenant``. Ratios (request goodput): gmax
 / ``vllm-v0-fcfs`` (the issue's ``vllm-fcfs``, renamed in the registry), gmax / ``vllm-v1``
 (stock vLLM), gmax / the best deployable non-GMAX policy, gmax / gmax-oracle, gmax-fair's Jain
-index and goodput cost against gmax. **Targets** (issue 14, checked, never asserted): gmax >= 2x
+index and goodput cost against gmax. **Targets** (checked, never asserted): gmax >= 2x
 vllm-fcfs and >= 1.2x the best non-GMAX at 1.5-2x capacity; within 5% of gmax-oracle;
 gmax-fair Jain >= 0.9 at <= 5% goodput cost.
 """

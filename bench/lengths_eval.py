@@ -1,4 +1,4 @@
-"""The length predictor against its baselines on held-out data (issue 14, "Length bounds").
+"""The length predictor against its baselines on held-out data (length bounds).
 
 Trains the quantile regression forest on ``<name>_train.jsonl`` and scores it and three
 baselines on ``<name>_test.jsonl`` (files from ``scripts/lengths_dataset.py``) at each ``q``:

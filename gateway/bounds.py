@@ -47,7 +47,7 @@ MAX_OUTPUT_TOKENS: Final = 2**31 - 1
 record's 32-bit token columns can hold. The backends' context length is the real bound, checked
 on the request path (:mod:`gateway.app.context`)."""
 
-# ---- part D (overload shedding) --------------------------------------------------------------
+# ---- overload shedding --------------------------------------------------------------------
 MAX_SHED_SLACK: Final = 100.0
 """A tier's ``shed_slack`` (a fraction of its TTFT objective) is in ``[0, 100]``: a first token
 predicted 100 times later than promised is no objective any more; a tier that means "never shed"

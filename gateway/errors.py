@@ -16,7 +16,7 @@ mistake gets the same status and ``code`` on both planes:
   ``invalid_value`` (also a NUL character in any admin path, query or body string:
   :func:`nul_character`);
 * no such tier, tenant, key, backend or profile: 404 ``not_found`` (``/v1``: ``model_not_found``);
-* the workflow headers of ``/v1`` (issue 14, :mod:`gateway.app.kinds`; ``param`` is the header):
+* the workflow headers of ``/v1`` (:mod:`gateway.app.kinds`; ``param`` is the header):
   a malformed ``x-tiergate-workflow-id`` or ``x-tiergate-workflow-deadline-ms``, or a workflow
   deadline without an id to name, 400 ``invalid_value``; a workflow deadline tighter than the
   tier allows, 400 ``invalid_request`` (as for the SLO headers); an id the gateway does not know

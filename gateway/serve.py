@@ -228,7 +228,7 @@ async def run(
                 log_level=log_level,
                 access_log=False,
                 backlog=BACKLOG,
-                **http_options(settings),  # header limits, proxy trust (part F)
+                **http_options(settings),  # header limits, proxy trust (security)
             ),
             app.state.drain,
             drain_s=settings.shutdown_drain_s,

@@ -79,7 +79,7 @@ class Settings(BaseSettings):
         default=5.0, gt=0, description="how long an open breaker keeps a backend out"
     )
 
-    # ---- part C (engine faults): first-token and stall timeouts, liveness, breaker ---------
+    # ---- engine faults: first-token and stall timeouts, liveness, breaker ---------
     first_token_timeout_factor: float = Field(
         default=2.0,
         gt=0,
@@ -148,7 +148,7 @@ class Settings(BaseSettings):
     usage_flush_interval_s: float = Field(default=0.5, gt=0)
     redis_prefix: str = Field(default="tiergate", description="key prefix of the Redis limiter")
 
-    # ---- part B (Redis outages): degraded per-process limits, leases ---------------------
+    # ---- Redis outages: degraded per-process limits, leases ---------------------
     # docs/operations/redis-outage.md
     limits_share: int | None = Field(
         default=None,
@@ -170,7 +170,7 @@ class Settings(BaseSettings):
         "request runs: the longest a crashed process keeps a tenant's slots",
     )
 
-    # ---- issue 14: request kinds and agent workflows (gateway/app/kinds.py) ---------------
+    # ---- request kinds and agent workflows (gateway/app/kinds.py) ---------------
     workflow_ttl_s: float = Field(
         default=3600.0,
         gt=0,
@@ -242,7 +242,7 @@ class Settings(BaseSettings):
         description="trees of a periodically trained forest",
     )
 
-    # ---- part A (database outages): stale auth, usage buffer and spool ---------------------
+    # ---- database outages: stale auth, usage buffer and spool ---------------------
     # docs/operations/database-outage.md
     auth_stale_s: float = Field(
         default=300.0,
@@ -266,7 +266,7 @@ class Settings(BaseSettings):
         "and counted; 0 = no spool",
     )
 
-    # ---- part E (scale out): worker processes and graceful shutdown -----------------------
+    # ---- scale out: worker processes and graceful shutdown -----------------------
     workers: int | None = Field(
         default=None,
         ge=1,
@@ -287,7 +287,7 @@ class Settings(BaseSettings):
         "false (for a load balancer to notice), before the drain starts",
     )
 
-    # ---- part F (security): secret rotation, client address behind proxies, header limits --
+    # ---- security: secret rotation, client address behind proxies, header limits --
     secret_previous: SecretStr | None = Field(
         default=None,
         description="retired TIERGATE_SECRET value(s), comma-separated: keys hashed under them "
@@ -309,7 +309,7 @@ class Settings(BaseSettings):
         default=100, ge=8, le=10_000, description="requests with more header fields get 431"
     )
 
-    # ---- part D (overload): SLO-aware shedding, the backlog kept in the gateway ------------
+    # ---- overload: SLO-aware shedding, the backlog kept in the gateway ------------
     dispatch_horizon_s: float = Field(
         default=0.1,
         gt=0,
@@ -319,7 +319,7 @@ class Settings(BaseSettings):
         "queue instead of the engine's (docs/operations/overload.md)",
     )
 
-    # ---- the admin dashboard (issue 11): /ui, its sign-in sessions ------------------------
+    # ---- the admin dashboard: /ui, its sign-in sessions ------------------------
     ui: bool = Field(
         default=True, description="serve the admin dashboard at /ui (TIERGATE_UI=false: off)"
     )
@@ -350,7 +350,7 @@ class Settings(BaseSettings):
     @field_validator("trusted_proxies")
     @classmethod
     def _check_trusted_proxies(cls, value: str | None) -> str | None:
-        # part F: uvicorn would take a typo for a host name and trust nobody, silently
+        # security: uvicorn would take a typo for a host name and trust nobody, silently
         if value is None or not value.strip():
             return None
         entries = [e.strip() for e in value.split(",") if e.strip()]

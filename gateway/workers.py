@@ -163,7 +163,7 @@ def worker_main(
             access_log=False,
             lifespan="on",
             backlog=BACKLOG,
-            **http_options(settings),  # header limits, proxy trust (part F)
+            **http_options(settings),  # header limits, proxy trust (security)
         ),
         app.state.drain,
         drain_s=settings.shutdown_drain_s,

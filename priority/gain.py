@@ -186,7 +186,7 @@ def request_tdg(
     )
 
 
-# ---- request kinds (issue 14): one goodput rule per kind, built on token_goodput ---------------
+# ---- request kinds: one goodput rule per kind, built on token_goodput ---------------
 
 DEFAULT_BEST_EFFORT_DEADLINE_S = 120.0
 """End-to-end deadline of a best-effort request that names none: long enough not to compete with

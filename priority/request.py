@@ -21,7 +21,7 @@ if TYPE_CHECKING:  # annotation only: keeps priority.lengths free to import this
     from priority.lengths.distribution import LengthDistribution
 
 REQUEST_KINDS: tuple[str, ...] = ("latency", "deadline", "compound", "best-effort")
-"""What a request's value depends on (issue 14; gains in :mod:`priority.gain`): *latency* —
+"""What a request's value depends on (gains in :mod:`priority.gain`): *latency* —
 TTFT + TPOT per token; *deadline* — all tokens count if it ends by its deadline; *compound* — one
 call of an agent workflow whose calls count together if the last ends by the workflow deadline
 (``slo.deadline_s`` holds this call's sub-deadline); *best-effort* — a default deadline so it

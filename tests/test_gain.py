@@ -123,7 +123,7 @@ def test_slo_validation(kwargs: dict[str, float]) -> None:
         SLO(**kwargs)
 
 
-# ---- request kinds (issue 14), hand-computed -------------------------------------------------
+# ---- request kinds, hand-computed ------------------------------------------------------------
 
 
 def test_deadline_kind_counts_every_token_only_if_it_ends_in_time() -> None:

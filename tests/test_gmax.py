@@ -1,4 +1,4 @@
-"""GMAX's window and preemption rules, Tempo's order, on worked examples (issue 14)."""
+"""GMAX's window and preemption rules, Tempo's order, on worked examples."""
 
 from __future__ import annotations
 
@@ -170,7 +170,7 @@ def test_a_prefill_that_misses_the_time_budget_is_not_preempted(name: str) -> No
 
 
 def test_tempo_density_decides_who_gets_a_contested_step() -> None:
-    """Regression (issue 14 bench: ``tempo`` within 0.01 of ``vllm-v1`` at every load). One
+    """Regression (bench: ``tempo`` within 0.01 of ``vllm-v1`` at every load). One
     running stream (TPOT 50 ms) and two 2,000-token prompts: "long" (500 tokens to generate,
     density ≈ 3,000 / 2.7 s) arrived first, "short" (5 tokens, ≈ 2,010 / 0.13 s) later. The
     engine's limits (8,192 tokens, 256 seats) admit both, so Tempo used to admit both and its

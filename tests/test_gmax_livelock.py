@@ -1,4 +1,4 @@
-"""GMAX's preemption cycle under KV pressure (issue 14 bug) and the simulator's livelock guard.
+"""GMAX's preemption cycle under KV pressure (a former bug) and the simulator's livelock guard.
 
 The bug, as found on the goodput mix at 2x load with a 2,048-block pool: each step GMAX started
 one long prompt's first chunk and, to do so, preempted the prompt it had started the step before,

@@ -392,7 +392,7 @@ def test_body_types_are_checked_as_vllms_api_server_does(case: dict[str, Any], p
     assert describe_validation_error(info.value)[1] == param
 
 
-# ---- request kinds and workflows (issue 14) ----------------------------------------------------
+# ---- request kinds and workflows -------------------------------------------------------------
 
 
 def test_a_workflow_call_reads_back_with_its_sub_deadline_as_its_deadline() -> None:

@@ -1,4 +1,4 @@
-"""SlideBatching's fast ranking decides exactly as the plain one (issue 14, decision time).
+"""SlideBatching's fast ranking decides exactly as the plain one (decision time).
 
 The ranking keeps its per-position arrays as numpy and converts them only as far as the fill loop
 reads (:class:`_Heads`), sorts through :func:`_lexsort` instead of ``np.lexsort``, finds runs and

@@ -132,12 +132,12 @@ def create_app(
     admin = _admin_router()
     if admin is not None:
         app.include_router(admin, prefix="/admin/v1")
-    if config.ui:  # the admin dashboard (issue 11): /ui, its static files, / redirects there
+    if config.ui:  # the admin dashboard: /ui, its static files, / redirects there
         from gateway.app.ui import mount_ui
 
         mount_ui(app)
     _install_openapi(app)
-    install_docs(app)  # /docs from vendored assets: works without internet (issue 11)
+    install_docs(app)  # /docs from vendored assets: works without internet
     return app
 
 
@@ -170,13 +170,13 @@ async def _start(
     queue = AdmissionQueue(
         max_in_flight=config.max_in_flight or max(1, pool.capacity),
         max_queued=config.max_queued,
-        ready=dispatch_gate(pool, config.dispatch_horizon_s),  # part D: backlog kept here
+        ready=dispatch_gate(pool, config.dispatch_horizon_s),  # overload: backlog kept here
     )
     if config.max_in_flight is None:
         pool.on_capacity = lambda capacity: queue.set_max_in_flight(max(1, capacity))
     lengths = await _length_model(config)
     learning = None
-    if config.lengths_learn:  # issue 14: the gateway learns its length model from its traffic
+    if config.lengths_learn:  # the gateway learns its length model from its traffic
         from gateway.app.length_learning import start_learning
 
         learning = await start_learning(config, factory, secret, metrics, lengths)
@@ -195,7 +195,7 @@ async def _start(
             spool_max_bytes=config.usage_spool_max_bytes,
         ),
         limiter=per_worker_limits(
-            make_rate_limiter(  # part B: degraded per-process shares while Redis is away
+            make_rate_limiter(  # Redis outages: degraded per-process shares while Redis is away
                 config.redis_url,
                 prefix=config.redis_prefix,
                 share=config.limits_share or config.workers or 1,
@@ -209,7 +209,7 @@ async def _start(
         ),
         queue=queue,
         metrics=metrics,
-        kinds=RequestKinds(  # issue 14: workflows shared through Redis when it is configured
+        kinds=RequestKinds(  # workflows shared through Redis when it is configured
             make_workflow_store(
                 config.redis_url,
                 prefix=config.redis_prefix,
@@ -228,10 +228,10 @@ async def _start(
     pool.start()
     loop = asyncio.get_running_loop()
     background = [loop.create_task(_flush_last_used(state))]
-    exporter = DurabilityExporter(metrics, state.usage_writer, state.auth)  # part A
+    exporter = DurabilityExporter(metrics, state.usage_writer, state.auth)  # database outages
     background.append(loop.create_task(exporter.run()))
     background.append(loop.create_task(state.auth.keep_warm()))  # keys in use, for outages
-    if backends is None:  # part E: other workers' (and the CLI's) backend changes
+    if backends is None:  # scale out: other workers' (and the CLI's) backend changes
         background.append(loop.create_task(_refresh_backends(state)))
     if learning is not None:
         background.append(loop.create_task(learning[1].run()))
@@ -266,7 +266,7 @@ def _workflow_patterns(config: Settings) -> WorkflowPatterns | None:
 
 
 async def _length_model(config: Settings) -> Any:
-    """The output-length predictor of ``TIERGATE_LENGTH_MODEL`` (issue 14), or None: without
+    """The output-length predictor of ``TIERGATE_LENGTH_MODEL``, or None: without
     one no length distribution is sent. A model that does not load stops the start-up: an
     operator who set it wants it, not silently nothing. While learning
     (``TIERGATE_LENGTHS_LEARN``) the handle exists without a model, for the first trained one."""
@@ -563,7 +563,7 @@ def _add_routes(app: GatewayApp) -> None:
     async def readiness(request: Request, state: StateDep) -> JSONResponse:
         if request.app.state.drain.draining:  # shutting down: send new work elsewhere
             return JSONResponse({"status": "draining"}, status_code=503)
-        # part A: an unreachable database is "degraded", not unready, while keys in use can
+        # database outage: an unreachable database is "degraded", not unready, while keys in use can
         # still be served from the cache (gateway.app.durability)
         db_serves, db_fields = await database_readiness(state)
         healthy = [b.name for b in state.pool.backends if b.view.healthy]
@@ -573,7 +573,7 @@ def _add_routes(app: GatewayApp) -> None:
             **db_fields,
             "healthy_backends": healthy,
             "backends": len(state.pool.backends),
-            # part B: "redis" | "degraded-local" (Redis away: per-process shares; still
+            # Redis outages: "redis" | "degraded-local" (Redis away: per-process shares; still
             # serving, so still ready) | "local" (no Redis configured)
             "limits": state.limiter.mode,
         }

@@ -1,6 +1,6 @@
 """A request's kind — latency, deadline, compound or best-effort — from its headers and tier.
 
-Issue 14's four kinds (:data:`priority.request.REQUEST_KINDS`; gains in :mod:`priority.gain`):
+The four request kinds (:data:`priority.request.REQUEST_KINDS`; gains in :mod:`priority.gain`):
 
 * ``x-tiergate-workflow-id: ID`` makes the request **compound**: one call of an agent workflow
   whose calls share one deadline. The workflow's first call sets that deadline with
@@ -9,7 +9,7 @@ Issue 14's four kinds (:data:`priority.request.REQUEST_KINDS`; gains in :mod:`pr
   is 400 ``unknown_workflow``, a workflow past its deadline 409 ``workflow_expired``, never a new
   workflow (state and Redis: :mod:`gateway.app.workflows`).
 * else ``x-slo-deadline-ms`` makes it a **deadline** request;
-* else the tier's ``default_kind``: ``latency`` (TTFT/TPOT, every tier's until issue 14),
+* else the tier's ``default_kind``: ``latency`` (TTFT/TPOT, every tier's before kinds existed),
   ``deadline`` or ``best-effort`` (both scheduled to the tier's default deadline).
 
 **Sub-deadlines.** Each workflow call is given D_s, its share of the time left to the workflow's
@@ -82,7 +82,7 @@ DEGRADED_OUTCOMES = (DEGRADED_LOCAL, DEGRADED_DEFAULT_KIND)
 """Every outcome ``on_degraded`` reports (the metric has a series for each from the start)."""
 
 LENGTH_BUDGET_S = 0.005
-"""The most a length prediction may take by default (issue 14's p99 target;
+"""The most a length prediction may take by default (the p99 target;
 ``TIERGATE_LENGTH_BUDGET_MS``); later, none is sent."""
 
 SubDeadlineHook = Callable[[WorkflowCall], float | None]

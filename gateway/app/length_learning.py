@@ -1,4 +1,4 @@
-"""The gateway learns its own length model (issue 14): ``TIERGATE_LENGTHS_LEARN``.
+"""The gateway learns its own length model: ``TIERGATE_LENGTHS_LEARN``.
 
 * **Samples.** Each request that finishes (``ok``, one sequence) is handed to the
   :class:`~gateway.db.length_samples.SampleWriter` with the

@@ -250,7 +250,7 @@ class GatewayMetrics:
             ("tier", "attained"),
             registry=reg,
         )
-        # part D (overload): refusals on SLO grounds are tiergate_rejections_total{reason=
+        # overload: refusals on SLO grounds are tiergate_rejections_total{reason=
         # "slo_unattainable"|"slo_infeasible"}; demotions are served, so counted apart
         self.demotions = Counter(
             "tiergate_demotions",
@@ -356,7 +356,7 @@ class GatewayMetrics:
             ("backend",),
             registry=reg,
         )
-        # part C (engine faults): what the timeouts and the breaker did
+        # engine faults: what the timeouts and the breaker did
         self.upstream_timeouts = Counter(
             "tiergate_upstream_timeouts",
             "Upstream attempts abandoned for time: phase first_token, response (non-streamed) "
@@ -376,7 +376,7 @@ class GatewayMetrics:
             ("tier",),
             registry=reg,
         )
-        # part A (database outages): the usage writer's records and the auth cache's stale
+        # database outages: the usage writer's records and the auth cache's stale
         # serving, copied from their counters every second (gateway.app.durability)
         self.usage_records = Counter(
             "tiergate_usage_records",
@@ -444,7 +444,7 @@ class GatewayMetrics:
             buckets=LOOP_LAG_BUCKETS,
             registry=reg,
         )
-        # part B (Redis outages): docs/operations/redis-outage.md
+        # Redis outages: docs/operations/redis-outage.md
         self.limiter_degraded = gauge(
             "tiergate_limiter_degraded",
             "1 while Redis limits are unreachable and each process enforces its share of every "
@@ -457,7 +457,7 @@ class GatewayMetrics:
             "Times the limits fell back from Redis to per-process shares (Redis lost).",
             registry=reg,
         )
-        # issue 14: workflow calls answered without Redis (gateway.app.workflows)
+        # request kinds: workflow calls answered without Redis (gateway.app.workflows)
         self.workflow_degraded = Counter(
             "tiergate_workflow_degraded_calls",
             "Workflow calls answered while Redis was unreachable, by outcome: local (this "
@@ -468,7 +468,7 @@ class GatewayMetrics:
         )
         for outcome in DEGRADED_OUTCOMES:  # 0 from the start: a quiet panel reads 0, not "no data"
             self.workflow_degraded.labels(outcome)
-        # issue 14: the length model the gateway learns (gateway.app.length_learning)
+        # the length model the gateway learns (gateway.app.length_learning)
         self.length_model = gauge(
             "tiergate_length_model_info",
             "1 for the length model version served (0 for one served before). Workers: 1 if "

@@ -19,7 +19,7 @@ lowest priority, without its SLO), else *shed* at once with 503 and a ``retry-af
 predicted drain time — ``slo_infeasible`` when the backends alone already miss (no queue wait
 involved), ``slo_unattainable`` when the queue's wait does.
 
-**Requests judged end to end** (issue 14's ``deadline``, ``compound`` and ``best-effort`` kinds,
+**Requests judged end to end** (the ``deadline``, ``compound`` and ``best-effort`` kinds,
 :func:`priority.gain.kind_slo`) are worth something only if they *finish* by their deadline, and
 nothing more for an early first token: shedding them on their tier's TTFT would refuse work
 that can still be done in time, and admit work that cannot. Their prediction adds the decode

@@ -1,6 +1,6 @@
 """Agent workflows: many calls, one end-to-end deadline, state shared by every gateway process.
 
-A workflow (a *compound* request, issue 14) is named by the client (``x-tiergate-workflow-id``)
+A workflow (a *compound* request) is named by the client (``x-tiergate-workflow-id``)
 and created by its first call, which sets the deadline (``x-tiergate-workflow-deadline-ms``,
 from that call's arrival). Later calls of the same id inherit it and get the next stage number
 (0, 1, …); the gateway gives each call a sub-deadline, its share of the time left

@@ -54,7 +54,7 @@ class RejectReason(StrEnum):
     QUEUE_TTL = "queue_ttl"
     SLO_INFEASIBLE = "slo_infeasible"
     SLO_UNATTAINABLE = "slo_unattainable"
-    """Overload (part D): the predicted first token, queue wait included, is later than the TTFT
+    """Overload: the predicted first token, queue wait included, is later than the TTFT
     objective allows (``shed_slack``); refused at admission or when the wait in the queue made
     it so (``docs/operations/overload.md``)."""
 

@@ -1,6 +1,6 @@
 """How good a length bound is: coverage, pinball loss, tightness, and its cost per request.
 
-Definitions (issue 14): *coverage* is the share of rows whose true output is ≤ the predicted
+Definitions: *coverage* is the share of rows whose true output is ≤ the predicted
 q-quantile (a calibrated predictor covers ≈ q); *pinball loss* is the quantile loss
 ``mean(max(q·(y−b), (q−1)·(y−b)))`` in tokens (lower is better; it rewards coverage and
 tightness together); *tightness* is bound ÷ true length (its median; 1 is perfect, a

@@ -36,7 +36,7 @@ def growth_reserve_blocks(view: GoodputView, block_size: int, reserve_tokens: in
     """KV blocks the running requests need to finish their prompts and then grow
     ``reserve_tokens`` more. Admitting into a full cache thrashes (SlideBatching's lesson), and
     admitting into the blocks a started chunked prefill still needs preempts started work for
-    new (issue 14: GMAX started one long prompt's first chunk each step and preempted the one
+    new (a bug once: GMAX started one long prompt's first chunk each step and preempted the one
     it had started the step before, so none finished)."""
     if not reserve_tokens or not view.num_running:
         return 0

@@ -44,7 +44,7 @@ goodput at stake, generation time):
   preempts as in vLLM (lowest priority first), and admissions leave the rest of every started
   prompt plus ``kv_reserve_tokens`` of growth for every running request (SlideBatching's lesson:
   admitting into a full cache thrashes; admitting into a started prompt's blocks livelocked
-  GMAX, issue 14).
+  GMAX).
 
 ``gmax-fair`` blends in per-tenant virtual-time counters (VTC): every executed step charges each
 tenant its service (prefill tokens × 1 + decode tokens × 2, VTC's weights); a tenant that becomes

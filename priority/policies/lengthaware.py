@@ -389,7 +389,7 @@ def continue_one(builder: BatchBuilder, request: Request, victims: Iterator[Requ
         # out of time (or only a uselessly small chunk fits the time left): the rest waits
         # for the next step and nobody is preempted — freeing KV would not make it fit (sizing
         # the need on the token budget instead preempted prompts for chunks the step had no
-        # time for: issue 14's GMAX livelock)
+        # time for: GMAX's former livelock)
         return False
     if builder.add_preempting(request, usable, victims) > 0:
         return True

@@ -116,7 +116,7 @@ def multistage_attainment(
 
 
 def kind_metrics(requests: Sequence[Request], calls: Mapping[str, Any]) -> dict[str, Any]:
-    """``per_kind`` (issue 14) and ``jain_tenant``.
+    """``per_kind`` and ``jain_tenant``.
 
     Per kind: ``submitted`` requests; ``goodput_requests`` — requests judged on time by their
     kind's rule (:func:`priority.gain.kind_attained`; a compound call counts iff its whole

@@ -1,6 +1,6 @@
 """A livelock guard for step loops: fail loudly when a run stops making progress.
 
-A scheduler bug can leave an engine busy forever without serving anyone (issue 14: GMAX started
+A scheduler bug can leave an engine busy forever without serving anyone (GMAX once started
 one long prompt's first chunk each step and preempted the one it had started the step before).
 A replay or a simulation without a step limit then hangs instead of failing. Every step loop
 (:class:`priority.sim.engine.EngineCore`, the vLLM replay) feeds a :class:`StallGuard` whether

@@ -8,7 +8,7 @@ Contract (header required, extra columns ignored):
   ``deadline_ms``. A blank cell means "use the workload's default assignment". In the two
   streaming-SLO columns ``none`` (or ``inf``) removes the streaming SLO for that row, making it a
   deadline-only request (it then needs a ``deadline_ms``);
-* optional request kinds and workflows (issue 14): ``kind`` (``latency|deadline|compound|
+* optional request kinds and workflows: ``kind`` (``latency|deadline|compound|
   best-effort``; blank = latency), ``workflow_id``, ``stage`` (0, 1, …) and ``think_ms``. The
   calls of one workflow run in stage order: stage 0 arrives at its ``arrival_s``, stage k > 0
   arrives ``think_ms`` after stage k − 1 finished (its own ``arrival_s`` is ignored). A compound

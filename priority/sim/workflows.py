@@ -1,4 +1,4 @@
-"""Compound workflows and length bounds in the simulator (issue 14).
+"""Compound workflows and length bounds in the simulator.
 
 **Sub-deadlines, cold start.** A workflow of S calls has an end-to-end deadline D from stage 0's
 arrival; call s gets the absolute sub-deadline ``start + think(1..s) + φ(s) · (D − think(all))``

@@ -1,5 +1,5 @@
 """The vLLM replay's livelock guard: a livelocked policy fails the replay instead of hanging it
-(issue 14: GMAX's preemption cycle hung ``bench/sim_fidelity.py`` on the real side)."""
+(GMAX's preemption cycle hung ``bench/sim_fidelity.py`` on the real side)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""GMAX, gmax-fair and Tempo inside the REAL vLLM scheduler (issue 14), driven step by step.
+"""GMAX, gmax-fair and Tempo inside the REAL vLLM scheduler, driven step by step.
 
 Worked examples where the length-aware rule decides something stock vLLM (FCFS) decides the other
 way, with the request kinds, deadlines and length distributions arriving as the gateway sends

@@ -3,7 +3,7 @@
 The pure rules (:mod:`gateway.app.accounting`) as properties over any sequence of accepted,
 rejected, cancelled and failed requests — through the metrics and through the usage report — and
 end to end: a request with an absurd ``max_tokens``, refused, leaves its tier's gain and usage
-as they were (issue 10, items 2 and 8).
+as they were.
 """
 
 from __future__ import annotations

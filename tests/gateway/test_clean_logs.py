@@ -1,4 +1,4 @@
-"""No key, prompt or secret in the logs of a full run (issue 15, security drill).
+"""No key, prompt or secret in the logs of a full run (security drill).
 
 One gateway (uvicorn with the gateway's own HTTP options, TRACE level, access log on) in front
 of an emulated engine, on SQLite, with every logger of the process at DEBUG — the gateway's,

@@ -1,4 +1,4 @@
-"""The CLI's update and delete commands (issue 11): ``tiers update``, ``tenants update``,
+"""The CLI's update and delete commands: ``tiers update``, ``tenants update``,
 ``tenants delete`` — end to end through typer's CliRunner, on SQLite and PostgreSQL.
 
 They must do what the admin API's PATCH and DELETE do (the same crud functions, the same
@@ -137,7 +137,7 @@ def test_update_commands_take_every_field_the_admin_patch_takes(app: typer.Typer
     tier_options = _options(app, "tiers", "update")
     assert {*TIER_OPTION.values(), "--no-best-effort", "--clear"} <= tier_options
     assert {*TENANT_OPTION.values(), "--clear"} <= _options(app, "tenants", "update")
-    # create takes every field a tier has too (min_deadline_ms was missing before issue 11)
+    # create takes every field a tier has too (min_deadline_ms was missing once)
     assert set(TIER_OPTION.values()) - {"--name"} <= _options(app, "tiers", "create")
 
 
@@ -404,7 +404,7 @@ def test_tenants_delete_asks_first_then_deletes_keys_and_keeps_usage(
 
 
 def test_tiers_default_kind_through_the_cli(cli: Invoke, db: Callable[[], Session]) -> None:
-    """Issue 14: ``--default-kind`` on create and update, checked by the data layer's rule."""
+    """Request kinds: ``--default-kind`` on create and update, checked by the data layer's rule."""
     _fails(
         cli("tiers", "create", "batch", *GOLD, "--default-kind", "deadline"),
         "default_kind 'deadline' needs the tier's default deadline: set deadline_ms",

@@ -1,4 +1,4 @@
-"""The series the dashboards and alert rules read (issue 12), on a real gateway and engine.
+"""The series the dashboards and alert rules read, on a real gateway and engine.
 
 Per-objective SLO attainment (what a TTFT or TPOT burn-rate alert counts), tokens and
 rejections by tenant (where tenant labels are on), routing decisions per backend, breaker

@@ -1,6 +1,6 @@
 """The database goes away: keys in use keep authenticating, the rest get a 503 with
 ``retry-after``, nothing is a plain 500, every answer is counted, and no usage record is lost or
-stored twice (issue 15, items 1 and 2).
+stored twice.
 
 PostgreSQL is reached through the TCP proxy of ``bench/drill_database.py``, which is cut
 (every connection reset, new ones refused) and restored: deterministic, and the shared server

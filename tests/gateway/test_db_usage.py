@@ -328,7 +328,7 @@ def test_an_unrecognised_error_is_retried_then_isolated(
 def test_a_sqlite_write_lock_held_past_the_busy_timeout_loses_nothing(
     sqlite_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Item 4 of issue 15: a CLI (or any other process) holds SQLite's write lock longer than
+    """A CLI (or any other process) holds SQLite's write lock longer than
     the busy timeout: the writer's batches are "database is locked" (busy), kept and retried,
     and all written once the lock is released."""
     monkeypatch.setattr(session_module, "SQLITE_BUSY_TIMEOUT_MS", 20)

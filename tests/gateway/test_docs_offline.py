@@ -1,4 +1,4 @@
-"""The API reference (``/docs``) works without internet (issue 11).
+"""The API reference (``/docs``) works without internet.
 
 FastAPI's own page loads Swagger UI from a CDN; the gateway's references only itself: the
 vendored ``swagger-ui-dist`` assets and ``/openapi.json``, each served with its content type.

@@ -1,4 +1,4 @@
-"""Engine faults (issue 15): stalls, garbage, hangs, freezes and crashes, before and after the
+"""Engine faults: stalls, garbage, hangs, freezes and crashes, before and after the
 first token — failover within a first-token timeout from the request's own SLO, a clean OpenAI
 error event after it, the breaker opening on probes or the watchdog and closing on evidence,
 nothing left held. The short form of ``bench/drill_engine.py``.

@@ -1,4 +1,4 @@
-"""``GET /admin/v1/backends``: the backends the gateway really routes to, live (issue 11).
+"""``GET /admin/v1/backends``: the backends the gateway really routes to, live.
 
 The real app (uvicorn in a thread) in front of emulated engines, as ``make run`` has it: the
 embedded engines are listed beside the backends table's rows, each with its source, health,

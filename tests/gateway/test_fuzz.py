@@ -1,4 +1,4 @@
-"""Fuzzing in CI (issue 10): schemathesis against the gateway's own OpenAPI, a short seeded run.
+"""Fuzzing in CI: schemathesis against the gateway's own OpenAPI, a short seeded run.
 
 The harness is ``bench/fuzz_gateway.py`` (its docstring says what runs and why); the bench
 script is the long run (>= 10,000 cases), this is the short one that CI runs on every change:

@@ -1,6 +1,6 @@
 """Hostile and careless input on the data plane: a 4xx in OpenAI's dialect, never a 500.
 
-Issue 10, items 3, 5, 6 and 7, through the official ``openai`` client where it can send the
+Through the official ``openai`` client where it can send the
 input (it refuses to write ``Infinity`` or arbitrarily deep JSON itself: raw HTTP there):
 
 * JSON nested too deeply is 400 ``invalid_json`` on ``/v1`` and the emulated engine (it was a

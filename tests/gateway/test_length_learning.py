@@ -1,4 +1,4 @@
-"""The gateway learns its length model from its own traffic (issue 14, TIERGATE_LENGTHS_LEARN).
+"""The gateway learns its length model from its own traffic (TIERGATE_LENGTHS_LEARN).
 
 Samples are stored as hashed features without the prompt's text (unless the operator turns
 prompt storage on), censored samples are marked, the periodic trainer trains after enough

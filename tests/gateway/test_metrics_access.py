@@ -1,4 +1,4 @@
-"""Who reads the gateway's metrics (issue 10, item 4): operators, never the API port's clients.
+"""Who reads the gateway's metrics: operators, never the API port's clients.
 
 ``/metrics`` is served only on the operator listener (``TIERGATE_METRICS_ADDR``; ``tiergate
 serve`` defaults it to 127.0.0.1:9464), and tenant names appear in it only where the operator

@@ -167,7 +167,7 @@ def test_unknown_wait_counts_as_none_and_unchecked_requests_have_no_limit() -> N
     assert unchecked.action is Action.ADMIT and unchecked.slo_wait_s == math.inf
 
 
-# ---- requests judged end to end (issue 14: deadline, compound, best-effort) -------------------
+# ---- requests judged end to end (deadline, compound, best-effort) -------------------
 
 
 def test_a_deadline_request_is_judged_by_its_finish_not_the_tiers_ttft() -> None:

@@ -1,4 +1,4 @@
-"""Request kinds and agent workflows through the official ``openai`` client (issue 14).
+"""Request kinds and agent workflows through the official ``openai`` client.
 
 Two gateways (uvicorn in threads, as two replicas) share one SQLite database and one Redis (a
 fresh key prefix) in front of one emulated engine, which records the core request it builds from

@@ -1,4 +1,4 @@
-"""Security drill (issue 15), through the whole app: the admin guard, tenant isolation on every
+"""Security drill, through the whole app: the admin guard, tenant isolation on every
 route, key rotation with a grace period (admin API and CLI), server-secret rotation across
 restarts, and the audit actor's source address behind (un)trusted proxies.
 

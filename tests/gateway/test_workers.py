@@ -1,4 +1,4 @@
-"""Several gateway workers behind one port: limits, merged metrics, graceful drain (issue 15).
+"""Several gateway workers behind one port: limits, merged metrics, graceful drain.
 
 The unit tests check each piece on its own (the per-worker share of limits, multiprocess metrics
 merged over real processes, the drain middleware and server); the end-to-end ones run

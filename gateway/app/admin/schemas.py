@@ -315,7 +315,7 @@ class CreatedKeyOut(KeyOut):
         return cls(**_key_fields(created.api_key, None), key=created.plaintext)
 
 
-# -- key rotation and secret status (part F) ----------------------------------------------
+# -- key rotation and secret status (security) ----------------------------------------------
 
 
 class KeyRotate(_Input):

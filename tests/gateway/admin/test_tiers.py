@@ -87,7 +87,7 @@ INVALID_TIERS: list[tuple[dict[str, Any], str, str]] = [
     ({"min_ttft_ms": 900.0}, "min_ttft_ms", "invalid_value"),  # above the default 800
     ({"name": "bad name"}, "name", "invalid_value"),
     ({"colour": "gold"}, "colour", "unknown_parameter"),
-    # the bounds of gateway.bounds: beyond them a gain sum overflows (issue 10, item 5)
+    # the bounds of gateway.bounds: beyond them a gain sum overflows
     ({"weight": 1e308}, "weight", "invalid_value"),
     ({"weight": 1e-308}, "weight", "invalid_value"),
     ({"ttft_ms": 1e300}, "ttft_ms", "invalid_value"),
@@ -188,7 +188,7 @@ def error_status(response: Any) -> int:
 
 
 def test_shed_slack_is_set_bounded_and_in_the_effective_policy(admin: Admin) -> None:
-    """Part D: how late a predicted first token may be, as a fraction of the TTFT objective,
+    """Overload: how late a predicted first token may be, as a fraction of the TTFT objective,
     in [0, 100]; 0 unless set; a tier's, shown in its tenants' effective policy."""
     assert admin.tier("plain")["shed_slack"] == 0.0
     gold = admin.tier(shed_slack=0.25)
@@ -206,7 +206,7 @@ _TIER = {"weight": 3.0, "ttft_ms": 800.0, "tpot_ms": 40.0}
 
 
 def test_a_tiers_default_kind_is_set_checked_and_shown(admin: Admin) -> None:
-    """Issue 14: ``default_kind`` (latency by default); deadline and best-effort need the
+    """Request kinds: ``default_kind`` (latency by default); deadline and best-effort need the
     tier's default deadline, and the tenants' effective policy carries it."""
     gold = admin.tier()
     assert gold["default_kind"] == "latency"
