@@ -126,3 +126,17 @@ def test_no_tracker_tags_in_code() -> None:
             if _TAG.search(line) and name != "tests/test_architecture_map.py":
                 hits.append(f"{name}:{no}: {line.strip()}")
     assert not hits, "tracker tags in code:\n" + "\n".join(hits)
+
+
+def test_readme_lists_every_policy() -> None:
+    """The README's policy list is the registry's, so a new policy cannot go unlisted."""
+    from priority.policies import POLICY_NAMES
+
+    readme = (ROOT / "README.md").read_text()
+    start = readme.index("- Policies (")
+    listed = set(
+        re.findall(r"[a-z0-9]+(?:-[a-z0-9]+)*", readme[start : readme.index("Routers", start)])
+    )
+    missing = [name for name in POLICY_NAMES if name not in listed]
+    assert not missing, f"README's policy list misses {missing}"
+    assert f"the {len(POLICY_NAMES)} names" in readme[start : start + 80]
