@@ -140,3 +140,10 @@ def test_readme_lists_every_policy() -> None:
     missing = [name for name in POLICY_NAMES if name not in listed]
     assert not missing, f"README's policy list misses {missing}"
     assert f"the {len(POLICY_NAMES)} names" in readme[start : start + 80]
+
+
+def test_every_bench_has_a_readme_line() -> None:
+    """Each script in ``bench/`` is introduced in ``bench/README.md``."""
+    readme = (ROOT / "bench" / "README.md").read_text()
+    missing = [p.name for p in sorted((ROOT / "bench").glob("*.py")) if f"`{p.name}`" not in readme]
+    assert not missing, f"bench/README.md has no line for {missing}"
