@@ -147,3 +147,15 @@ def test_every_bench_has_a_readme_line() -> None:
     readme = (ROOT / "bench" / "README.md").read_text()
     missing = [p.name for p in sorted((ROOT / "bench").glob("*.py")) if f"`{p.name}`" not in readme]
     assert not missing, f"bench/README.md has no line for {missing}"
+
+
+def test_results_is_a_headline_table_with_commands() -> None:
+    """``docs/results.md`` stays readable (the dated history lives in ``results-history.md``)
+    and every headline row says how to reproduce its number."""
+    text = (ROOT / "docs" / "results.md").read_text()
+    assert len(text.splitlines()) <= 150
+    rows = [line for line in text.splitlines() if line.startswith("| ") and "---" not in line]
+    body = [r for r in rows[1:] if not r.startswith("| **")]  # header and group rows aside
+    assert len(body) >= 30
+    commandless = [r[:60] for r in body if "`" not in r.rstrip(" |").rsplit("|", 1)[-1]]
+    assert not commandless, f"headline rows without a command: {commandless}"
