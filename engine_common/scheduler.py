@@ -78,7 +78,7 @@ from typing import Any, ClassVar
 from engine_common import compat
 from engine_common.learning import StepLearner, StepShape
 from engine_common.settings import EngineSettings
-from engine_common.slo import parse_meta
+from engine_common.slo import RequestMeta, parse_meta
 from engine_common.state import PolicyState, encode, received_key
 from engine_common.timing import StepTimer
 from priority.estimator_refit import COEFFICIENT_NAMES
@@ -590,36 +590,11 @@ class PolicyDriver:
         return view
 
     def _new_view(self, req: Any) -> EngineRequest:
-        params = req.sampling_params
-        prompt_tokens = max(1, int(req.num_prompt_tokens))
-        profile = self.settings.profile
-        meta = parse_meta(
-            getattr(params, "extra_args", None) if params is not None else None,
-            getattr(req, "priority", 0),
-            defaults=self.settings.defaults,
-            zero_load_ttft_s=profile.zero_load_ttft_s(prompt_tokens),
-        )
+        view, meta = engine_view(req, self.settings)
         self._count_received(meta)
-        max_tokens = max(1, int(req.max_tokens))
-        length = meta.length  # the wire has no cap: the request's own bounds the distribution
-        if length is not None:
-            length = dataclasses.replace(length, max_tokens=max_tokens)
-        return EngineRequest(
-            request_id=req.request_id,
-            arrival_s=meta.arrival_s if meta.arrival_s is not None else float(req.arrival_time),
-            prompt_tokens=prompt_tokens,
-            slo=meta.slo,
-            weight=meta.weight,
-            tier=meta.tier,
-            tenant=meta.tenant,
-            max_output_tokens=max_tokens,
-            kind=meta.kind,
-            workflow_id=meta.workflow_id,
-            stage=meta.stage,
-            length=length,
-        )
+        return view
 
-    def _count_received(self, meta: Any) -> None:
+    def _count_received(self, meta: RequestMeta) -> None:
         """Count a new request by what its metadata said (tier, kind, own objective or best
         effort); at most ``_MAX_RECEIVED_KEYS`` distinct keys, the rest under tier ``other``."""
         objective = "slo" if meta.has_slo else "best-effort"
@@ -631,6 +606,37 @@ class PolicyDriver:
     def view_of(self, request_id: str) -> Request | None:
         """The policy's current view of a request (for tests and debugging)."""
         return self._views.get(request_id)
+
+
+def engine_view(req: Any, settings: EngineSettings) -> tuple[EngineRequest, RequestMeta]:
+    """The policy's view of vLLM request ``req`` as first seen, and the metadata it carried."""
+    params = req.sampling_params
+    prompt_tokens = max(1, int(req.num_prompt_tokens))
+    meta = parse_meta(
+        getattr(params, "extra_args", None) if params is not None else None,
+        getattr(req, "priority", 0),
+        defaults=settings.defaults,
+        zero_load_ttft_s=settings.profile.zero_load_ttft_s(prompt_tokens),
+    )
+    max_tokens = max(1, int(req.max_tokens))
+    length = meta.length  # the wire has no cap: the request's own bounds the distribution
+    if length is not None:
+        length = dataclasses.replace(length, max_tokens=max_tokens)
+    view = EngineRequest(
+        request_id=req.request_id,
+        arrival_s=meta.arrival_s if meta.arrival_s is not None else float(req.arrival_time),
+        prompt_tokens=prompt_tokens,
+        slo=meta.slo,
+        weight=meta.weight,
+        tier=meta.tier,
+        tenant=meta.tenant,
+        max_output_tokens=max_tokens,
+        kind=meta.kind,
+        workflow_id=meta.workflow_id,
+        stage=meta.stage,
+        length=length,
+    )
+    return view, meta
 
 
 class TiergateSchedulerMixin:

@@ -21,7 +21,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from engine_common import protocol as p
-from engine_common.scheduler import PolicyDriver
+from engine_common.scheduler import engine_view
 from engine_common.settings import EngineSettings
 from engine_common.slo import ignored_counts, parse_meta
 from gateway.app.slo import RequestSLO, engine_priority, engine_xargs
@@ -339,8 +339,7 @@ def test_emulated_engine_sees_what_the_plugin_sees(name: str) -> None:
         arrival_time=time.time(),
         max_tokens=7,
     )
-    driver = SimpleNamespace(settings=EngineSettings.from_env(PROFILE, env={}))
-    plugin = PolicyDriver._new_view(driver, vllm_request)  # type: ignore[arg-type]
+    plugin, _ = engine_view(vllm_request, EngineSettings.from_env(PROFILE, env={}))
     assert _view(plugin) == _view(emulated)
 
 

@@ -13,7 +13,7 @@ from priority.estimator import BatchLatencyEstimator, LatencyCoefficients
 from priority.gain import slo_attained, token_deadlines
 from priority.lengths.distribution import LengthDistribution
 from priority.policies import make_policy
-from priority.policies.base import EngineLimits, SchedulerInput, cdiv
+from priority.policies.base import EngineLimits, SchedulerInput, StepPlan, cdiv
 from priority.policies.slos_batch import prefill_capacity, time2bs
 from priority.policies.slos_planner import PlanItems, PlannerInput, plan_admission
 from priority.policies.slos_serve import DECLINED_REASON, SlosServePolicy
@@ -271,6 +271,13 @@ def _policy(**params: Any) -> SlosServePolicy:
     return policy
 
 
+def _run(policy: SlosServePolicy, inp: SchedulerInput) -> StepPlan:
+    """Plan a step and run it: the policy commits what it decided once its plan ran."""
+    plan = policy.schedule(inp)
+    policy.on_step_end(plan, inp.now)
+    return plan
+
+
 def test_running_requests_are_always_kept() -> None:
     policy = _policy()
     running = [_running(f"r{i}", prompt=200, outputs=5) for i in range(4)]
@@ -286,7 +293,7 @@ def test_running_requests_are_always_kept() -> None:
             token_budget=8192, max_num_seqs=64, block_size=16, num_free_blocks=100_000
         ),
     )
-    plan = policy.schedule(inp)
+    plan = _run(policy, inp)
     assert {r.request_id for r in running} <= policy.admitted
     assert not plan.preempted
     assert {rid for rid, _ in plan.hopeless} == {w.request_id for w in waiting}
@@ -305,7 +312,7 @@ def test_declined_requests_go_best_effort_and_are_evicted_for_admitted_ones() ->
         waiting=[fresh],
         limits=EngineLimits(token_budget=8192, max_num_seqs=64, block_size=16, num_free_blocks=0),
     )
-    plan = policy.schedule(inp)
+    plan = _run(policy, inp)
     assert "new" in policy.admitted
     assert [r.request_id for r in plan.preempted] == ["be"]
     assert [r.request_id for r, _ in plan.scheduled] == ["new"]
@@ -316,7 +323,7 @@ def test_best_effort_only_gets_the_leftover() -> None:
     declined = _request("late", arrival=0.0, prompt=4000, ttft=0.01)  # already past its TTFT
     fresh = _request("new", arrival=1.0, prompt=4000, ttft=2.0)
     limits = EngineLimits(token_budget=4000, max_num_seqs=64, block_size=16, num_free_blocks=10_000)
-    plan = policy.schedule(SchedulerInput(1.0, [], [declined, fresh], limits))
+    plan = _run(policy, SchedulerInput(1.0, [], [declined, fresh], limits))
     assert "late" in policy.declined and "new" in policy.admitted
     # the admitted prompt takes the whole token budget; nothing is left for best effort
     assert [r.request_id for r, _ in plan.scheduled] == ["new"]
@@ -328,7 +335,7 @@ def test_policy_never_admits_beyond_kv_at_the_length_bound() -> None:
     # 10 blocks free; each newcomer needs 64 prompt + 50 bound tokens = 8 blocks of 16
     waiting = [_request(f"w{i}", arrival=1.0, prompt=64, ttft=5.0) for i in range(3)]
     limits = EngineLimits(token_budget=8192, max_num_seqs=64, block_size=16, num_free_blocks=10)
-    policy.schedule(SchedulerInput(1.0, [], waiting, limits))
+    _run(policy, SchedulerInput(1.0, [], waiting, limits))
     assert len(policy.admitted) == 1 and len(policy.declined) == 2
 
 
@@ -367,7 +374,7 @@ def test_every_request_is_admitted_or_best_effort_and_running_ones_stay(
     for r in inp.running[1::2]:
         policy.declined.add(r.request_id)
     before = set(policy.admitted)
-    plan = policy.schedule(inp)
+    plan = _run(policy, inp)
     assert before <= policy.admitted  # an admission is never taken back
     assert not policy.admitted & policy.declined
     reported = {rid for rid, _ in plan.hopeless}

@@ -60,6 +60,9 @@ from priority.request import Request
 
 DECLINED_REASON = "slo_unattainable"
 _PRUNE_EVERY = 512
+_MAX_PROPOSALS = 8
+"""Plans whose resulting state is kept until one runs (a step is planned at most twice)."""
+_State = tuple[set[str], set[str], dict[str, float], set[str], float, set[str], int]
 
 
 class SlosServePolicy(SchedulingPolicy):
@@ -125,6 +128,10 @@ class SlosServePolicy(SchedulingPolicy):
         self._steps = 0
         self.last_admission: Admission | None = None
         """The latest planner result (method and time), for benches and metrics."""
+        self._proposals: dict[int, tuple[StepPlan, _State]] = {}
+        """The state each recent plan would leave, committed by :meth:`on_step_end` for the plan
+        that ran: planning a step twice (vLLM's adapter re-plans when vLLM refuses an
+        admission) changes nothing until a plan runs."""
 
     # ---- per-request quantities -------------------------------------------------------------
 
@@ -376,6 +383,52 @@ class SlosServePolicy(SchedulingPolicy):
     # ---- the step ---------------------------------------------------------------------------
 
     def schedule(self, inp: SchedulerInput) -> StepPlan:
+        committed = self._state()
+        plan = self._schedule(inp)
+        if len(self._proposals) >= _MAX_PROPOSALS:
+            self._proposals.pop(next(iter(self._proposals)))
+        self._proposals[id(plan)] = (plan, self._state())
+        self._restore(committed)
+        return plan
+
+    def on_step_end(self, plan: StepPlan, now: float) -> None:
+        proposal = self._proposals.pop(id(plan), None)
+        if proposal is not None and proposal[0] is plan:
+            self._restore(proposal[1])
+
+    def _state(self) -> _State:
+        """Copies of what the decisions depend on (the memo caches of bounds and TPOTs, keyed
+        by request and derived from it alone, are not part of it)."""
+        return (
+            set(self.admitted),
+            set(self.declined),
+            dict(self._anchor),
+            set(self._known),
+            self._last_plan_s,
+            set(self._last_running),
+            self._steps,
+        )
+
+    def _restore(self, state: _State) -> None:
+        (
+            self.admitted,
+            self.declined,
+            self._anchor,
+            self._known,
+            self._last_plan_s,
+            self._last_running,
+            self._steps,
+        ) = (
+            set(state[0]),
+            set(state[1]),
+            dict(state[2]),
+            set(state[3]),
+            state[4],
+            set(state[5]),
+            state[6],
+        )
+
+    def _schedule(self, inp: SchedulerInput) -> StepPlan:
         if not inp.running and not inp.waiting:
             return StepPlan()
         now = inp.now

@@ -36,7 +36,6 @@ STEP_S = 0.02
 COEFFICIENTS = load_profile("a100-qwen2-7b").coefficients
 
 TRANSIENT = {
-    "_proposals": "WVTC's plans awaiting on_step_end (committed only for the plan that ran)",
     "_planned_at": "RR-SJF's plans awaiting on_step_end (idem)",
     "_last_executed": "RR-SJF's last plan reported (fast-forward repeats its report)",
     "_columns": "SlideBatching's static per-request columns (a memo keyed by request object)",
@@ -45,6 +44,10 @@ TRANSIENT = {
     "_boundary_plan": "GMAX's/Tempo's plan at a frame boundary (the frame restarts only if it ran)",
     "_charges": "GMAX-fair's per-plan tenant charges awaiting on_step_end (only the plan that ran)",
     "_proposed_counters": "GMAX-fair's counters as the plan being built would leave them",
+    "_proposals": "WVTC's and SLOs-Serve's plans awaiting on_step_end (only the plan that ran)",
+    "_bounds": "SLOs-Serve's per-request length bounds (a memo keyed by request id)",
+    "_tau": "SLOs-Serve's per-request TPOTs (a memo keyed by request id)",
+    "last_admission": "SLOs-Serve's latest planner result, reported for benches",
 }
 
 
