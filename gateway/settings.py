@@ -106,6 +106,13 @@ class Settings(BaseSettings):
     stall_timeout_max_s: float = Field(
         default=30.0, gt=0, description="upper bound of the stall timeout"
     )
+    client_write_timeout_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="a streamed response whose client takes none of it for this long (a write "
+        "still waiting for room) is ended and its engine request aborted; the client's fault, "
+        "never counted against the backend",
+    )
     probe_interval_s: float = Field(
         default=0.25, gt=0, description="period of each backend's liveness probe (GET /health)"
     )

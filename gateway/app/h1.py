@@ -119,6 +119,8 @@ class Connection(asyncio.Protocol):
                 if self._paused and self.transport is not None:
                     self._paused = False
                     self.transport.resume_reading()
+                    # the read timeout is the engine's silence, not the time we stopped reading
+                    self._last_read = self._loop.time()
                 return parts[0] if len(parts) == 1 else b"".join(parts)
             if self.complete:
                 return b""

@@ -104,6 +104,11 @@ class UpstreamFailed(Exception):
         self.abandoned = abandoned
 
 
+class ClientStalled(Exception):
+    """The client took none of its stream for ``client_write_timeout_s``: the stream ends (its
+    engine request aborted) as if the client had left — the client's doing, not the engine's."""
+
+
 class EngineRefused(Exception):
     """The engine refused the request in its stream's first event (a 4xx error event): the
     client's answer, as if the engine had answered that status."""
@@ -745,7 +750,11 @@ class Job:
         backend, pool = self.backend, self.state.pool
         assert backend is not None and self.slo is not None
         # the watchdog (gateway.app.watchdog) expires the deadline if the engine goes quiet
-        watch = StreamWatch(backend, stall_timeout(settings, self.slo))
+        watch = StreamWatch(
+            backend, stall_timeout(settings, self.slo), settings.client_write_timeout_s
+        )
+        if pace:
+            write = _watched(write, watch)
         try:
             async with asyncio.timeout(None) as watch.deadline:
                 pool.streams.add(watch)
@@ -770,8 +779,12 @@ class Job:
                         tail = data  # a client that leaves on reading it finds nothing pending
                         continue  # (not a break: an abandoned generator costs a task)
                     if data:
+                        watch.write_since = now  # the client's time, watched on its own
                         await write(data)
+                        watch.write_since = 0.0
         except TimeoutError:
+            if watch.client_stalled:
+                raise ClientStalled(f"the client took nothing for {watch.write_s:g} s") from None
             if not watch.stalled:
                 raise
             if self.done:  # the whole answer came; the engine only kept the connection open
@@ -1081,6 +1094,22 @@ def _json_object(content: bytes) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
+def _watched(
+    write: Callable[[bytes], Awaitable[None]], watch: StreamWatch
+) -> Callable[[bytes], Awaitable[None]]:
+    """``write``, with each call's start in ``watch.write_since`` (the paced relay writes from
+    :meth:`Job._relay_batch`, between pacing sleeps that are not the client's time)."""
+
+    async def write_watched(data: bytes) -> None:
+        watch.write_since = time.monotonic()
+        try:
+            await write(data)
+        finally:
+            watch.write_since = 0.0
+
+    return write_watched
+
+
 class RelayStream(Response):
     """The client's SSE response: relays the job's stream, ends it with an error event if the
     upstream breaks after the first token, and closes the upstream as soon as the client
@@ -1131,6 +1160,9 @@ class RelayStream(Response):
 
         try:
             tail = await job.relay(write)
+        except ClientStalled as exc:  # nothing more can be written to it: the connection closes
+            log.warning("stream %s ended: %s", job.request_id, exc)
+            return "cancelled", 499
         except (UpstreamFailed, UpstreamError) as exc:
             recorded = isinstance(exc, UpstreamFailed) and exc.recorded  # a stall timeout
             if job.backend is not None and not recorded:

@@ -20,7 +20,12 @@ scans the watches a few times a second and concludes:
   prompt of :data:`EXTERNAL_PROMPT_TOKENS`.
 
 A stream blocked writing to a slow client is not waiting on the engine (``read_since`` 0), so a
-slow client never makes its backend look hung.
+slow client never makes its backend look hung. It has a clock of its own instead: ``write_since``,
+when its current write to the client began. A write that the client has not taken within
+``client_write_timeout_s`` ends that stream alone — its engine request aborted, no failure
+counted against the backend — so a client that stops reading holds a bounded buffer (the
+upstream connection stops reading past :data:`~gateway.app.h1.PAUSE_BYTES`, the client's
+transport past its high-water mark) for a bounded time.
 """
 
 from __future__ import annotations
@@ -45,30 +50,46 @@ class StreamWatch:
     backend: Backend
     stall_s: float
     """How long it may wait on the engine for its next event."""
+    write_s: float = float("inf")
+    """How long one write to the client may wait for the client to take it."""
     deadline: asyncio.Timeout | None = None
     """The relay's timeout context: expired by the watchdog when the stream stalls."""
     read_since: float = 0.0
     """Monotonic time it started waiting on the engine; 0 while not waiting (writing)."""
+    write_since: float = 0.0
+    """Monotonic time its current write to the client began; 0 while not writing."""
     stalled: bool = False
+    """Ended for the engine's silence (a backend failure)."""
+    client_stalled: bool = False
+    """Ended for the client's: it took nothing for ``write_s`` (not the backend's fault)."""
 
-    def expire(self, loop_now: float) -> None:
-        """End the relay with a stall (from the event loop)."""
+    def expire(self, loop_now: float, *, client: bool = False) -> None:
+        """End the relay with a stall, the engine's or (``client``) the client's (from the
+        event loop)."""
         deadline = self.deadline
-        if deadline is not None and not deadline.expired() and not self.stalled:
+        if deadline is None or deadline.expired() or self.stalled or self.client_stalled:
+            return
+        if client:
+            self.client_stalled = True
+        else:
             self.stalled = True
-            deadline.reschedule(loop_now)
+        deadline.reschedule(loop_now)
 
 
 def stalled_backends(
     watches: set[StreamWatch], now: float, loop_now: float, floor_s: float
 ) -> dict[Backend, float]:
-    """Expire stalled streams; return each backend whose every waiting stream has waited more
-    than ``floor_s``, with the shortest of those waits (the caller compares it with the
-    backend's own threshold and last event before concluding anything)."""
+    """Expire stalled streams (on the engine's side or the client's); return each backend whose
+    every stream waiting on it has waited more than ``floor_s``, with the shortest of those
+    waits (the caller compares it with the backend's own threshold and last event before
+    concluding anything). A stream writing to its client is no evidence about its backend."""
     shortest: dict[Backend, float] = {}
     for watch in watches:
         since = watch.read_since
         if not since:
+            writing = watch.write_since
+            if writing and now - writing > watch.write_s:
+                watch.expire(loop_now, client=True)
             continue
         waited = now - since
         if waited > watch.stall_s:
