@@ -12,13 +12,14 @@ on states, bounded only to end a failing test.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import pytest
@@ -27,8 +28,10 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from gateway.app import BackendSpec, create_app
+from gateway.app.backends import Backend
 from gateway.app.breaker import OpenReason
 from gateway.app.server import GatewayThread
+from gateway.app.watchdog import StreamWatch, stalled_backends
 from gateway.db import crud
 from gateway.db.models import Base, Tenant, UsageRecord
 from gateway.db.seed import seed_defaults
@@ -163,7 +166,8 @@ def test_clients_that_stop_reading_cost_only_their_own_streams(
     gateway._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, CLIENT_SNDBUF)
     with gateway:
         _wait_for(lambda: gateway.state.pool.ready)
-        stop, seen = threading.Event(), []
+        stop = threading.Event()
+        seen: list[Any] = []  # 200, or what came instead
         bystander = threading.Thread(
             target=_bystander, args=(gateway.base_url, keys["bystander"], stop, seen)
         )
@@ -202,3 +206,37 @@ def test_clients_that_stop_reading_cost_only_their_own_streams(
                 opens = _count(gateway, "tiergate_breaker_opens_total", backend=name, reason=reason)
                 assert opens == 0, (name, reason)
             assert _count(gateway, "tiergate_upstream_failures_total", backend=name) == 0
+
+
+class _Timeout:
+    """Stands for the relay's ``asyncio.Timeout``: records when it was told to expire."""
+
+    def __init__(self) -> None:
+        self.when: float | None = None
+
+    def expired(self) -> bool:
+        return self.when is not None
+
+    def reschedule(self, when: float | None) -> None:
+        self.when = when
+
+
+def test_a_stream_waiting_on_its_client_ends_alone_and_says_nothing_of_its_backend() -> None:
+    backend = cast(Backend, object())
+    stuck = StreamWatch(backend, stall_s=2.0, write_s=3.0, write_since=100.0)  # 5 s writing
+    slow = StreamWatch(backend, stall_s=2.0, write_s=3.0, write_since=104.0)  # 1 s writing
+    waiting = StreamWatch(backend, stall_s=2.0, write_s=3.0, read_since=104.5)  # on the engine
+    deadlines = {}
+    for watch in (stuck, slow, waiting):
+        deadlines[id(watch)] = watch.deadline = cast(asyncio.Timeout, _Timeout())
+    silent = stalled_backends({stuck, slow, waiting}, now=105.0, loop_now=7.0, floor_s=0.4)
+    assert silent == {backend: pytest.approx(0.5)}  # only the stream reading says anything
+    assert stuck.client_stalled and not stuck.stalled  # the client's fault, not the engine's
+    assert not (slow.client_stalled or slow.stalled or waiting.client_stalled or waiting.stalled)
+    assert [cast(_Timeout, deadlines[id(w)]).when for w in (stuck, slow, waiting)] == [
+        7.0,
+        None,
+        None,
+    ]
+    stuck.expire(8.0)  # an engine stall cannot be pinned on a stream already ended for its client
+    assert not stuck.stalled
