@@ -1158,6 +1158,20 @@ class RelayStream(Response):
         def write(body: bytes) -> Awaitable[None]:  # send's own awaitable: no frame of its own
             return send({"type": "http.response.body", "body": body, "more_body": True})
 
+        async def end(body: bytes) -> bool:
+            """The response's last body, within the client's write timeout as every write of
+            the relay; False if the client took too long (the connection closes unfinished)."""
+            timeout_s = job.state.settings.client_write_timeout_s
+            try:
+                async with asyncio.timeout(timeout_s):
+                    await send({"type": "http.response.body", "body": body, "more_body": False})
+            except TimeoutError:
+                log.warning(
+                    "stream %s ended: the client took nothing for %g s", job.request_id, timeout_s
+                )
+                return False
+            return True
+
         try:
             tail = await job.relay(write)
         except ClientStalled as exc:  # nothing more can be written to it: the connection closes
@@ -1172,10 +1186,10 @@ class RelayStream(Response):
                 f"the backend failed mid-stream: {type(exc).__name__}: {exc}",
                 code="upstream_error",
             )
-            await send({"type": "http.response.body", "body": error.sse_event(), "more_body": True})
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            await end(error.sse_event())
             return "error", 502
-        await send({"type": "http.response.body", "body": tail, "more_body": False})
+        if not await end(tail):
+            return "cancelled", 499
         return ("error", 502) if job.upstream_error else ("ok", 200)
 
 
