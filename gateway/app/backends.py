@@ -208,7 +208,7 @@ class BackendPool:
 
         An admin change reloads the pool of the one gateway process that made it; the other
         workers and replicas (and every process, after a change made with the CLI) pick it up
-        here, periodically (part E: ``gateway.app.app._refresh_backends``).
+        here, periodically (``gateway.app.app._refresh_backends``).
         """
         if self._fixed is not None:
             return False

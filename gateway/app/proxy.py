@@ -233,7 +233,7 @@ class Job:
         state, policy = self.state, self.identity.policy
         body = self._parse(await http.body())
         self.slo = resolve_slo(http.headers, policy, self.tier)
-        self.slo = await state.kinds.resolve(  # issue 14: kind, workflow stage, sub-deadline
+        self.slo = await state.kinds.resolve(  # kind, workflow stage, sub-deadline
             http.headers, self.slo, policy, tier=self.tier, tenant_key=str(self.identity.tenant_id)
         )
         assert self.model is not None
@@ -250,7 +250,7 @@ class Job:
         features = state.kinds.length_features(
             body, tenant=self.identity.tenant_name, prompt_tokens=self.prompt_tokens
         )
-        # issue 14: predicted beside admission, never before it; kept for a length sample
+        # the length: predicted beside admission, never before it; kept for a length sample
         self.length = state.kinds.predict_length(features)
         if state.length_samples is not None and single_sequence(body):
             self.length_features = features
@@ -274,7 +274,7 @@ class Job:
         now = time.monotonic()
         decision = self._route(now)
         # SLO-aware shedding (gateway.app.shedding): predicted TTFT, queue wait included; a
-        # request of an end-to-end kind (issue 14) by its predicted finish against its deadline
+        # request of an end-to-end kind (deadline, workflow) by its predicted finish and deadline
         judged = kind_slo(self.slo.kind, self.core.slo)
         end_to_end = not judged.is_streaming
         due_s = judged.token_due_s(1)
@@ -422,7 +422,7 @@ class Job:
 
     def _payload(self) -> bytes:
         assert self.slo is not None
-        weight = MIN_WEIGHT if self.demoted else self.identity.policy.weight  # part D
+        weight = MIN_WEIGHT if self.demoted else self.identity.policy.weight  # demoted: overload
         body = dict(self.body)
         body["priority"] = engine_priority(weight)
         # a client's own tiergate_* keys never reach the engine: only the gateway sets them (a
@@ -946,7 +946,7 @@ class Job:
                 log.exception("could not reconcile reservation of %s", self.request_id)
         self._account(outcome, http_status, reason, times, token_times, result, now)
         if self.slo is not None and self.slo.kind == "compound" and self.slo.workflow_id:
-            end = CallEnd(  # issue 14: the workflow history learns from every call
+            end = CallEnd(  # the workflow history learns from every call
                 f"{self.identity.tenant_id}:{self.slo.workflow_id}",
                 self.slo.stage,
                 model=self.model or "",
@@ -1019,7 +1019,7 @@ class Job:
     """An engine answered 200 on the attempt serving this request: only then is it accounted."""
     upstream_error: bool = False
     demoted: str | None = None
-    """Why the request was demoted to best effort (part D: overload), or None."""
+    """Why the request was demoted to best effort (overload shedding), or None."""
 
 
 def _token_times(times: list[float], tokens: int) -> list[float]:
