@@ -152,6 +152,15 @@ def sqlite_url(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'tiergate.db'}"
 
 
+@pytest.fixture
+def factory(sqlite_url: str) -> Iterator[sessionmaker[Session]]:
+    """Sessions on an empty SQLite database with the ORM schema (the app-level tests' own)."""
+    engine = make_engine(sqlite_url)
+    Base.metadata.create_all(engine)
+    yield make_session_factory(engine)
+    engine.dispose()
+
+
 @pytest.fixture(params=["sqlite", "postgresql"])
 def db_url(request: pytest.FixtureRequest) -> str:
     """An empty database on each backend."""

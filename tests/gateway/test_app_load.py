@@ -32,9 +32,8 @@ from gateway.app import BackendSpec, create_app
 from gateway.app.server import GatewayThread
 from gateway.db import crud
 from gateway.db.identity import KeyIdentity
-from gateway.db.models import Base, UsageRecord
+from gateway.db.models import UsageRecord
 from gateway.db.seed import seed_defaults
-from gateway.db.session import make_engine, make_session_factory
 from gateway.engine_sim import EngineSpec, EngineThread, RunningEngine, stop_engines
 from gateway.settings import Settings
 
@@ -42,14 +41,6 @@ MODEL = "qwen2-7b"
 SECRET = "load-test-secret"
 CHAT: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Hello there."}]
 REDIS_URL = os.environ.get("TIERGATE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
-
-
-@pytest.fixture
-def factory(tmp_path: Path) -> Iterator[sessionmaker[Session]]:
-    engine = make_engine(f"sqlite:///{tmp_path / 'tiergate.db'}")
-    Base.metadata.create_all(engine)
-    yield make_session_factory(engine)
-    engine.dispose()
 
 
 def _tenant_key(

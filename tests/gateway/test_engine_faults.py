@@ -41,9 +41,8 @@ from gateway.app.slo import RequestSLO
 from gateway.app.upstream import Upstream, UpstreamError, UpstreamTimeout
 from gateway.app.watchdog import StreamWatch, stalled_backends
 from gateway.db import crud
-from gateway.db.models import Base, UsageRecord
+from gateway.db.models import UsageRecord
 from gateway.db.seed import seed_defaults
-from gateway.db.session import make_engine, make_session_factory
 from gateway.engine_sim import EngineSpec, EngineThread, RunningEngine
 from gateway.settings import Settings
 from priority.request import SLO, Request
@@ -85,14 +84,6 @@ def _healthy_engines(request: pytest.FixtureRequest) -> Iterator[None]:
         _wait_for(
             lambda: all(e.sim.core.num_running + e.sim.core.num_waiting == 0 for e in running)
         )
-
-
-@pytest.fixture
-def factory(tmp_path: Path) -> Iterator[sessionmaker[Session]]:
-    engine = make_engine(f"sqlite:///{tmp_path / 'tiergate.db'}")
-    Base.metadata.create_all(engine)
-    yield make_session_factory(engine)
-    engine.dispose()
 
 
 @pytest.fixture

@@ -26,9 +26,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from gateway.app import BackendSpec, create_app
 from gateway.app.server import GatewayThread
 from gateway.db import crud
-from gateway.db.models import Base
 from gateway.db.seed import seed_defaults
-from gateway.db.session import make_engine, make_session_factory
 from gateway.engine_sim import EngineSpec, EngineThread, RunningEngine
 from gateway.settings import Settings
 from priority.profiles import load_profile
@@ -45,14 +43,6 @@ ONE_SEAT = dataclasses.replace(
 def engine() -> Iterator[RunningEngine]:
     with EngineThread([EngineSpec(ONE_SEAT, "vllm-v1", MODEL)]) as running:
         yield running[0]
-
-
-@pytest.fixture
-def factory(tmp_path: Path) -> Iterator[sessionmaker[Session]]:
-    db = make_engine(f"sqlite:///{tmp_path / 'tiergate.db'}")
-    Base.metadata.create_all(db)
-    yield make_session_factory(db)
-    db.dispose()
 
 
 @pytest.fixture

@@ -17,7 +17,6 @@ import json
 import math
 import sys
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import ModuleType
@@ -40,8 +39,7 @@ from gateway.app.shedding import (
     shed_message,
 )
 from gateway.db import crud
-from gateway.db.models import Base, Tenant, UsageRecord
-from gateway.db.session import make_engine, make_session_factory
+from gateway.db.models import Tenant, UsageRecord
 from gateway.engine_sim import EngineSpec, EngineThread
 from gateway.limits import RejectReason
 from gateway.settings import Settings
@@ -287,14 +285,6 @@ async def _overload(base_url: str, keys: dict[str, str]) -> list[Shot]:
             tasks.append(asyncio.ensure_future(_shoot(client, url, keys[tenant], shot)))
         await asyncio.gather(*tasks)
     return shots
-
-
-@pytest.fixture
-def factory(tmp_path: Path) -> Iterator[sessionmaker[Session]]:
-    engine = make_engine(f"sqlite:///{tmp_path / 'tiergate.db'}")
-    Base.metadata.create_all(engine)
-    yield make_session_factory(engine)
-    engine.dispose()
 
 
 def _seed(factory: sessionmaker[Session]) -> dict[str, str]:

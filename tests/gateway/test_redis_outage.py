@@ -33,9 +33,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from gateway.app import BackendSpec, create_app
 from gateway.app.server import GatewayThread
 from gateway.db import crud
-from gateway.db.models import Base
 from gateway.db.seed import seed_defaults
-from gateway.db.session import make_engine, make_session_factory
 from gateway.engine_sim import EngineSpec, EngineThread, RunningEngine
 from gateway.settings import Settings
 
@@ -113,14 +111,6 @@ def own_redis(tmp_path: Path) -> Iterator[OwnRedis]:
 def engine() -> Iterator[RunningEngine]:
     with EngineThread([EngineSpec("a100-qwen2-7b", "vllm-v1-priority", MODEL)]) as running:
         yield running[0]
-
-
-@pytest.fixture
-def factory(tmp_path: Path) -> Iterator[sessionmaker[Session]]:
-    db = make_engine(f"sqlite:///{tmp_path / 'tiergate.db'}")
-    Base.metadata.create_all(db)
-    yield make_session_factory(db)
-    db.dispose()
 
 
 def _key(factory: sessionmaker[Session], name: str, **limits: Any) -> str:

@@ -33,9 +33,8 @@ from gateway.app.breaker import OpenReason
 from gateway.app.server import GatewayThread
 from gateway.app.watchdog import StreamWatch, stalled_backends
 from gateway.db import crud
-from gateway.db.models import Base, Tenant, UsageRecord
+from gateway.db.models import Tenant, UsageRecord
 from gateway.db.seed import seed_defaults
-from gateway.db.session import make_engine, make_session_factory
 from gateway.engine_sim import EngineSpec, EngineThread, RunningEngine
 from gateway.settings import Settings
 
@@ -53,14 +52,6 @@ def engines() -> Iterator[list[RunningEngine]]:
     ]
     with EngineThread(specs) as running:
         yield running
-
-
-@pytest.fixture
-def factory(tmp_path: Path) -> Iterator[sessionmaker[Session]]:
-    engine = make_engine(f"sqlite:///{tmp_path / 'tiergate.db'}")
-    Base.metadata.create_all(engine)
-    yield make_session_factory(engine)
-    engine.dispose()
 
 
 @pytest.fixture
