@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -189,6 +190,7 @@ class Env:
     engine_requests: list[dict[str, Any]]
 
     def post(self, path: str, body: dict[str, Any]) -> httpx.Response:
+        self.finished_before = self._finished()
         return httpx.post(
             f"{self.gateway.url}{path}",
             json=body,
@@ -199,8 +201,17 @@ class Env:
     def client(self) -> openai.OpenAI:
         return openai.OpenAI(base_url=self.gateway.base_url, api_key=self.key, max_retries=0)
 
+    finished_before: float = 0.0
+
+    def _finished(self) -> float:
+        return float(self.gateway.state.usage_writer.submitted)
+
     def last_usage(self) -> tuple[str, str | None]:
-        """The status and reject reason of the latest usage record."""
+        """The status and reject reason of the latest usage record: the last request's, once
+        it is finished (a streamed answer reaches the client just before the request ends)."""
+        deadline = time.monotonic() + 10  # bounds a failing test only
+        while self._finished() <= self.finished_before and time.monotonic() < deadline:
+            time.sleep(0.005)
         assert self.gateway.state.usage_writer.flush(timeout=10)
         with self.factory() as session:
             row = session.execute(
