@@ -86,17 +86,21 @@ def factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[sessionmaker[S
     engine.dispose()
 
 
-TENANTS = {"acme": "premium", "router": "premium", "frozen": "batch", "killed": "batch"}
+TENANTS = {"acme": "premium", "router": "premium", "frozen": "patient", "killed": "patient"}
 """``acme`` for single requests, ``router`` for the routing load, ``frozen`` and ``killed`` for
-the fault loads: batch is never shed (demoted instead), so under a fault every error a client
-sees is the fault's, not the overload answer's. Each load's usage rows are its own tenant's (the
-usage writer is asynchronous: rows of an earlier test may still land)."""
+the fault loads, in a tier whose objectives a loaded CPU engine still meets (60 s TTFT): neither
+shed nor demoted (a demoted request waits in the gateway for an idle engine), so under a fault
+every error a client sees is the fault's. Each load's usage rows are its own tenant's (the usage
+writer is asynchronous: rows of an earlier test may still land)."""
 
 
 @pytest.fixture(scope="module")
 def keys(factory: sessionmaker[Session]) -> dict[str, str]:
     with factory.begin() as session:
         seed_defaults(session)
+        crud.create_tier(
+            session, actor="test", name="patient", weight=1, ttft_ms=60_000, tpot_ms=1_000
+        )
         for name, tier in TENANTS.items():
             crud.create_tenant(session, actor="test", name=name, tier=tier)
         return {
@@ -262,8 +266,18 @@ def test_the_engines_gauges_and_estimator(gateway: GatewayThread, engines: dict)
     # idle: the policy's split reads 0, like vLLM's own gauges (not the last step's value)
     _wait_for(lambda: _gauge(engines["vllm-slide"], "vllm:num_requests_running") == 0)
     _wait_for(lambda: _gauge(engines["vllm-slide"], "tiergate:normal_requests") == 0)
-    # the router predicts with the engine's own estimator (refitted from its real steps)
-    _wait_for(lambda: _gauge(engines["vllm-slide"], "tiergate:estimator_refits") >= 1)
+    # the router predicts with the engine's own estimator (refitted from its real steps: a
+    # refit every 64 steps, so the engine is given steps of its own until it has one)
+    slide = engines["vllm-slide"]
+    for _ in range(6):
+        if _gauge(slide, "tiergate:estimator_refits") >= 1:
+            break
+        httpx.post(
+            f"{slide.url}/v1/completions",
+            json={"model": MODEL, "prompt": PROMPT, "max_tokens": 80, "ignore_eos": True},
+            timeout=300,
+        ).raise_for_status()
+    _wait_for(lambda: _gauge(slide, "tiergate:estimator_refits") >= 1)
     backend = _backend(gateway, "vllm-slide")
     _wait_for(
         lambda: (
