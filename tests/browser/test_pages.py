@@ -86,19 +86,7 @@ def test_api_reference_renders_offline(
     stack: UiStack, page: Page, page_problems: PageProblems
 ) -> None:
     """Swagger UI from the gateway's own files: every request stays on 127.0.0.1."""
-    blocked: list[str] = []
-
-    def only_local(route: Route) -> None:
-        host = urlsplit(route.request.url).hostname or ""
-        if host in LOCAL_HOSTS or route.request.url.startswith(("data:", "blob:")):
-            route.continue_()
-        else:
-            blocked.append(route.request.url)
-            route.abort("internetdisconnected")
-
-    page.context.route("**/*", only_local)
-    requested: list[str] = []
-    page.on("request", lambda request: requested.append(request.url))
+    blocked, requested = _local_only(page)
     page.goto("/docs")
     # the operations list is drawn by Swagger UI's script from /openapi.json: it really ran
     expect(page.locator(".swagger-ui .opblock").first).to_be_visible(timeout=15_000)
@@ -110,9 +98,9 @@ def test_api_reference_renders_offline(
     assert page_problems.all() == []
 
 
-def test_redoc_renders_offline(stack: UiStack, page: Page, page_problems: PageProblems) -> None:
-    """ReDoc from the gateway's own files: every request stays on 127.0.0.1, and the one
-    CDN file its bundle names (a footer logo) is never requested (the page's policy)."""
+def _local_only(page: Page) -> tuple[list[str], list[str]]:
+    """Abort every request of ``page`` that leaves 127.0.0.1; the URLs it blocked and every URL
+    it requested, as they happen."""
     blocked: list[str] = []
 
     def only_local(route: Route) -> None:
@@ -126,6 +114,13 @@ def test_redoc_renders_offline(stack: UiStack, page: Page, page_problems: PagePr
     page.context.route("**/*", only_local)
     requested: list[str] = []
     page.on("request", lambda request: requested.append(request.url))
+    return blocked, requested
+
+
+def test_redoc_renders_offline(stack: UiStack, page: Page, page_problems: PageProblems) -> None:
+    """ReDoc from the gateway's own files: every request stays on 127.0.0.1, and the one
+    CDN file its bundle names (a footer logo) is never requested (the page's policy)."""
+    blocked, requested = _local_only(page)
     page.goto("/redoc")
     # the operations are drawn by ReDoc's script from /openapi.json: it really ran
     expect(page.locator("h1").first).to_contain_text("tiergate", timeout=15_000)
