@@ -37,6 +37,9 @@ from gateway.bounds import MAX_LIMIT, MAX_SLO_MS, MAX_WEIGHT, MIN_LIMIT, MIN_SLO
 TENANT_STATUSES = ("active", "suspended")
 BACKEND_KINDS = ("vllm", "vllm-ascend", "emulated")
 USAGE_STATUSES = ("ok", "error", "rejected", "cancelled")
+OPERATOR_ROLES = ("owner", "operator", "viewer", "tenant_admin")
+"""What a named operator may do (:mod:`gateway.app.admin.roles`); ``tenant_admin`` is bound to
+one tenant (``operator_credentials.tenant_id``), the others to none."""
 LENGTH_FINISHES = ("stop", "length")
 """How a length sample's request ended: ``stop`` (its true length) or ``length`` (it reached its
 ``max_tokens``: censored at that cap; :mod:`gateway.app.length_learning`)."""
@@ -338,6 +341,11 @@ class OperatorCredential(Base):
     """
 
     __tablename__ = "operator_credentials"
+    __table_args__ = (
+        CheckConstraint(_check_in("role", OPERATOR_ROLES), name="role"),
+        # a tenant admin names its tenant; no other role does (migration 0012)
+        CheckConstraint("(role = 'tenant_admin') = (tenant_id IS NOT NULL)", name="role_tenant"),
+    )
 
     id: Mapped[int] = mapped_column(primary_key=True)
     name: Mapped[str] = mapped_column(String(64), unique=True)
@@ -345,6 +353,15 @@ class OperatorCredential(Base):
     secret_id: Mapped[str | None] = mapped_column(String(16))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     last_used_at: Mapped[datetime | None] = mapped_column()
+    role: Mapped[str] = mapped_column(String(16), default="owner", server_default="owner")
+    """``owner`` for every credential made before roles existed (migration 0012): the shared
+    credential keeps doing everything it did."""
+    tenant_id: Mapped[int | None] = mapped_column(
+        ForeignKey("tenants.id", ondelete="CASCADE"), index=True
+    )
+    """The one tenant a ``tenant_admin`` administers; deleting the tenant deletes its admins."""
+
+    tenant: Mapped[Tenant | None] = relationship()
 
 
 class OperatorSession(Base):

@@ -1,8 +1,10 @@
 """The admin REST API (mounted at ``/admin/v1``): tiers, tenants, keys, backends, profiles,
-usage, audit — one router module each, assembled here.
+usage, audit, operators — one router module each, assembled here. Who may call each route is
+:mod:`.rules` (roles: :mod:`.roles`).
 
 Every route is a thin shell over :mod:`gateway.db.crud`, so the API, the CLI and the data layer
-share one set of rules and every change is audited there (actor ``admin-api:<client host>``).
+share one set of rules and every change is audited there (actor
+``admin-api:<operator>@<client host>``).
 What the package adds is HTTP: the admin-key check and error mapping (:mod:`.deps`), request
 and response models (:mod:`.schemas`), and the side effects a committed change needs in the
 running gateway (:mod:`.helpers`) — dropping cached key identities (so a revocation or
@@ -14,13 +16,22 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends
 
-from gateway.app.admin import audit, backends, keys, profiles, tenants, tiers, usage
+from gateway.app.admin import (
+    audit,
+    backends,
+    keys,
+    operators,
+    profiles,
+    tenants,
+    tiers,
+    usage,
+)
 from gateway.app.admin.deps import AdminRoute, admin_bearer
 from gateway.errors import error_responses
 
 __all__ = ["build_admin_router"]
 
-RESOURCES = (tiers, tenants, keys, backends, profiles, usage, audit)
+RESOURCES = (tiers, tenants, keys, backends, profiles, usage, audit, operators)
 """In the order OpenAPI lists them."""
 
 ERRORS = error_responses(
@@ -28,7 +39,8 @@ ERRORS = error_responses(
         400: "invalid request: not JSON, a wrong type, a missing or unknown field, a value out "
         "of range; `param` names the field",
         401: "missing or invalid admin key",
-        403: "no admin key configured",
+        403: "no admin key configured (`admin_api_disabled`), or the operator's role does not "
+        "allow the route or the tenant it names (`permission_denied`)",
         404: "no such tier, tenant, key, backend or profile",
         409: "name taken, or still in use",
         # also keeps FastAPI from documenting its own 422, which this API never answers

@@ -1,4 +1,5 @@
-"""Who may administer the gateway: ``TIERGATE_ADMIN_KEY``, or a stored operator credential.
+"""Who may administer the gateway: ``TIERGATE_ADMIN_KEY`` (an owner), or a stored operator
+credential (with its role, :mod:`gateway.app.admin.roles`).
 
 Shared by the admin API's bearer check (:func:`gateway.app.admin.deps.check_admin_key`) and the
 dashboard's sign-in (:mod:`gateway.app.ui.auth`), so both accept exactly the same secrets. The
@@ -13,8 +14,12 @@ import hashlib
 import hmac
 from dataclasses import dataclass
 
+from sqlalchemy.orm import Session
+
+from gateway.app.admin.roles import OWNER_KEY, Principal, Role
 from gateway.app.state import GatewayState
 from gateway.db.crud import operators
+from gateway.db.models import OperatorCredential
 from gateway.settings import Settings
 
 ADMIN_KEY_OPERATOR = "admin-key"
@@ -23,10 +28,22 @@ ADMIN_KEY_OPERATOR = "admin-key"
 
 @dataclass(frozen=True, slots=True)
 class Administrator:
-    """Who a presented secret proved to be: the admin key's holder, or a stored operator."""
+    """Who a presented secret proved to be: the admin key's holder (an owner), or a stored
+    operator with its role."""
 
     name: str
     credential_id: int | None  # None: TIERGATE_ADMIN_KEY
+    principal: Principal = OWNER_KEY
+
+
+def principal_of(row: OperatorCredential) -> Principal:
+    """The principal a stored credential signs in as (its role and, a tenant admin's, tenant)."""
+    tenant = row.tenant.name if row.tenant is not None else None
+    return Principal(row.name, Role(row.role), row.tenant_id, tenant)
+
+
+def _administrator(row: OperatorCredential | None) -> Administrator | None:
+    return Administrator(row.name, row.id, principal_of(row)) if row is not None else None
 
 
 def _digest(value: str) -> bytes:
@@ -58,11 +75,20 @@ def identify(state: GatewayState, presented: str, *, record_use: bool) -> Admini
         return None
     if record_use:
         with state.session_factory.begin() as session:
-            row = operators.find_credential(session, state.secret, presented)
-            return Administrator(row.name, row.id) if row is not None else None
+            return _administrator(operators.find_credential(session, state.secret, presented))
     with state.session_factory() as session:
         row = operators.find_credential(session, state.secret, presented, record_use=False)
-        return Administrator(row.name, row.id) if row is not None else None
+        return _administrator(row)
+
+
+def session_principal(session: Session, credential_id: int | None, name: str) -> Principal | None:
+    """The principal of a dashboard session, read from its credential on every request (a
+    role changed takes effect at once); a session of ``TIERGATE_ADMIN_KEY`` is an owner; None
+    if the credential is gone (the session ends with it)."""
+    if credential_id is None:
+        return Principal(name, Role.OWNER)
+    row = session.get(OperatorCredential, credential_id)
+    return principal_of(row) if row is not None else None
 
 
 def credential_exists(state: GatewayState) -> bool:

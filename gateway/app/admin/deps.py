@@ -1,4 +1,5 @@
-"""What every admin route shares: the admin-key guard, the database session, the audit actor.
+"""What every admin route shares: the admin-key and role guard, the database session, the
+caller (its role, and the audit actor that names it).
 
 Auth and error mapping live in :class:`AdminRoute` rather than in a dependency or app-wide
 exception handlers: FastAPI parses the body before it runs any dependency, and the admin key
@@ -35,6 +36,8 @@ from gateway.app.admin.credentials import (
     is_admin_key,
     looks_like_credential,
 )
+from gateway.app.admin.roles import OWNER_KEY, Principal, access_for
+from gateway.app.admin.rules import API_RULES
 from gateway.app.state import StateDep, get_state
 from gateway.db.errors import DomainError
 from gateway.errors import (
@@ -50,18 +53,27 @@ from gateway.errors import (
 )
 from gateway.jsonbody import nul_at
 
-__all__ = ["ACTOR", "ActorDep", "AdminRoute", "SessionDep", "StateDep", "admin_bearer"]
+__all__ = [
+    "ACTOR",
+    "ActorDep",
+    "AdminRoute",
+    "PrincipalDep",
+    "SessionDep",
+    "StateDep",
+    "admin_bearer",
+]
 
 ACTOR = "admin-api"
+ADMIN_PREFIX = "/admin/v1"
 
 admin_bearer = HTTPBearer(auto_error=False, scheme_name="admin key")
 """Documents the scheme in OpenAPI (as the assembled router's dependency); AdminRoute enforces
 it."""
 
 
-async def check_admin_key(request: Request) -> ApiError | None:
-    """None if the request's bearer is ``TIERGATE_ADMIN_KEY`` or a stored operator credential
-    (:mod:`gateway.app.admin.credentials`); the 401/403 error otherwise.
+async def check_admin_key(request: Request) -> ApiError | Principal:
+    """Who the request's bearer is — ``TIERGATE_ADMIN_KEY`` (an owner) or a stored operator
+    credential with its role (:mod:`gateway.app.admin.credentials`) — or the 401/403 error.
 
     403 only while nothing could be accepted: no admin key configured and no operator
     credential stored. A credential is looked up in the database (in a thread), read-only.
@@ -71,12 +83,12 @@ async def check_admin_key(request: Request) -> ApiError | None:
     token = token.strip()
     try:
         if scheme.lower() == "bearer" and token:
-            found = is_admin_key(state.settings, token)
-            if not found and looks_like_credential(token):
+            if is_admin_key(state.settings, token):
+                return OWNER_KEY
+            if looks_like_credential(token):
                 who = await asyncio.to_thread(identify, state, token, record_use=False)
-                found = who is not None
-            if found:
-                return None
+                if who is not None:
+                    return who.principal
         if not admin_key_configured(state.settings) and not await asyncio.to_thread(
             credential_exists, state
         ):
@@ -99,16 +111,28 @@ async def check_admin_key(request: Request) -> ApiError | None:
     )
 
 
+def route_path(path: str) -> str:
+    """A route's path as its resource router declares it (the rule tables' key), whether or not
+    the router it is in was mounted under ``/admin/v1`` already."""
+    return path.removeprefix(ADMIN_PREFIX) or "/"
+
+
 class AdminRoute(APIRoute):
-    """Checks the admin key before anything else, and answers every error OpenAI-shaped."""
+    """Checks the admin key, then the caller's role against the route's rule
+    (:mod:`gateway.app.admin.rules`), before anything else; answers every error OpenAI-shaped."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
+        path = route_path(self.path)
 
         async def guarded(request: Request) -> Response:
-            denied = await check_admin_key(request)
-            if denied is not None:
-                return denied.response()
+            who = await check_admin_key(request)
+            if isinstance(who, ApiError):
+                return who.response()
+            access = access_for(API_RULES, request.method, path)
+            if not who.may(access):
+                return who.refusal(access).response()
+            request.state.principal = who
             try:
                 await check_raw_request(request)
                 return await handler(request)
@@ -154,8 +178,25 @@ def nul_error(request: Request, raw: bytes) -> ApiError | None:
     return nul_character(dotted(where)) if where is not None else None
 
 
-async def request_actor(request: Request) -> str:
-    """``admin-api:<client host>`` for the audit log (``admin-api`` when the host is unknown).
+async def request_principal(request: Request) -> Principal:
+    """Who the request acts as (:class:`AdminRoute` checked it; an app mounting a handler some
+    other way gets the check here)."""
+    known = getattr(request.state, "principal", None)
+    if isinstance(known, Principal):
+        return known
+    who = await check_admin_key(request)
+    if isinstance(who, ApiError):
+        raise who
+    request.state.principal = who
+    return who
+
+
+async def request_actor(
+    request: Request, who: Annotated[Principal, Depends(request_principal)]
+) -> str:
+    """``admin-api:<operator>@<client host>`` for the audit log (``admin-api:<operator>`` when
+    the host is unknown): the operator is the credential's name (``admin-key`` for
+    ``TIERGATE_ADMIN_KEY``).
 
     The host is the TCP peer's, or, behind a proxy that ``TIERGATE_TRUSTED_PROXIES`` names,
     the client it forwarded for: uvicorn resolves ``X-Forwarded-For`` before the app sees the
@@ -163,7 +204,7 @@ async def request_actor(request: Request) -> str:
     client can choose the address the audit log records.
     """
     host = request.client.host if request.client is not None else None
-    return f"{ACTOR}:{host}" if host else ACTOR
+    return f"{ACTOR}:{who.name}@{host}" if host else f"{ACTOR}:{who.name}"
 
 
 def _session(state: StateDep) -> Iterator[Session]:
@@ -172,6 +213,9 @@ def _session(state: StateDep) -> Iterator[Session]:
     with state.session_factory() as session:
         yield session
 
+
+PrincipalDep = Annotated[Principal, Depends(request_principal)]
+"""Who the request acts as: its name, role and (a tenant admin's) tenant."""
 
 ActorDep = Annotated[str, Depends(request_actor)]
 """Who the audit log records for a change made through this request."""

@@ -11,10 +11,11 @@ from typing import Any, Protocol, TypeVar
 from pydantic import BaseModel
 from sqlalchemy.orm import Session
 
+from gateway.app.admin.roles import Principal
 from gateway.app.admin.schemas import INT32_MAX, DeletedOut
 from gateway.app.state import GatewayState
 from gateway.db import crud
-from gateway.db.errors import InvalidInput
+from gateway.db.errors import InvalidInput, NotFound
 from gateway.db.models import ApiKey, Tenant, utcnow
 
 DEFAULT_USAGE_HOURS = 24.0
@@ -48,6 +49,25 @@ def resolve(getter: Callable[[Session, int | str], RowT], session: Session, ref:
     if ref.isascii() and ref.isdigit() and 0 < int(ref) <= INT32_MAX:
         return getter(session, int(ref))
     return getter(session, ref)  # a name (or an id out of range: the getter's "not found")
+
+
+def tenant_resolver(session: Session) -> Callable[[int | str], int]:
+    """The id of a tenant named by id or name (404 if there is none)."""
+    return lambda ref: resolve(crud.get_tenant, session, ref).id
+
+
+def scoped_key(session: Session, who: Principal, prefix: str) -> ApiKey:
+    """Key ``prefix``, if ``who`` may see it. A tenant admin gets 403 alike for another
+    tenant's key and for one that does not exist: whether a prefix exists elsewhere is not
+    theirs to learn."""
+    try:
+        key = crud.get_key(session, prefix)
+    except NotFound:
+        if who.tenant_bound:
+            raise who.foreign("prefix") from None
+        raise
+    who.check_tenant(key.tenant_id, "prefix")
+    return key
 
 
 def changes_of(body: BaseModel) -> dict[str, Any]:

@@ -13,14 +13,15 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Response
 from sqlalchemy.orm import Session
 
-from gateway.app.admin.deps import ActorDep, AdminRoute, SessionDep, StateDep
+from gateway.app.admin.deps import ActorDep, AdminRoute, PrincipalDep, SessionDep, StateDep
 from gateway.app.admin.helpers import (
     change_and_invalidate,
     changes_of,
     delete_row,
     invalidate,
     own_prefix,
-    resolve,
+    scoped_key,
+    tenant_resolver,
 )
 from gateway.app.admin.schemas import (
     TOTAL_HEADER,
@@ -46,6 +47,7 @@ router = APIRouter(route_class=AdminRoute, tags=["keys"])
 @router.get("/keys")
 def list_keys(
     session: SessionDep,
+    who: PrincipalDep,
     tenant: Annotated[str | None, Query(description="tenant name or id")] = None,
     active_only: Annotated[bool, Query(description="hide revoked and expired keys")] = False,
     *,
@@ -53,8 +55,9 @@ def list_keys(
     limit: PageLimit = None,
     offset: PageOffset = 0,
 ) -> ListOut[KeyOut]:
-    """Keys, newest first; the total is in ``x-total-count``."""
-    tenant_id = resolve(crud.get_tenant, session, tenant).id if tenant is not None else None
+    """Keys, newest first (a tenant admin's: its tenant's only); the total is in
+    ``x-total-count``."""
+    tenant_id = who.tenant_filter(tenant, tenant_resolver(session))
     now = utcnow()
     rows = crud.list_keys(
         session, tenant=tenant_id, active_only=active_only, now=now, limit=limit, offset=offset
@@ -66,14 +69,16 @@ def list_keys(
 
 @router.post("/keys", status_code=201)
 def create_key(
-    body: KeyCreate, session: SessionDep, actor: ActorDep, state: StateDep
+    body: KeyCreate, session: SessionDep, who: PrincipalDep, actor: ActorDep, state: StateDep
 ) -> CreatedKeyOut:
     """Issue a key. The response holds the plaintext ``key``: store it now, it is not kept."""
     with session.begin():
+        tenant = who.tenant_filter(body.tenant, tenant_resolver(session))
+        assert tenant is not None
         created = crud.create_key(
             session,
             actor=actor,
-            tenant=resolve(crud.get_tenant, session, body.tenant).id,
+            tenant=tenant,
             secret=state.secret,
             name=body.name,
             expires_at=body.expires_at,
@@ -96,27 +101,36 @@ def secret_status(session: SessionDep, state: StateDep) -> SecretStatusOut:
 
 
 @router.get("/keys/{prefix}")
-def get_key(prefix: str, session: SessionDep) -> KeyOut:
-    return KeyOut.of(crud.get_key(session, prefix))
+def get_key(prefix: str, session: SessionDep, who: PrincipalDep) -> KeyOut:
+    return KeyOut.of(scoped_key(session, who, prefix))
 
 
 @router.patch("/keys/{prefix}")
 def update_key(
-    prefix: str, body: KeyUpdate, session: SessionDep, actor: ActorDep, state: StateDep
+    prefix: str,
+    body: KeyUpdate,
+    session: SessionDep,
+    who: PrincipalDep,
+    actor: ActorDep,
+    state: StateDep,
 ) -> KeyOut:
     """Rename a key or change its expiry (a past expiry expires it now)."""
 
     def change(s: Session) -> ApiKey:
+        scoped_key(s, who, prefix)
         return crud.update_key(s, prefix, changes_of(body), actor=actor)
 
     return change_and_invalidate(state, session, change, KeyOut.of, own_prefix)
 
 
 @router.post("/keys/{prefix}/revoke")
-def revoke_key(prefix: str, session: SessionDep, actor: ActorDep, state: StateDep) -> KeyOut:
+def revoke_key(
+    prefix: str, session: SessionDep, who: PrincipalDep, actor: ActorDep, state: StateDep
+) -> KeyOut:
     """Revoke a key; it stops authenticating on the next request."""
 
     def change(s: Session) -> ApiKey:
+        scoped_key(s, who, prefix)
         return crud.revoke_key(s, prefix, actor=actor)
 
     return change_and_invalidate(state, session, change, KeyOut.of, own_prefix)
@@ -124,11 +138,17 @@ def revoke_key(prefix: str, session: SessionDep, actor: ActorDep, state: StateDe
 
 @router.post("/keys/{prefix}/rotate", status_code=201)
 def rotate_key(
-    prefix: str, body: KeyRotate, session: SessionDep, actor: ActorDep, state: StateDep
+    prefix: str,
+    body: KeyRotate,
+    session: SessionDep,
+    who: PrincipalDep,
+    actor: ActorDep,
+    state: StateDep,
 ) -> RotatedKeyOut:
     """Issue the key's successor (its plaintext ``key`` is in this answer only) and let the old
     key expire after ``grace_s`` seconds (default 24 h; an earlier expiry is kept)."""
     with session.begin():
+        scoped_key(session, who, prefix)
         created = crud.rotate_key(
             session,
             prefix,
@@ -146,9 +166,11 @@ def rotate_key(
 
 
 @router.delete("/keys/{prefix}")
-def delete_key(prefix: str, session: SessionDep, actor: ActorDep, state: StateDep) -> DeletedOut:
+def delete_key(
+    prefix: str, session: SessionDep, who: PrincipalDep, actor: ActorDep, state: StateDep
+) -> DeletedOut:
     with session.begin():
-        key = crud.get_key(session, prefix)
+        key = scoped_key(session, who, prefix)
         bare = key.prefix
         out = delete_row(session, actor, crud.delete_key, "api_key", key.id, display_prefix(bare))
     invalidate(state, [bare])

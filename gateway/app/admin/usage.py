@@ -8,8 +8,8 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request, Response
 
-from gateway.app.admin.deps import AdminRoute, SessionDep
-from gateway.app.admin.helpers import resolve, usage_window
+from gateway.app.admin.deps import AdminRoute, PrincipalDep, SessionDep
+from gateway.app.admin.helpers import tenant_resolver, usage_window
 from gateway.app.admin.schemas import (
     Hours,
     SeriesGroupOut,
@@ -32,14 +32,16 @@ router = APIRouter(route_class=AdminRoute, tags=["usage"])
 @router.get("/usage/tenants")
 def usage_by_tenant(
     session: SessionDep,
+    who: PrincipalDep,
     since: Since = None,
     until: Until = None,
     hours: Hours = None,
     tenant: Annotated[str | None, Query(description="tenant name or id")] = None,
 ) -> UsageReportOut[TenantUsageOut]:
-    """Requests, tokens, SLO attainment and TDG ratio per tenant (default: last 24 h)."""
+    """Requests, tokens, SLO attainment and TDG ratio per tenant (default: last 24 h; a tenant
+    admin's: its tenant only)."""
     start, end = usage_window(since, until, hours)
-    tenant_id = resolve(crud.get_tenant, session, tenant).id if tenant is not None else None
+    tenant_id = who.tenant_filter(tenant, tenant_resolver(session))
     rows = crud.usage_by_tenant(session, since=start, until=end, tenant=tenant_id)
     data = [
         TenantUsageOut(tenant=r.group, tenant_id=r.group_id, **UsageOut.fields_of(r)) for r in rows
@@ -90,6 +92,7 @@ def csv_response(text: str, filename: str) -> Response:
 def usage_series(
     request: Request,
     session: SessionDep,
+    who: PrincipalDep,
     since: Since = None,
     until: Until = None,
     hours: Hours = None,
@@ -107,9 +110,9 @@ def usage_series(
 ) -> Any:
     """Usage per time bucket (UTC-aligned) and per tenant or tier (default: last 24 h):
     requests by outcome, tokens, SLO attainment, TDG ratio and TTFT/TPOT p50/p95/p99 of
-    finished requests, aggregated by the database."""
+    finished requests, aggregated by the database (a tenant admin's: its tenant only)."""
     start, end = usage_window(since, until, hours)
-    tenant_id = resolve(crud.get_tenant, session, tenant).id if tenant is not None else None
+    tenant_id = who.tenant_filter(tenant, tenant_resolver(session))
     series = crud.usage_series(
         session,
         since=start,

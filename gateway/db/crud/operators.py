@@ -8,8 +8,14 @@ token lives in the browser's cookie; its row keeps the token's keyed hash, so a 
 database signs nobody in. Session hashes are under the current secret only: rotating the
 server secret signs every browser out, which is what a rotation is for.
 
-Creating or resetting a credential, signing in and signing out are audited (entity types
-``operator_credential`` and ``operator_session``); no hash or token is ever in an audit row.
+Each credential is a named operator with a role (``owner | operator | viewer | tenant_admin``,
+migration 0012; :mod:`gateway.app.admin.roles` says what each may do) and, for a tenant admin,
+its tenant. The last owner credential cannot be deleted or demoted (nobody could then manage
+operators but ``TIERGATE_ADMIN_KEY`` or ``tiergate admin reset-credential``).
+
+Creating, changing, resetting and deleting a credential, signing in and signing out are audited
+(entity types ``operator_credential`` and ``operator_session``); no hash or token is ever in an
+audit row.
 """
 
 from __future__ import annotations
@@ -22,13 +28,25 @@ from typing import Any
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
 
-from gateway.db.crud._common import add_audited, audit, check_name, delete_audited, snapshot
-from gateway.db.models import OperatorCredential, OperatorSession, utcnow
+from gateway.db.crud._common import (
+    add_audited,
+    audit,
+    check_choice,
+    check_name,
+    delete_audited,
+    lock,
+    record_change,
+    snapshot,
+)
+from gateway.db.errors import Conflict, InvalidInput, NotFound
+from gateway.db.models import OPERATOR_ROLES, OperatorCredential, OperatorSession, Tenant, utcnow
 from gateway.db.security import hash_key, hashes_equal, secret_id, secrets_of
 
 CREDENTIAL_ENTITY = "operator_credential"
 SESSION_ENTITY = "operator_session"
 DEFAULT_OPERATOR = "operator"
+OWNER = "owner"
+TENANT_ADMIN = "tenant_admin"
 CREDENTIAL_SCHEME = "tgop"
 TOKEN_BYTES = 32
 TOUCH_EVERY = timedelta(seconds=60)
@@ -74,14 +92,40 @@ def has_credential(session: Session) -> bool:
     return session.scalar(select(func.count()).select_from(OperatorCredential)) != 0
 
 
+def _check_role(session: Session, role: str, tenant: int | None) -> tuple[str, int | None]:
+    """A known role, with a tenant that exists for a tenant admin and none for the others."""
+    role = check_choice(role, "role", OPERATOR_ROLES)
+    if role != TENANT_ADMIN:
+        if tenant is not None:
+            raise InvalidInput(f"a {role} is not bound to a tenant; omit tenant", param="tenant")
+        return role, None
+    if tenant is None:
+        raise InvalidInput("a tenant_admin needs the tenant it administers", param="tenant")
+    if session.get(Tenant, tenant) is None:
+        raise NotFound(f"tenant {tenant!r} does not exist", param="tenant")
+    return role, tenant
+
+
 def create_credential(
-    session: Session, *, actor: str, secret: str | bytes, name: str = DEFAULT_OPERATOR
+    session: Session,
+    *,
+    actor: str,
+    secret: str | bytes,
+    name: str = DEFAULT_OPERATOR,
+    role: str = OWNER,
+    tenant: int | None = None,
 ) -> IssuedCredential:
-    """Issue a credential for operator ``name`` (a name already taken: 409)."""
+    """Issue a credential for operator ``name`` with ``role`` (a tenant admin: of tenant id
+    ``tenant``); a name already taken: 409."""
     check_name(name, "operator")
+    role, tenant = _check_role(session, role, tenant)
     plaintext = generate_credential()
     row = OperatorCredential(
-        name=name, credential_hash=hash_key(secret, plaintext), secret_id=secret_id(secret)
+        name=name,
+        credential_hash=hash_key(secret, plaintext),
+        secret_id=secret_id(secret),
+        role=role,
+        tenant_id=tenant,
     )
     add_audited(
         session,
@@ -97,13 +141,90 @@ def create_credential(
 def reset_credential(
     session: Session, *, actor: str, secret: str | bytes, name: str = DEFAULT_OPERATOR
 ) -> IssuedCredential:
-    """Replace operator ``name``'s credential (or issue its first): the old one stops
-    working at once and every session it signed in is ended."""
+    """Replace operator ``name``'s credential (or issue its first, an owner's): the old one
+    stops working at once and every session it signed in is ended; the role and tenant stay."""
     old = session.scalar(select(OperatorCredential).where(OperatorCredential.name == name))
+    role, tenant = OWNER, None
     if old is not None:
-        session.execute(delete(OperatorSession).where(OperatorSession.credential_id == old.id))
+        role, tenant = old.role, old.tenant_id
+        _end_sessions(session, old.id)
         delete_audited(session, old, actor=actor, entity=CREDENTIAL_ENTITY, view=_credential_view)
-    return create_credential(session, actor=actor, secret=secret, name=name)
+    return create_credential(
+        session, actor=actor, secret=secret, name=name, role=role, tenant=tenant
+    )
+
+
+def _end_sessions(session: Session, credential_id: int) -> None:
+    session.execute(delete(OperatorSession).where(OperatorSession.credential_id == credential_id))
+
+
+def list_operators(session: Session) -> list[OperatorCredential]:
+    """Every named operator, by name."""
+    return list(session.scalars(select(OperatorCredential).order_by(OperatorCredential.name)))
+
+
+def get_operator(session: Session, name: str) -> OperatorCredential:
+    """Operator ``name`` (404 if there is none)."""
+    row = session.scalar(select(OperatorCredential).where(OperatorCredential.name == name))
+    if row is None:
+        raise NotFound(f"operator {name!r} does not exist", param="operator")
+    return row
+
+
+def _other_owners(session: Session, row: OperatorCredential) -> int:
+    query = select(func.count()).where(
+        OperatorCredential.role == OWNER, OperatorCredential.id != row.id
+    )
+    return int(session.scalar(query.select_from(OperatorCredential)) or 0)
+
+
+def _keep_an_owner(session: Session, row: OperatorCredential, doing: str) -> None:
+    if row.role == OWNER and _other_owners(session, row) == 0:
+        raise Conflict(
+            f"cannot {doing} operator {row.name!r}: it is the last owner (make another "
+            "operator an owner first)",
+            param="role",
+        )
+
+
+def set_role(
+    session: Session, name: str, *, actor: str, role: str, tenant: int | None = None
+) -> OperatorCredential:
+    """Give operator ``name`` a new role (and tenant). Takes effect on its next request: a
+    session reads its credential's role every time."""
+    row = lock(session, get_operator(session, name), "operator")
+    role, tenant = _check_role(session, role, tenant)
+    if role != row.role:
+        _keep_an_owner(session, row, "demote")
+    before = _credential_view(row)
+    row.role, row.tenant_id = role, tenant
+    record_change(
+        session,
+        before,
+        _credential_view(row),
+        actor=actor,
+        action="update",
+        entity=CREDENTIAL_ENTITY,
+    )
+    return row
+
+
+def delete_tenant_admins(session: Session, tenant: int, *, actor: str) -> None:
+    """Delete tenant ``tenant``'s admins and their sessions, audited (before the tenant goes;
+    the foreign key would cascade, unaudited)."""
+    query = select(OperatorCredential).where(OperatorCredential.tenant_id == tenant)
+    for row in session.scalars(query).all():
+        _end_sessions(session, row.id)
+        delete_audited(session, row, actor=actor, entity=CREDENTIAL_ENTITY, view=_credential_view)
+
+
+def delete_operator(session: Session, name: str, *, actor: str) -> OperatorCredential:
+    """Delete operator ``name``: its credential stops working and its sessions end."""
+    row = lock(session, get_operator(session, name), "operator")
+    _keep_an_owner(session, row, "delete")
+    _end_sessions(session, row.id)
+    delete_audited(session, row, actor=actor, entity=CREDENTIAL_ENTITY, view=_credential_view)
+    return row
 
 
 def find_credential(

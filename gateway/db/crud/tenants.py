@@ -21,6 +21,7 @@ from gateway.db.crud._common import (
     name_taken,
     update_named,
 )
+from gateway.db.crud.operators import delete_tenant_admins
 from gateway.db.crud.pages import count_rows, page
 from gateway.db.crud.tiers import get_tier
 from gateway.db.errors import InvalidInput, NotFound
@@ -188,6 +189,8 @@ def activate_tenant(session: Session, ref: int | str, *, actor: str) -> Tenant:
 
 
 def delete_tenant(session: Session, ref: int | str, *, actor: str) -> None:
-    """Delete a tenant and its keys; its usage records stay, with tenant and key set to NULL."""
+    """Delete a tenant, its keys and its tenant admins (each admin's deletion audited); its
+    usage records stay, with tenant and key set to NULL."""
     tenant = lock(session, get_tenant(session, ref), ENTITY)
+    delete_tenant_admins(session, tenant.id, actor=actor)
     delete_audited(session, tenant, actor=actor, entity=ENTITY)

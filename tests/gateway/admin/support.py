@@ -24,7 +24,7 @@ from priority.profiles import available_profiles
 
 ADMIN_KEY = "admin-secret-for-tests"
 PREFIX = "/admin/v1"
-ACTOR = "admin-api:testclient"  # TestClient's client host
+ACTOR = "admin-api:admin-key@testclient"  # the admin key's holder, TestClient's host
 
 
 class FakeAuthCache:
