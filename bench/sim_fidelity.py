@@ -20,8 +20,14 @@ simulator, both on a virtual clock where a step lasts the profile's prediction f
 that ran (block 16, budget 8,192 tokens, 256 sequences; ``engine_common.replay``). Reported per
 row: the share of requests with identical token times (1e-9 s), both TDG ratios, the p99 of
 |TTFT real - TTFT sim|, preemptions on both sides, and vLLM's ``schedule()`` wall time per step
-(mean and p99; CPU, this machine). The readable output adds, per cell, the policies' ranking on
-both sides.
+(mean and p99; CPU, this machine), and the requests the API server refused on each side. The
+readable output adds, per cell, the policies' ranking on both sides.
+
+**Context length.** vLLM runs with ``--max-model-len`` (default ``trace``: the trace's longest
+request, capped by what the cell's KV pool holds of one sequence); each request first meets what
+vLLM's OpenAI server does at that length (``engine_common.sim_replay.api_max_tokens``: a prompt
+that leaves no room for one output token is refused with 400, ``max_tokens`` is cut to the room
+left), on both sides, so a long-context trace (``mooncake_conv``) replays instead of stalling.
 
 **``--mix goodput``** re-runs ``bench/goodput.py``'s headline cells in the real scheduler:
 JITServe's 1:1:1 mix of latency, deadline and compound (agent-workflow) requests built by that
@@ -65,6 +71,7 @@ from engine_common.sim_replay import (
     Replay,
     arrivals_from_workload,
     identical_share,
+    model_len_for,
     replay_simulator,
     request_goodput,
     tdg_ratio,
@@ -128,6 +135,8 @@ class Cell:
     arrivals: tuple[Arrival, ...]
     gain_weights: GainWeights
     mix: str = "latency"
+    max_model_len: int | None = None
+    """vLLM's ``max_model_len`` (None: from the trace and the KV pool)."""
 
 
 def policy_params(
@@ -163,6 +172,9 @@ def row(cell: Cell, name: str, real: Replay | None, sim: Replay) -> dict[str, An
         **_goodput(sim, arrivals, "sim"),
         "goodput_real": None,
         "attainment_real": None,
+        "max_model_len": sim_model_len(cell),
+        "refused_sim": len(sim.refused),
+        "refused_real": None,
     }
     if real is not None:
         steps = len(real.decision_s)
@@ -176,8 +188,16 @@ def row(cell: Cell, name: str, real: Replay | None, sim: Replay) -> dict[str, An
             if steps
             else 0.0,
             **_goodput(real, arrivals, "real"),
+            "refused_real": len(real.refused),
         }
     return out
+
+
+def sim_model_len(cell: Cell) -> int:
+    """The cell's ``max_model_len``, as both sides set it."""
+    if cell.max_model_len is not None:
+        return cell.max_model_len
+    return model_len_for(cell.arrivals, cell.kv_blocks)
 
 
 def _goodput(replay: Replay, arrivals: Sequence[Arrival], side: str) -> dict[str, Any]:
@@ -195,8 +215,14 @@ def run_cell(cell: Cell, *, sim_only: bool = False) -> list[dict[str, Any]]:
     weights = cell.gain_weights if cell.mix == "goodput" else None
     params = policy_params(cell.policy, version, weights)
     profile = load_profile(cell.profile)
+    model_len = sim_model_len(cell)
     sim = replay_simulator(
-        cell.arrivals, profile, cell.policy, num_blocks=cell.kv_blocks, params=params
+        cell.arrivals,
+        profile,
+        cell.policy,
+        num_blocks=cell.kv_blocks,
+        params=params,
+        max_model_len=model_len,
     )
     if sim_only:
         return [row(cell, cell.policy, None, sim)]
@@ -211,6 +237,7 @@ def run_cell(cell: Cell, *, sim_only: bool = False) -> list[dict[str, Any]]:
         policy=cell.policy,
         params=params,
         profile=cell.profile,
+        max_model_len=model_len,
     )
     rows = [row(cell, cell.policy, real, sim)]
     if cell.policy in STOCK:
@@ -221,6 +248,7 @@ def run_cell(cell: Cell, *, sim_only: bool = False) -> list[dict[str, Any]]:
             profile.coefficients,
             num_blocks=cell.kv_blocks,
             stock_policy=mode,
+            max_model_len=model_len,
         )
         rows.append(row(cell, name, stock, sim))
     return rows
@@ -260,6 +288,8 @@ class Config:
     mix: str = "latency"
     lengths: str = "predicted"
     """``--mix goodput``'s length bounds (``priority.sim.workflows``)."""
+    max_model_len: int | None = None
+    """vLLM's ``--max-model-len`` (None: ``trace``, from the trace and each KV pool)."""
 
 
 def build_cells(cfg: Config) -> tuple[list[Cell], float]:
@@ -294,6 +324,7 @@ def build_cells(cfg: Config) -> tuple[list[Cell], float]:
                         arrivals,
                         workload.gain_weights,
                         cfg.mix,
+                        cfg.max_model_len,
                     )
                 )
     return cells, capacity
@@ -333,6 +364,7 @@ def _brief(r: dict[str, Any]) -> str:
     return (
         f"{r['policy']} real TDG {r['tdg_real']:.3f} sim {r['tdg_sim']:.3f}, goodput real "
         f"{r['goodput_real']:.3f} sim {r['goodput_sim']:.3f}, identical {r['identical_share']:.3f}"
+        f", refused real {r['refused_real']} sim {r['refused_sim']}"
     )
 
 
@@ -409,7 +441,8 @@ def print_table(
     headers = ["rate", "KV blocks", "policy", "identical", "TDG real", "TDG sim"]
     if goodput:
         headers += ["goodput real", "goodput sim"]
-    headers += ["|ΔTTFT| p99 s", "preempt real", "preempt sim", "sched ms mean/p99"]
+    headers += ["|ΔTTFT| p99 s", "preempt real", "preempt sim", "refused r/s"]
+    headers += ["sched ms mean/p99"]
     for col in headers:
         table.add_column(col, justify="left" if col == "policy" else "right")
     for r in rows:
@@ -425,6 +458,7 @@ def print_table(
             _fmt(r["ttft_abs_p99_s"], ".3g"),
             _fmt(r["preemptions_real"], "d"),
             _fmt(r["preemptions_sim"], "d"),
+            _fmt(r["refused_real"], "d") + "/" + _fmt(r["refused_sim"], "d"),
             _fmt(r["decision_ms_per_step_real"], ".2f")
             + "/"
             + _fmt(r["decision_ms_p99_real"], ".2f"),
@@ -497,6 +531,11 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
         default="predicted",
         help="--mix goodput: length bounds sent with each request (predicted)",
     )
+    parser.add_argument(
+        "--max-model-len",
+        default="trace",
+        help="vLLM's max_model_len, or 'trace': the longest request, capped by the KV pool",
+    )
     parser.add_argument("--profile", default=DEFAULT_PROFILE)
     parser.add_argument("--seed", type=int, default=0, help="workload seed (tiers, SLOs)")
     parser.add_argument("--jobs", type=int, default=1, help="worker processes (cells in parallel)")
@@ -533,6 +572,14 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
         parser.error("--requests must be >= 2 (--mix goodput: >= 3, one row of each kind)")
     if args.jobs < 1:
         parser.error("--jobs must be >= 1")
+    model_len: int | None = None
+    if args.max_model_len != "trace":
+        try:
+            model_len = int(args.max_model_len)
+        except ValueError:
+            parser.error("--max-model-len: a number of tokens or 'trace'")
+        if model_len < 2:
+            parser.error("--max-model-len must be >= 2")
     try:
         load_profile(args.profile)
     except (KeyError, ValueError, OSError) as exc:
@@ -551,6 +598,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
         out=args.out,
         mix=args.mix,
         lengths=args.lengths,
+        max_model_len=model_len,
     )
 
 

@@ -40,8 +40,10 @@ from engine_common.sim_replay import (
     TOKEN_BUDGET,
     Arrival,
     ArrivalQueue,
+    Release,
     Replay,
     arrivals_from_workload,
+    model_len_for,
     priority_of,
     replay_simulator,
 )
@@ -78,6 +80,9 @@ TOKEN = 7
 STOP = 8
 """The token a request samples last when it ends before ``max_tokens`` (its stop token)."""
 MAX_MODEL_LEN = 8192
+"""``make_config``'s default model length (a replay sets its own: ``replay_vllm``)."""
+MAX_POSITIONS = 1 << 20
+"""The tiny model's ``max_position_embeddings``: room for any ``max_model_len`` a replay sets."""
 TINY_LLAMA = {
     "architectures": ["LlamaForCausalLM"],
     "model_type": "llama",
@@ -87,7 +92,7 @@ TINY_LLAMA = {
     "num_key_value_heads": 2,
     "num_hidden_layers": 2,
     "vocab_size": 256,
-    "max_position_embeddings": MAX_MODEL_LEN,
+    "max_position_embeddings": MAX_POSITIONS,
     "rms_norm_eps": 1e-6,
     "torch_dtype": "float32",
     "bos_token_id": 1,
@@ -194,6 +199,7 @@ def build_scheduler(
     token_budget: int = TOKEN_BUDGET,
     max_num_seqs: int = MAX_NUM_SEQS,
     clock: Callable[[], float] | None = None,
+    max_model_len: int = MAX_MODEL_LEN,
 ) -> Any:
     """Stock vLLM's scheduler in ``stock_policy`` mode (``policy`` None), or
     ``TiergateScheduler`` running ``policy`` with ``params`` and ``profile``."""
@@ -203,6 +209,7 @@ def build_scheduler(
         max_num_batched_tokens=token_budget,
         block_size=block_size,
         num_blocks=num_blocks,
+        max_model_len=max_model_len,
         policy=stock_policy if policy is None else "fcfs",
     )
     if policy is None:
@@ -301,21 +308,25 @@ def run_trace(
     on_step: Callable[[Any, Any], None] | None = None,
     label: str = "vllm",
     max_stalled_steps: int | None = DEFAULT_MAX_STALLED_STEPS,
+    max_model_len: int | None = None,
 ) -> Replay:
     """Run ``arrivals`` to completion on a synchronous scheduler in virtual time; a later
     workflow stage arrives ``think_s`` after its previous stage finished here
-    (:class:`~engine_common.sim_replay.ArrivalQueue`, the simulator side's too).
+    (:class:`~engine_common.sim_replay.ArrivalQueue`, the simulator side's too). With
+    ``max_model_len`` (the scheduler's), each arrival first meets the API server's
+    context-length rule (:class:`~engine_common.sim_replay.Release`; None: none).
     ``max_stalled_steps`` consecutive steps without a token raise
     :class:`~priority.sim.stall.LivelockError` naming ``label`` (the policy) and the queued
     requests, so a livelocked scheduler fails the replay instead of hanging it."""
     queue = ArrivalQueue(arrivals)
     trace = Replay()
+    release = Release(queue, trace, max_model_len)
     lengths: dict[str, int] = {}
     steps = 0
     stall = StallGuard(label, max_stalled_steps)
     while max_steps is None or steps < max_steps:
         steps += 1
-        for a in queue.pop_due(clock.t):
+        for a in release.due(clock.t):
             stop = a.target_tokens < a.max_tokens
             if stop:
                 lengths[a.request_id] = a.target_tokens
@@ -397,10 +408,15 @@ def replay_vllm(
     token_budget: int = TOKEN_BUDGET,
     max_num_seqs: int = MAX_NUM_SEQS,
     on_step: Callable[[Any, Any], None] | None = None,
+    max_model_len: int | None = None,
 ) -> Replay:
     """``arrivals`` through a fresh real scheduler (see :func:`build_scheduler`), steps timed by
-    ``coefficients``; the clock starts at the first arrival."""
+    ``coefficients``; the clock starts at the first arrival. ``max_model_len`` is vLLM's (None:
+    from the trace, :func:`~engine_common.sim_replay.model_len_for`, as the simulator side sets
+    it); what the API server refuses at that length never reaches the scheduler."""
     pending = list(arrivals)
+    if max_model_len is None:
+        max_model_len = model_len_for(pending, num_blocks, block_size)
     clock = FakeClock(min((a.time for a in pending), default=0.0))
     scheduler = build_scheduler(
         model_dir,
@@ -413,6 +429,7 @@ def replay_vllm(
         token_budget=token_budget,
         max_num_seqs=max_num_seqs,
         clock=clock,
+        max_model_len=max_model_len,
     )
     return run_trace(
         scheduler,
@@ -422,4 +439,5 @@ def replay_vllm(
         max_steps=None,
         on_step=on_step,
         label=policy or f"stock vLLM ({stock_policy})",
+        max_model_len=max_model_len,
     )

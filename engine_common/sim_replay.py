@@ -17,6 +17,15 @@ and releases it ``think_s`` later, with the ``tiergate_sub_deadline_ms`` and
 deadline, the time left to it). Both replays use the one queue, so they release identically
 given identical finish times. :func:`request_goodput` scores a replay with the simulator's own
 scorer (:func:`priority.sim.metrics.kind_metrics`) on the arrivals as that replay released them.
+
+**Context length.** A replay runs with a ``max_model_len`` (None: no limit), and every arrival
+first meets what vLLM's OpenAI server does with a token-id prompt (:func:`api_max_tokens`): a
+prompt of ``max_model_len`` tokens or more, or a ``max_tokens`` above it, is refused with 400
+before the engine sees it; otherwise ``max_tokens`` is cut to ``max_model_len - prompt``. Both
+sides apply the one rule at release, so a refused request is counted (:attr:`Replay.refused`) and
+produces nothing on either side, instead of waiting forever in a scheduler that cannot run it.
+:func:`model_len_for` sets the length from the trace, capped by what the KV pool can hold (vLLM
+does not start with a ``max_model_len`` its KV cache cannot hold once).
 """
 
 from __future__ import annotations
@@ -104,7 +113,10 @@ class Replay:
     """Per step: wall-clock seconds of the scheduling decision (vLLM: ``schedule()``)."""
     arrivals: dict[str, Arrival] = field(default_factory=dict)
     """Every request as this replay released it (a workflow stage at its actual time, with its
-    sub-deadline); a request missing here never arrived."""
+    sub-deadline, its ``max_tokens`` as the API server passed it on); a request missing here
+    never arrived."""
+    refused: list[str] = field(default_factory=list)
+    """Requests the API server refused (prompt beyond the model length), in release order."""
 
     @property
     def preemptions(self) -> int:
@@ -231,6 +243,64 @@ class ArrivalQueue:
             self._push(t + nxt.call.think_s, nxt)
 
 
+def api_max_tokens(prompt_tokens: int, max_tokens: int, max_model_len: int | None) -> int | None:
+    """The ``max_tokens`` vLLM 0.33's OpenAI server passes to its engine for a token-id prompt,
+    or None where it answers 400 instead: ``max_tokens`` above ``max_model_len``
+    (``TokenizeParams``), a prompt longer than it (``_token_len_check``) or exactly as long (no
+    room for one output token: the engine's ``_validate_prompt_len``). Otherwise ``max_tokens``
+    is cut to the room left (``get_max_tokens``): the request is served, shorter.
+    ``max_model_len`` None: no limit."""
+    if max_model_len is None:
+        return max_tokens
+    if max_tokens > max_model_len or prompt_tokens >= max_model_len:
+        return None
+    return min(max_tokens, max_model_len - prompt_tokens)
+
+
+def admitted(arrival: Arrival, max_model_len: int | None) -> Arrival | None:
+    """``arrival`` as the API server passes it on (``max_tokens`` cut to the model length), or
+    None where it refuses it (:func:`api_max_tokens`)."""
+    cap = api_max_tokens(arrival.prompt_tokens, arrival.max_tokens, max_model_len)
+    if cap is None:
+        return None
+    if cap == arrival.max_tokens:
+        return arrival
+    return dataclasses.replace(arrival, max_tokens=cap)
+
+
+def model_len_for(
+    arrivals: Iterable[Arrival], num_blocks: int, block_size: int = BLOCK_SIZE
+) -> int:
+    """A ``max_model_len`` set from the trace: its longest request (prompt + ``max_tokens``),
+    capped at what one sequence can hold of a pool of ``num_blocks`` (vLLM keeps one as its null
+    block), the most vLLM starts with on that pool."""
+    longest = max((a.prompt_tokens + a.max_tokens for a in arrivals), default=1)
+    return max(1, min(longest, (num_blocks - 1) * block_size))
+
+
+class Release:
+    """One replay's admission of due arrivals, the same on both sides: the API server's rule
+    (:func:`admitted`), a refused request recorded in the replay and finished at once for its
+    workflow (the client has its answer: the next stage follows ``think_s`` later)."""
+
+    def __init__(self, queue: ArrivalQueue, replay: Replay, max_model_len: int | None) -> None:
+        self.queue, self.replay, self.max_model_len = queue, replay, max_model_len
+
+    def due(self, now: float) -> list[Arrival]:
+        """The arrivals due by ``now`` that reach the engine, as the API server passes them on."""
+        out = []
+        for arrival in self.queue.pop_due(now):
+            sent = admitted(arrival, self.max_model_len)
+            if sent is None:
+                self.replay.refused.append(arrival.request_id)
+                self.replay.token_times[arrival.request_id] = []
+                self.queue.finished(arrival.request_id, now)
+                continue
+            self.queue.released[arrival.request_id] = sent
+            out.append(sent)
+        return out
+
+
 REPLAY_DEFAULTS = BestEffortDefaults()
 """The plugin's defaults in a replay (``TIERGATE_DEFAULT_*`` unset)."""
 
@@ -303,8 +373,14 @@ def replay_simulator(
     token_budget: int = TOKEN_BUDGET,
     max_num_seqs: int = MAX_NUM_SEQS,
     rules: EngineRules = DEFAULT_ENGINE_RULES,
+    max_model_len: int | None = None,
 ) -> Replay:
-    """Run ``arrivals`` through :class:`EngineCore` step by step (no fast-forward)."""
+    """Run ``arrivals`` through :class:`EngineCore` step by step (no fast-forward), each first
+    through the API server's context-length rule at ``max_model_len`` (None: from the trace,
+    :func:`model_len_for`, as the vLLM side sets it; module docstring)."""
+    arrivals = list(arrivals)
+    if max_model_len is None:
+        max_model_len = model_len_for(arrivals, num_blocks, block_size)
     engine = engine_profile(
         profile,
         num_blocks,
@@ -321,9 +397,10 @@ def replay_simulator(
     queue = ArrivalQueue(arrivals)
     requests: list[Request] = []
     replay = Replay()
+    release = Release(queue, replay, max_model_len)
     now = queue.next_time() or 0.0
     while True:
-        for arrival in queue.pop_due(now):
+        for arrival in release.due(now):
             request = request_of(arrival, profile)
             requests.append(request)
             if not core.add_request(request, now):
@@ -346,7 +423,7 @@ def replay_simulator(
             queue.finished(request.request_id, now)
     if queue.held:
         raise AssertionError(f"{queue.held} workflow stage(s) never released")
-    replay.token_times = {r.request_id: list(r.token_times) for r in requests}
+    replay.token_times |= {r.request_id: list(r.token_times) for r in requests}
     replay.arrivals = queue.released
     return replay
 

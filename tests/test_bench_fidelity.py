@@ -149,3 +149,24 @@ def test_goodput_mix_sim_only_run(bench: ModuleType, capsys: pytest.CaptureFixtu
     assert cell["ratios"]["gmax/slide real"] is None
     ranks = bench.rankings(rows, ("gmax", "slide", "vllm-v1"), "goodput")
     assert ranks[0]["ranking_sim"][0] == max(by, key=lambda p: by[p])
+
+
+def test_max_model_len_argument(bench: ModuleType) -> None:
+    assert bench.parse_args(["--trace", "azure_conv"]).max_model_len is None  # from the trace
+    assert bench.parse_args(
+        ["--trace", "azure_conv", "--max-model-len", "32768"]
+    ).max_model_len == (32768)
+    for bad in ("x", "1"):
+        with pytest.raises(SystemExit):
+            bench.parse_args(["--trace", "azure_conv", "--max-model-len", bad])
+
+
+def test_long_context_sim_only_counts_refusals(
+    bench: ModuleType, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["--trace", "mooncake_conv", "--requests", "30", "--rate-scale", "1"]
+    argv += ["--kv-blocks", "8192,1024", "--policy", "vllm-v1", "--sim-only", "--json"]
+    assert bench.main(argv) == 0
+    rows = {r["kv_blocks"]: r for r in json.loads(capsys.readouterr().out)}
+    assert rows[8192]["refused_sim"] == 0 and rows[8192]["max_model_len"] > 8192
+    assert rows[1024]["max_model_len"] == 1023 * 16 and rows[1024]["refused_sim"] > 0
