@@ -38,6 +38,7 @@ PAGES: tuple[str, ...] = (
     "gateway.app.ui.backends",
     "gateway.app.ui.profiles",
     "gateway.app.ui.audit",
+    "gateway.app.ui.operators",
 )
 """The page modules (each has a ``router``), in navigation order after sign-in."""
 

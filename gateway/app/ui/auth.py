@@ -39,7 +39,7 @@ from gateway.app.ui.deps import (
     signed_in,
 )
 from gateway.app.ui.forms import read_form
-from gateway.app.ui.render import error_page, redirect, render
+from gateway.app.ui.render import error_page, home_of, redirect, render
 from gateway.app.ui.sessions import (
     STRONG_ADMIN_KEY_CHARS,
     SignInLimiter,
@@ -174,6 +174,8 @@ async def login(request: Request, state: StateDep) -> Response:
         refusal = TENANT_KEY_REFUSED if parse_prefix(credential) else WRONG_CREDENTIAL
         return _form(request, status_code=401, next_url=next_url, error=refusal)
     token = await asyncio.to_thread(_sign_in, state, who, client)
+    if next_url == HOME:
+        next_url = home_of(who.principal)  # a tenant admin starts at its keys
     response = redirect(request, next_url, flash=f"Signed in as {who.name}.")
     set_session_cookie(request, response, token)
     return response

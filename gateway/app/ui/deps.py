@@ -1,11 +1,13 @@
 """What every dashboard route shares: the signed-in operator, the CSRF check, the database
 session, pagination, and the mapping of errors to deliberate pages.
 
-The sign-in and CSRF checks run in :class:`UiRoute`, before the handler and before a byte of
-its form is used (as the admin API checks its key before parsing): a page module cannot
-forget them. A POST without the session's CSRF token is 403 and changes nothing. The aliases
-:data:`OperatorDep` and :data:`CsrfDep` are what handlers declare; they return what the route
-already checked (and check it themselves in an app that mounts a handler some other way).
+The sign-in, role and CSRF checks run in :class:`UiRoute`, before the handler and before a
+byte of its form is used (as the admin API checks its key before parsing): a page module cannot
+forget them. The role check is the page's rule in :mod:`gateway.app.ui.rules` (roles:
+:mod:`gateway.app.admin.roles`); a refusal is a 403 page. A POST without the session's CSRF
+token is 403 and changes nothing. The aliases :data:`OperatorDep` and :data:`CsrfDep` are what
+handlers declare; they return what the route already checked (and check it themselves in an
+app that mounts a handler some other way).
 
 Errors become pages, never a 500 or a JSON body: a data-layer refusal is its API status and
 message (:func:`gateway.errors.domain_error`), a database failure 409/503 by what it means
@@ -30,9 +32,12 @@ from sqlalchemy.orm import Session
 from starlette.exceptions import HTTPException
 from starlette.formparsers import MultiPartException
 
+from gateway.app.admin.credentials import session_principal
+from gateway.app.admin.roles import Access, access_for
 from gateway.app.admin.schemas import INT32_MAX
 from gateway.app.state import GatewayState, StateDep, get_state
 from gateway.app.ui.render import error_page
+from gateway.app.ui.rules import UI_RULES
 from gateway.app.ui.sessions import SESSION_COOKIE, Operator, csrf_token
 from gateway.db.crud import operators
 from gateway.db.errors import DomainError
@@ -55,6 +60,7 @@ __all__ = [
     "UiRoute",
 ]
 
+UI_PREFIX = "/ui"
 LOGIN_PATH = "/ui/login"
 DEFAULT_PAGE = 50
 MAX_PAGE = 200
@@ -89,7 +95,10 @@ def _lookup(state: GatewayState, token: str) -> Operator | None:
         row = operators.find_session(session, state.secret, token, ttl_s=ttl_s, now=now)
         if row is None:
             return None
-        found = Operator(row.operator, row.id, csrf_token(state.secret, token))
+        principal = session_principal(session, row.credential_id, row.operator)
+        if principal is None:  # its credential was deleted a moment ago
+            return None
+        found = Operator(row.operator, row.id, csrf_token(state.secret, token), principal)
         stale = row.last_seen_at + operators.TOUCH_EVERY <= now
     if stale:
         with state.session_factory.begin() as session:
@@ -138,6 +147,20 @@ def _sign_in_again(request: Request) -> Response:
     )
 
 
+def page_path(path: str) -> str:
+    """A page's path as its page module declares it (the rule table's key), whether or not the
+    router it is in was mounted under ``/ui`` already."""
+    if path == UI_PREFIX or path.startswith(f"{UI_PREFIX}/"):
+        return path[len(UI_PREFIX) :] or "/"
+    return path
+
+
+def _refused(request: Request, operator: Operator, access: Access) -> Response:
+    """403: a page or form this operator's role does not open; nothing was read or changed."""
+    refusal = operator.principal.refusal(access)
+    return error_page(request, 403, refusal.message, title="Not allowed for your role")
+
+
 def _failure_page(request: Request, error: ApiError) -> Response:
     return error_page(request, error.status, error.message, headers=error.headers or None)
 
@@ -152,10 +175,11 @@ class UiRoute(APIRoute):
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
         public = self.public
+        path = page_path(self.path)
 
         async def guarded(request: Request) -> Response:
             try:
-                response = await self._answer(request, handler, public)
+                response = await self._answer(request, handler, public, path)
             except SignInRequired:
                 response = _sign_in_again(request)
             for name, value in SECURITY_HEADERS.items():
@@ -169,10 +193,14 @@ class UiRoute(APIRoute):
         request: Request,
         handler: Callable[[Request], Coroutine[Any, Any, Response]],
         public: bool,
+        path: str,
     ) -> Response:
         try:
             if not public:
                 operator = await signed_in(request)
+                access = access_for(UI_RULES, request.method, path)
+                if not operator.principal.may(access):
+                    return _refused(request, operator, access)
                 if request.method not in ("GET", "HEAD"):
                     await check_csrf(request, operator)
             return await handler(request)

@@ -11,6 +11,9 @@ the form is rendered) whose keyed hash the issued key keeps (a unique column). R
 page that showed the secret makes the browser post the same form again; that post issues
 nothing and answers 409 naming the key the first one issued — never its secret, which exists
 nowhere any more. Two posts racing each other are settled by the unique index the same way.
+
+A tenant admin sees and changes its own tenant's keys only: another tenant's key, named by any
+prefix, is a 403 page, as is one that does not exist (as on ``/admin/v1/keys``).
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
-from gateway.app.admin.helpers import invalidate, own_prefix, resolve
+from gateway.app.admin.helpers import invalidate, own_prefix, scoped_key, tenant_resolver
+from gateway.app.admin.roles import Principal
 from gateway.app.admin.schemas import KeyCreate, KeyOut, KeyRotate
 from gateway.app.ui.deps import (
     DEFAULT_PAGE,
@@ -44,7 +48,7 @@ from gateway.app.ui.resource import commit_and_invalidate, submit
 from gateway.db import crud
 from gateway.db.crud.keys import DEFAULT_GRACE_S, find_key_by_form_token
 from gateway.db.errors import Conflict
-from gateway.db.models import utcnow
+from gateway.db.models import ApiKey, utcnow
 from gateway.errors import ApiError
 
 router = APIRouter(route_class=UiRoute)
@@ -63,9 +67,15 @@ class Repeated:
 
 
 def _list_context(
-    session: Session, request: Request, page: Any, tenant: str | None, active_only: bool
+    session: Session,
+    request: Request,
+    who: Principal,
+    page: Any,
+    tenant: str | None,
+    active_only: bool,
 ) -> dict[str, Any]:
-    tenant_id = resolve(crud.get_tenant, session, tenant).id if tenant else None
+    """The list, filtered (a tenant admin's: always to its own tenant, named or not)."""
+    tenant_id = who.tenant_filter(tenant or None, tenant_resolver(session))
     now = utcnow()
     rows = crud.list_keys(
         session,
@@ -79,7 +89,7 @@ def _list_context(
     return {
         "keys": [KeyOut.of(k, now) for k in rows],
         "filters": {"tenant": tenant or "", "active_only": active_only},
-        "filtered": bool(tenant_id or active_only),
+        "filtered": bool(tenant or active_only),
         "pager": pager(request, total=total, limit=page.limit, offset=page.offset, shown=len(rows)),
         "form_token": new_form_token(),
     }
@@ -94,8 +104,9 @@ def list_keys(
     tenant: Filter = None,
     active_only: bool = False,
 ) -> Response:
-    context = _list_context(session, request, page, tenant, active_only)
-    values = {"tenant": tenant or ""}
+    who = operator.principal
+    context = _list_context(session, request, who, page, tenant, active_only)
+    values = {"tenant": tenant or who.tenant_name or ""}
     return render(request, "keys.html", active="keys", title="Keys", values=values, **context)
 
 
@@ -117,10 +128,12 @@ def _once(change: Change, token: str | None, issue: Callable[[], IssuedT]) -> Is
 def _create(change: Change, token: str | None, body: KeyCreate) -> tuple[str, KeyOut]:
     session = change.session
     with session.begin():
+        tenant = change.operator.principal.tenant_filter(body.tenant, tenant_resolver(session))
+        assert tenant is not None
         created = crud.create_key(
             session,
             actor=change.operator.actor,
-            tenant=resolve(crud.get_tenant, session, body.tenant).id,
+            tenant=tenant,
             secret=change.state.secret,
             name=body.name,
             expires_at=body.expires_at,
@@ -168,7 +181,8 @@ async def create_key(change: ChangeDep) -> Response:
 
         def again() -> Response:
             page = Page(DEFAULT_PAGE, 0)
-            context = _list_context(change.session, change.request, page, None, False)
+            who = change.operator.principal
+            context = _list_context(change.session, change.request, who, page, None, False)
             errors = field_errors(error, CREATE_FIELDS)
             return render(
                 change.request,
@@ -192,7 +206,7 @@ async def create_key(change: ChangeDep) -> Response:
 def key_detail(
     request: Request, prefix: str, operator: OperatorDep, session: SessionDep
 ) -> Response:
-    key = KeyOut.of(crud.get_key(session, prefix))
+    key = KeyOut.of(scoped_key(session, operator.principal, prefix))
     return _detail(request, key, values={"grace_s": str(int(DEFAULT_GRACE_S))})
 
 
@@ -218,10 +232,13 @@ def _detail(
 
 @router.post("/keys/{prefix}/revoke")
 async def revoke_key(prefix: str, change: ChangeDep) -> Response:
-    actor = change.operator.actor
-    key = await commit_and_invalidate(
-        change, lambda s: crud.revoke_key(s, prefix, actor=actor), KeyOut.of, own_prefix
-    )
+    actor, who = change.operator.actor, change.operator.principal
+
+    def revoke(s: Session) -> ApiKey:
+        scoped_key(s, who, prefix)
+        return crud.revoke_key(s, prefix, actor=actor)
+
+    key = await commit_and_invalidate(change, revoke, KeyOut.of, own_prefix)
     flash = f"Key {key.prefix} revoked: it stops working now."
     return redirect(change.request, f"/ui/keys/{key.prefix}", flash=flash)
 
@@ -231,6 +248,7 @@ def _rotate(
 ) -> tuple[str, KeyOut, KeyOut]:
     session = change.session
     with session.begin():
+        scoped_key(session, change.operator.principal, prefix)
         created = crud.rotate_key(
             session,
             prefix,
@@ -255,7 +273,7 @@ async def rotate_key(prefix: str, change: ChangeDep) -> Response:
 
     values, result = await submit(change, ROTATE_FIELDS, KeyRotate, rotate, blank_is_null=False)
     if isinstance(result, ApiError):
-        if result.status == 404:
+        if result.status in (403, 404):  # no such key, or not this tenant admin's
             raise result
         error = result
         key = await run_in_threadpool(lambda: KeyOut.of(crud.get_key(change.session, prefix)))

@@ -2,7 +2,9 @@
 pages and pagination links, shared by every page module.
 
 :func:`render` adds what ``base.html`` needs to every page's context (``operator``,
-``csrf_token``, ``nav``, ``active``, ``flash``), so a page module passes only its own data.
+``csrf_token``, ``nav``, ``active``, ``flash``) and what the role allows (``may_write``,
+``may_keys``, ``may_own``: templates show a control only to a role that may use it), so a page
+module passes only its own data.
 Templates are autoescaped: a tenant named ``<script>`` is shown, never run.
 """
 
@@ -24,6 +26,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse
 from starlette.templating import Jinja2Templates
 
 from admin_ui import TEMPLATES_DIR
+from gateway.app.admin.roles import Access, Principal
 from gateway.app.state import get_state
 
 __all__ = [
@@ -49,20 +52,43 @@ class NavItem:
     key: str
     label: str
     href: str
+    access: Access = Access.READ
+    """Who sees the link: the level its page's rule asks (:mod:`gateway.app.ui.rules`)."""
 
 
 NAV = (
     NavItem("overview", "Overview", f"{UI_PATH}/"),
-    NavItem("usage", "Usage", f"{UI_PATH}/usage"),
+    NavItem("usage", "Usage", f"{UI_PATH}/usage", Access.TENANT_READ),
     NavItem("tiers", "Tiers", f"{UI_PATH}/tiers"),
     NavItem("tenants", "Tenants", f"{UI_PATH}/tenants"),
-    NavItem("keys", "Keys", f"{UI_PATH}/keys"),
+    NavItem("keys", "Keys", f"{UI_PATH}/keys", Access.TENANT_READ),
     NavItem("backends", "Backends", f"{UI_PATH}/backends"),
     NavItem("profiles", "Profiles", f"{UI_PATH}/profiles"),
     NavItem("audit", "Audit", f"{UI_PATH}/audit"),
-    NavItem("api", "API reference", "/docs"),
+    NavItem("operators", "Operators", f"{UI_PATH}/operators"),
+    NavItem("api", "API reference", "/docs", Access.ANY),
 )
-"""The dashboard's navigation, in the contract's order (``base.html`` renders it)."""
+"""The dashboard's navigation, in the contract's order (``base.html`` renders the links the
+signed-in operator's role opens)."""
+
+
+def home_of(principal: Principal | None) -> str:
+    """Where a signed-in operator starts: the overview, or a tenant admin's keys."""
+    if principal is not None and not principal.may(Access.READ):
+        return f"{UI_PATH}/keys"
+    return f"{UI_PATH}/"
+
+
+def _role_context(principal: Principal | None) -> dict[str, Any]:
+    """What the templates need to show only the controls the role may use."""
+    return {
+        "nav": [i for i in NAV if principal is None or principal.may(i.access)],
+        "home": home_of(principal),
+        "who": principal,
+        "may_write": principal is not None and principal.may(Access.WRITE),
+        "may_keys": principal is not None and principal.may(Access.TENANT_WRITE),
+        "may_own": principal is not None and principal.may(Access.OWNER),
+    }
 
 
 def fmt(value: Any, digits: int = 3) -> str:
@@ -167,7 +193,7 @@ def render(
     values = {
         "operator": operator,
         "csrf_token": operator.csrf_token if operator is not None else "",
-        "nav": NAV,
+        **_role_context(operator.principal if operator is not None else None),
         "active": active,
         "flash": flash,
         "errors": {},

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 from fastapi import Request, Response
 
+from gateway.app.admin.roles import Principal
 from gateway.app.shared_state import SharedFile
 
 SESSION_COOKIE = "tiergate_session"
@@ -41,6 +42,8 @@ class Operator:
     name: str
     session_id: int
     csrf_token: str
+    principal: Principal
+    """Its role (and a tenant admin's tenant), read from its credential on every request."""
 
     @property
     def actor(self) -> str:
@@ -48,7 +51,11 @@ class Operator:
         return f"admin-ui:{self.name}"
 
     def __repr__(self) -> str:
-        return f"Operator(name={self.name!r}, session_id={self.session_id}, csrf_token=<hidden>)"
+        role = self.principal.role.value
+        return (
+            f"Operator(name={self.name!r}, role={role!r}, session_id={self.session_id}, "
+            "csrf_token=<hidden>)"
+        )
 
 
 def csrf_token(secret: str | bytes, session_token: str) -> str:

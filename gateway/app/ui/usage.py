@@ -9,7 +9,7 @@ uPlot (vendored, ``admin_ui/static/vendor/uplot``); ``/ui/usage.csv`` is the ser
 
 A window is a preset (last hour … last 90 days) or ``from``/``to`` (ISO 8601; without an offset
 the time is UTC, as every time on the dashboard). Bad filters are shown beside their field,
-status 400, never a 500 page.
+status 400, never a 500 page. A tenant admin's filters always name its own tenant.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from fastapi.responses import JSONResponse, Response
 from sqlalchemy.orm import Session
 
 from gateway.app.admin.usage import csv_response
-from gateway.app.ui.deps import OperatorDep, SessionDep, UiRoute
+from gateway.app.ui.deps import Operator, OperatorDep, SessionDep, UiRoute
 from gateway.app.ui.render import render
 from gateway.app.usage_csv import series_csv
 from gateway.db import crud
@@ -171,7 +171,20 @@ def read_filters(request: Request) -> UsageFilters:
         if not 1 <= found.top <= MAX_TOP:
             errors["top"] = f"top must be a whole number from 1 to {MAX_TOP}"
             found.top = DEFAULT_TOP
+    _scope(request, values)
     return found
+
+
+def _scope(request: Request, values: dict[str, str]) -> None:
+    """A tenant admin's filters name its own tenant, always: another tenant is 403 (never
+    looked up), and no tenant means its own."""
+    operator = getattr(request.state, "operator", None)
+    if not isinstance(operator, Operator) or not operator.principal.tenant_bound:
+        return
+    who = operator.principal
+    if values["tenant"] and not who.owns_ref(values["tenant"]):
+        raise who.foreign()
+    values["tenant"] = who.tenant_name or ""
 
 
 def _plan(found: UsageFilters, session: Session) -> SeriesPlan | None:
