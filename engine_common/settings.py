@@ -8,7 +8,8 @@ variable                        meaning                                         
 ==============================  =====================================================  ============
 ``TIERGATE_POLICY``             engine policy name (``priority.policies``)             ``slide``
 ``TIERGATE_PROFILE``            latency profile name or path to a profile JSON         per package
-``TIERGATE_POLICY_PARAMS``      JSON object of the policy's keyword parameters         ``{}``
+``TIERGATE_POLICY_PARAMS``      JSON object of the policy's parameters (its dataclass  ``{}``
+                                in ``priority.policies``)
 ``TIERGATE_DEFAULT_TIER``       tier of requests that carry no tier                    ``default``
 ``TIERGATE_DEFAULT_WEIGHT``     weight of requests that carry neither weight nor       ``1.0``
                                 ``priority``
@@ -41,7 +42,7 @@ from typing import Any
 from engine_common.protocol import BestEffortDefaults
 from priority.estimator import DEFAULT_THETA, DEFAULT_WINDOW
 from priority.estimator_refit import DEFAULT_EVERY
-from priority.policies import POLICY_NAMES, SchedulingPolicy, make_policy, policy_class
+from priority.policies import POLICY_NAMES, PolicyParamsError, SchedulingPolicy, policy_plugin
 from priority.profiles import Profile, available_profiles, load_profile
 
 __all__ = ["PREFIX", "BestEffortDefaults", "EngineSettings", "SettingsError"]
@@ -57,7 +58,8 @@ class SettingsError(ValueError):
 class EngineSettings:
     policy: str
     profile: Profile
-    policy_params: Mapping[str, Any] = field(default_factory=dict)
+    policy_params: Any = None
+    """The policy's parameters dataclass, validated at start-up (None: the policy's defaults)."""
     defaults: BestEffortDefaults = field(default_factory=BestEffortDefaults)
     theta: float = DEFAULT_THETA
     window: int = DEFAULT_WINDOW
@@ -69,10 +71,9 @@ class EngineSettings:
     def make_policy(self) -> SchedulingPolicy:
         """A fresh policy with its own estimator (beta starts at 1)."""
         estimator = self.profile.estimator(theta=self.theta, window=self.window)
-        try:
-            return make_policy(self.policy, estimator, **dict(self.policy_params))
-        except (TypeError, ValueError) as exc:
-            raise SettingsError(f"{PREFIX}POLICY_PARAMS for {self.policy!r}: {exc}") from None
+        plugin = policy_plugin(self.policy)
+        params = plugin.defaults if self.policy_params is None else self.policy_params
+        return plugin.factory(estimator, params)
 
     @classmethod
     def from_env(cls, default_profile: str, env: Mapping[str, str] | None = None) -> EngineSettings:
@@ -82,7 +83,8 @@ class EngineSettings:
             raise SettingsError(
                 f"{PREFIX}POLICY={policy!r} is not a policy; known: {', '.join(POLICY_NAMES)}"
             )
-        if policy_class(policy).uses_oracle_length:
+        plugin = policy_plugin(policy)
+        if plugin.policy_type.uses_oracle_length:
             raise SettingsError(
                 f"{PREFIX}POLICY={policy!r} needs true output lengths, which only exist in "
                 "simulation"
@@ -102,6 +104,10 @@ class EngineSettings:
             raise SettingsError(f"{PREFIX}POLICY_PARAMS is not JSON: {exc}") from None
         if not isinstance(params, dict):
             raise SettingsError(f"{PREFIX}POLICY_PARAMS must be a JSON object, got {raw_params}")
+        try:  # unknown or invalid policy parameters fail here, at start-up
+            policy_params = plugin.parse(params)
+        except PolicyParamsError as exc:
+            raise SettingsError(f"{PREFIX}POLICY_PARAMS for {policy!r}: {exc}") from None
         ttft_ms = _number(env, "DEFAULT_TTFT_MS", None)
         defaults = BestEffortDefaults(
             tier=env.get(f"{PREFIX}DEFAULT_TIER", "default").strip() or "default",
@@ -119,11 +125,9 @@ class EngineSettings:
         if refit_every is None or refit_every < 0 or refit_every != int(refit_every):
             raise SettingsError(f"{PREFIX}REFIT_EVERY must be an integer >= 0")
         step_log = env.get(f"{PREFIX}STEP_LOG", "").strip() or None
-        settings = cls(
-            policy, profile, params, defaults, theta, int(window), int(refit_every), step_log
+        return cls(
+            policy, profile, policy_params, defaults, theta, int(window), int(refit_every), step_log
         )
-        settings.make_policy()  # unknown or invalid policy parameters fail here, at start-up
-        return settings
 
 
 def _number(env: Mapping[str, str], name: str, default: float | None) -> float | None:

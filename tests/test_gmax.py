@@ -9,7 +9,7 @@ from priority.estimator import BatchLatencyEstimator, LatencyCoefficients
 from priority.lengths.distribution import LengthDistribution
 from priority.policies import make_policy
 from priority.policies.base import EngineLimits, SchedulerInput, StepPlan, cdiv
-from priority.policies.gmax import GmaxPolicy
+from priority.policies.gmax import GmaxParams, GmaxPolicy
 from priority.request import SLO, Request, RequestStatus
 
 COEFFICIENTS = LatencyCoefficients(a_p=1e-8, b_p=2e-9, c_p=5e-5, a_d=2e-7, b_d=2e-4, t_c=5e-3)
@@ -40,12 +40,15 @@ def test_window_groups_similar_lengths() -> None:
     100 (10), 110 (9.7), 500 (9.6), 2000 (9.9); pairs sum to 19.7, 19.3, 19.5, so the window is
     the 100- and 110-token prompts — not the top two by priority (10 and 9.9, 100 vs 2000).
     """
-    policy = GmaxPolicy(_estimator(), cutoff=0.95)
+    policy = GmaxPolicy(_estimator(), GmaxParams(cutoff=0.95))
     prio = np.array([10.0, 9.6, 9.9, 9.7])
     lengths = np.array([100.0, 500.0, 2000.0, 110.0])
     assert policy.window(prio, lengths, 2).tolist() == [0, 3]
     # a strict cut-off (p = 1) keeps only the top two: the window is exactly them
-    assert GmaxPolicy(_estimator(), cutoff=1.0).window(prio, lengths, 2).tolist() == [0, 2]
+    assert GmaxPolicy(_estimator(), GmaxParams(cutoff=1.0)).window(prio, lengths, 2).tolist() == [
+        0,
+        2,
+    ]
     # fewer candidates than seats: all of them
     assert policy.window(prio[:2], lengths[:2], 3).tolist() == [0, 1]
 
@@ -62,7 +65,7 @@ def test_frame_boundary_preempts_a_much_worse_victim_once_per_frame() -> None:
     newcomer's goodput (1 request) beats the victim's stall loss (recompute time ÷ step time ×
     1/990 per token) and its priority is far above 1.1× the victim's: preempt and admit.
     Inside the frame (after one executed step) the same state preempts nothing."""
-    policy = GmaxPolicy(_estimator(), slack_weight=0.0, aging=0.0, frame_steps=50)
+    policy = GmaxPolicy(_estimator(), GmaxParams(slack_weight=0.0, aging=0.0, frame_steps=50))
     inp = _one_seat_state()
     plan = policy.schedule(inp)
     assert [r.request_id for r in plan.preempted] == ["long"]
@@ -74,7 +77,7 @@ def test_frame_boundary_preempts_a_much_worse_victim_once_per_frame() -> None:
 
 
 def test_preemption_needs_the_priority_margin() -> None:
-    policy = GmaxPolicy(_estimator(), slack_weight=0.0, aging=0.0, preempt_margin=1e6)
+    policy = GmaxPolicy(_estimator(), GmaxParams(slack_weight=0.0, aging=0.0, preempt_margin=1e6))
     plan = policy.schedule(_one_seat_state())
     assert not plan.preempted
     assert [r.request_id for r, _ in plan.scheduled] == ["long"]
@@ -101,7 +104,7 @@ def test_slack_term_serves_the_tight_request_first() -> None:
     inp = SchedulerInput(now=1.0, running=[], waiting=[lax, tight], limits=limits)
     aware = GmaxPolicy(_estimator()).schedule(inp)
     assert [r.request_id for r, _ in aware.scheduled] == ["tight"]
-    blind = GmaxPolicy(_estimator(), slack_weight=0.0).schedule(inp)
+    blind = GmaxPolicy(_estimator(), GmaxParams(slack_weight=0.0)).schedule(inp)
     assert [r.request_id for r, _ in blind.scheduled] == ["lax"]
 
 
@@ -238,7 +241,7 @@ def test_eligibility_and_priority_use_the_likely_length() -> None:
     inp = SchedulerInput(now=1.0, running=[], waiting=[req], limits=limits)
     likely = GmaxPolicy(_estimator()).schedule(inp)
     assert likely.hopeless == [] and [r.request_id for r, _ in likely.scheduled] == ["r"]
-    published = GmaxPolicy(_estimator(), likely_quantile=None).schedule(inp)
+    published = GmaxPolicy(_estimator(), GmaxParams(likely_quantile=None)).schedule(inp)
     assert published.hopeless == [("r", "deadline_unreachable")]
 
 
@@ -250,7 +253,7 @@ def test_a_stream_past_its_ttft_is_hopeless_for_request_goodput() -> None:
     limits = EngineLimits(token_budget=2048, max_num_seqs=4, block_size=16, num_free_blocks=100)
     inp = SchedulerInput(now=0.5, running=[], waiting=[late], limits=limits)
     assert GmaxPolicy(_estimator()).schedule(inp).hopeless == [("late", "deadline_unreachable")]
-    assert GmaxPolicy(_estimator(), objective="tokens").schedule(inp).hopeless == []
+    assert GmaxPolicy(_estimator(), GmaxParams(objective="tokens")).schedule(inp).hopeless == []
 
 
 # ---- Tempo's cost-aware preemption (Tempo §4.2: every 20 steps, gain vs stall loss) ----------

@@ -16,10 +16,10 @@ from priority.policies.base import (
     StepPlan,
     cdiv,
 )
-from priority.policies.fairbatching import FairBatchingPolicy
-from priority.policies.sarathi import SarathiFcfsPolicy
-from priority.policies.sjf import OracleLengths, RoundRobinSjfPolicy, SjfPolicy
-from priority.policies.wvtc import WeightedVtcPolicy
+from priority.policies.fairbatching import FairBatchingParams, FairBatchingPolicy
+from priority.policies.sarathi import SarathiFcfsPolicy, SarathiParams
+from priority.policies.sjf import OracleLengths, RoundRobinSjfPolicy, RrSjfParams, SjfPolicy
+from priority.policies.wvtc import WeightedVtcPolicy, WvtcParams
 from priority.request import SLO, Request, RequestStatus
 
 # 1 ms per prefill token, 10 ms per decode, 5 ms per batch: easy to follow by hand.
@@ -298,7 +298,7 @@ def test_sarathi_fcfs_decodes_first_then_fcfs_prefill_within_the_tpot_budget() -
     slo = SLO(ttft_s=1.0, tpot_s=tpot)
     running = [decoding("D1", arrival=2.0, slo=slo), decoding("D2", arrival=3.0, slo=slo)]
     queued = [waiting("late", arrival=1.0, prompt=100), waiting("early", arrival=0.0, prompt=100)]
-    policy = SarathiFcfsPolicy(estimator(), min_prefill_tokens=1)
+    policy = SarathiFcfsPolicy(estimator(), SarathiParams(min_prefill_tokens=1))
     inp = state(running, queued)
     # Decodes: 5 ms + 2 x 10 ms = 25 ms; 25.5 ms left of the 50.5 ms TPOT -> 25 prefill tokens.
     assert policy.prefill_budget(inp) == 25
@@ -317,7 +317,7 @@ def test_sarathi_continues_in_progress_prefill_before_admitting() -> None:
         prefilling("P", arrival=5.0, prompt=100, left=10),
     ]
     queued = [waiting("W", arrival=1.0, prompt=100)]
-    policy = SarathiFcfsPolicy(estimator(), min_prefill_tokens=1)
+    policy = SarathiFcfsPolicy(estimator(), SarathiParams(min_prefill_tokens=1))
     plan = policy.schedule(state(running, queued))
     # Decodes 5 + 10 ms of 50 ms: 35 prefill tokens, 10 to P first, 25 to W.
     assert ids(plan) == ["D", "P", "W"]
@@ -326,7 +326,7 @@ def test_sarathi_continues_in_progress_prefill_before_admitting() -> None:
 
 def test_sarathi_budget_floor_and_no_tpot() -> None:
     tight = SLO(ttft_s=1.0, tpot_s=0.01)  # decodes alone overrun it
-    policy = SarathiFcfsPolicy(estimator(), min_prefill_tokens=32)
+    policy = SarathiFcfsPolicy(estimator(), SarathiParams(min_prefill_tokens=32))
     inp = state([decoding("D", slo=tight)], [waiting("W", prompt=100)])
     assert policy.prefill_budget(inp) == 32
     assert tokens(policy.schedule(inp))["W"] == 32
@@ -383,7 +383,7 @@ def test_fairbatching_urgency_threshold_scales_with_step_time() -> None:
         "b",
         "a",
     ]
-    urgent_policy = FairBatchingPolicy(estimator(), urgent_steps=10)
+    urgent_policy = FairBatchingPolicy(estimator(), FairBatchingParams(urgent_steps=10))
     assert ids(urgent_policy.schedule(state(running, queued))) == ["b", "P", "a"]
 
 
@@ -452,7 +452,9 @@ def test_wvtc_clients_can_be_tiers() -> None:
     for r in queued:
         r.tier = r.request_id[0]  # every request is tenant "default"
     by_tenant = WeightedVtcPolicy(estimator()).schedule(state([], queued, seqs=2))
-    by_tier = WeightedVtcPolicy(estimator(), client="tier").schedule(state([], queued, seqs=2))
+    by_tier = WeightedVtcPolicy(estimator(), WvtcParams(client="tier")).schedule(
+        state([], queued, seqs=2)
+    )
     assert ids(by_tenant) == ["h0", "h1"]  # one client: plain FCFS
     assert ids(by_tier) == ["h0", "l0"]
 
@@ -505,7 +507,7 @@ def test_rr_sjf_preempts_past_quantum_longest_first_only_when_memory_is_short() 
         ]
         return state(running, [waiting("new", arrival=50.0, true_len=10)], seqs=seqs)
 
-    policy = RoundRobinSjfPolicy(estimator(), quantum=5)
+    policy = RoundRobinSjfPolicy(estimator(), RrSjfParams(quantum=5))
     plan = policy.schedule(scenario(since_resume=5, seqs=2))
     assert [r.request_id for r in plan.preempted] == ["long"]
     assert set(ids(plan)) == {"short", "new"}
@@ -547,7 +549,9 @@ def test_rr_sjf_round_robins_where_sjf_runs_to_completion() -> None:
         first_tokens = max(r.token_times[0] for r in queued)
         return min(r.finished_s or 0.0 for r in queued), first_tokens
 
-    finish, all_started = first_finish_vs_first_tokens(RoundRobinSjfPolicy(estimator(), quantum=2))
+    finish, all_started = first_finish_vs_first_tokens(
+        RoundRobinSjfPolicy(estimator(), RrSjfParams(quantum=2))
+    )
     assert all_started < finish  # every job got a turn before the first one finished
     finish, all_started = first_finish_vs_first_tokens(SjfPolicy(estimator()))
     assert finish < all_started  # SJF: the shortest runs to completion first

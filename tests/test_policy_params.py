@@ -1,4 +1,4 @@
-"""Policy parameters are validated against the real constructor, and every one of them works.
+"""Policy parameters are validated against the policy's dataclass, and every one of them works.
 
 The bug this guards against: ``TIERGATE_POLICY_PARAMS={"gain_weights": {...}}`` passed start-up
 (only the names were checked) and raised ``AttributeError`` on the first ``schedule()``. Here
@@ -15,9 +15,11 @@ import pytest
 
 from engine_common.settings import EngineSettings, SettingsError
 from priority.gain import GainWeights, GoodputWeights
-from priority.policies import POLICY_NAMES, make_policy, policy_class
+from priority.policies import POLICY_NAMES, make_policy, policy_class, policy_plugin
 from priority.policies.base import VLLM_ADMISSION, EngineLimits, SchedulerInput
-from priority.policies.params import PolicyParamsError, parameter_names
+from priority.policies.gmax import GmaxFairPolicy, GmaxParams, GmaxPolicy
+from priority.policies.params import PolicyParamsError
+from priority.policies.slide import SlideBatchingPolicy
 from priority.profiles import load_profile
 from priority.request import SLO, Request, RequestStatus
 
@@ -107,7 +109,7 @@ def step_input(now: float = 1.0) -> SchedulerInput:
 
 def test_every_policy_parameter_has_an_example() -> None:
     for name in POLICY_NAMES:
-        assert set(EXAMPLES[name]) == set(parameter_names(policy_class(name))), name
+        assert set(EXAMPLES[name]) == set(policy_plugin(name).parameter_names), name
 
 
 @pytest.mark.parametrize("name", DEPLOYABLE)
@@ -116,13 +118,15 @@ def test_the_plugin_starts_with_every_parameter_and_plans(name: str) -> None:
     settings = EngineSettings.from_env("a100-qwen2-7b", env=env)
     policy = settings.make_policy()
     for key, value in EXAMPLES[name].items():
-        got = getattr(policy, key, None)
+        got = getattr(policy.params, key)
         if isinstance(got, GainWeights):
             assert got == GainWeights(**value)
         elif isinstance(got, GoodputWeights):
             assert got == GoodputWeights(**value)
-        elif got is not None:
+        else:
             assert got == value, key
+        if hasattr(policy, key):  # the attribute the policy reads is the parameter's value
+            assert getattr(policy, key) == got, key
     for now in (1.0, 5.0):  # on time, then everything overdue
         plan = policy.schedule(step_input(now))
         assert plan.scheduled
@@ -133,9 +137,11 @@ def test_slide_gain_weights_reach_the_ranking() -> None:
     between the running decode and the new prompts."""
     estimator = load_profile("a100-qwen2-7b").estimator()
     first = make_policy("slide", estimator, gain_weights={"first_token": 1000.0}, gamma=1e6)
+    assert isinstance(first, SlideBatchingPolicy)
     assert first.gain_weights == GainWeights(first_token=1000.0, decode_token=1.0)
     assert first.order(step_input(0.1))[0][-1].request_id == "run"
     plain = make_policy("slide", estimator, gamma=1e6)
+    assert isinstance(plain, SlideBatchingPolicy)
     assert plain.order(step_input(0.1))[0][0].request_id == "run"
 
 
@@ -167,3 +173,34 @@ def test_renamed_policies_say_their_new_name() -> None:
         policy_class("vllm-fcfs")
     with pytest.raises(KeyError, match="now 'vllm-v1-priority'"):
         policy_class("vllm-priority")
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"gamma": 0.0}, "gamma must be > 0"),
+        ({"starve_share": 2.0}, "starve_share must be in"),
+    ],
+)
+def test_out_of_range_parameters_fail_at_start_up(params: dict[str, Any], message: str) -> None:
+    """The dataclass's range checks run when the JSON is parsed, before any policy exists."""
+    env = {"TIERGATE_POLICY": "slide", "TIERGATE_POLICY_PARAMS": json.dumps(params)}
+    with pytest.raises(SettingsError, match=message):
+        EngineSettings.from_env("a100-qwen2-7b", env=env)
+    with pytest.raises(PolicyParamsError, match=f"slide: {message}"):
+        policy_plugin("slide").parse(params)
+
+
+def test_a_variant_is_its_family_with_other_defaults() -> None:
+    """gmax-fair is GMAX with f = 0.3, not a copied constructor: a parameter it is given
+    overrides only that default, and its class takes GMAX's dataclass."""
+    plugin = policy_plugin("gmax-fair")
+    assert plugin.params is GmaxParams is policy_plugin("gmax").params
+    assert plugin.defaults == GmaxParams(fairness=0.3)
+    assert plugin.parse({"cutoff": 0.5}) == GmaxParams(fairness=0.3, cutoff=0.5)
+    estimator = load_profile("a100-qwen2-7b").estimator()
+    assert GmaxFairPolicy(estimator).fairness == 0.3
+    assert GmaxPolicy(estimator).fairness == 0.0
+    assert policy_plugin("tempo").defaults.frame_steps == 20
+    with pytest.raises(TypeError, match="takes GmaxParams"):
+        GmaxPolicy(estimator, policy_plugin("tempo").defaults)

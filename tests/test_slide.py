@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from priority.estimator import BatchLatencyEstimator, LatencyCoefficients
 from priority.gain import GainWeights
 from priority.policies import make_policy
 from priority.policies.base import VLLM_ADMISSION, EngineLimits, SchedulerInput, cdiv
-from priority.policies.slide import SlideBatchingPolicy
+from priority.policies.slide import SlideBatchingPolicy, SlideParams
 from priority.request import SLO, Request, RequestStatus
 
 # 1 ms per prefill token, 10 ms per decode, 5 ms per batch: easy to follow by hand.
@@ -44,8 +46,10 @@ def scenario() -> SchedulerInput:
     return SchedulerInput(now=NOW, running=running, waiting=queued, limits=limits)
 
 
-def policy(**kwargs: object) -> SlideBatchingPolicy:
-    return SlideBatchingPolicy(BatchLatencyEstimator(COEFFS), gain_weights=WEIGHTS, **kwargs)  # type: ignore[arg-type]
+def policy(**kwargs: Any) -> SlideBatchingPolicy:
+    return SlideBatchingPolicy(
+        BatchLatencyEstimator(COEFFS), SlideParams(gain_weights=WEIGHTS, **kwargs)
+    )
 
 
 def test_worked_example_partition_and_order() -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 import pytest
@@ -21,7 +22,7 @@ from priority.gain import GainWeights
 from priority.policies import columns as columns_module
 from priority.policies import slide as slide_module
 from priority.policies.base import SchedulerInput, StepPlan
-from priority.policies.slide import SlideBatchingPolicy, _first_at_or_after, _lexsort
+from priority.policies.slide import SlideBatchingPolicy, SlideParams, _first_at_or_after, _lexsort
 from priority.profiles import load_profile
 from priority.request import SLO, Request
 from tests.scripts_loader import load_script
@@ -60,8 +61,8 @@ def states(bench: ModuleType, seed: int, count: int) -> Iterator[SchedulerInput]
         yield dataclasses.replace(state, now=later, limits=limits)
 
 
-def policy(**settings: object) -> SlideBatchingPolicy:
-    return SlideBatchingPolicy(PROFILE.estimator(), gain_weights=GAIN, **settings)  # type: ignore[arg-type]
+def policy(**settings: Any) -> SlideBatchingPolicy:
+    return SlideBatchingPolicy(PROFILE.estimator(), SlideParams(gain_weights=GAIN, **settings))
 
 
 def summary(plan: StepPlan) -> tuple[object, ...]:

@@ -33,12 +33,13 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import numpy.typing as npt
 
 from priority.estimator import BatchLatencyEstimator
+from priority.policies.params import NO_PARAMS
 from priority.request import Request
 
 
@@ -130,9 +131,21 @@ class SchedulingPolicy(ABC):
     name: ClassVar[str]
     uses_oracle_length: ClassVar[bool] = False
     """True when the policy reads ``Request.true_output_tokens`` (simulation-only baselines)."""
+    default_params: ClassVar[Any] = NO_PARAMS
+    """The parameters of a policy built without any: a frozen dataclass, every field defaulted
+    (:mod:`priority.policies.params`). The registry validates operator JSON against its type, and
+    a variant is its family's class with other defaults here."""
 
-    def __init__(self, estimator: BatchLatencyEstimator) -> None:
+    def __init__(self, estimator: BatchLatencyEstimator, params: Any = None) -> None:
         self.estimator = estimator
+        if params is None:
+            params = self.default_params
+        elif type(params) is not type(self.default_params):
+            raise TypeError(
+                f"{self.name} takes {type(self.default_params).__name__}, "
+                f"not {type(params).__name__}"
+            )
+        self.params = params
 
     @abstractmethod
     def schedule(self, inp: SchedulerInput) -> StepPlan:

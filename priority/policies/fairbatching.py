@@ -18,6 +18,7 @@ from __future__ import annotations
 import heapq
 from bisect import bisect_left
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
@@ -36,19 +37,28 @@ from priority.request import Request
 DEFAULT_URGENT_STEPS = 2.0
 
 
+@dataclass(frozen=True, slots=True)
+class FairBatchingParams:
+    urgent_steps: float = DEFAULT_URGENT_STEPS
+    """Slack, in estimated decode steps, under which a decode is urgent."""
+
+    def __post_init__(self) -> None:
+        if self.urgent_steps < 0:
+            raise ValueError(f"urgent_steps must be >= 0, got {self.urgent_steps}")
+
+
 class FairBatchingPolicy(SchedulingPolicy):
     """Near-deadline decodes, then EDF prefills, then the other decodes by deadline."""
 
     name: ClassVar[str] = "fairbatching"
+    default_params: ClassVar[FairBatchingParams] = FairBatchingParams()
+    params: FairBatchingParams
 
     def __init__(
-        self, estimator: BatchLatencyEstimator, *, urgent_steps: float = DEFAULT_URGENT_STEPS
+        self, estimator: BatchLatencyEstimator, params: FairBatchingParams | None = None
     ) -> None:
-        """``urgent_steps``: slack, in estimated decode steps, under which a decode is urgent."""
-        super().__init__(estimator)
-        if urgent_steps < 0:
-            raise ValueError(f"urgent_steps must be >= 0, got {urgent_steps}")
-        self.urgent_steps = urgent_steps
+        super().__init__(estimator, params)
+        self.urgent_steps = self.params.urgent_steps
 
     def decode_step_s(self, decodes: list[Request]) -> float:
         """Estimated time of a step carrying just these decodes."""

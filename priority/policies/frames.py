@@ -24,12 +24,31 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from itertools import islice
 
 from priority.estimator import BatchLatencyEstimator
 from priority.policies.base import BatchBuilder, StepPlan, cdiv
-from priority.policies.lengthaware import FloatArray, GoodputView
+from priority.policies.lengthaware import FloatArray, GoodputView, LengthAwareParams
 from priority.request import Request
+
+
+@dataclass(frozen=True, slots=True)
+class FramedParams(LengthAwareParams):
+    """A length-aware policy's parameters plus the frame rule's (JITServe's defaults)."""
+
+    frame_steps: int = 50
+    """Executed steps per frame (JITServe Δ = 50)."""
+    preempt_margin: float = 0.1
+    """A newcomer's priority must beat its victim's by ``1 + preempt_margin`` (JITServe δ)."""
+    max_preempt_per_frame: int = 4
+
+    def __post_init__(self) -> None:
+        LengthAwareParams.__post_init__(self)
+        if self.frame_steps < 1 or self.max_preempt_per_frame < 0:
+            raise ValueError("frame_steps >= 1, max_preempt_per_frame >= 0")
+        if not (self.preempt_margin >= 0 and math.isfinite(self.preempt_margin)):
+            raise ValueError(f"preempt_margin must be finite and >= 0, got {self.preempt_margin}")
 
 
 def growth_reserve_blocks(view: GoodputView, block_size: int, reserve_tokens: int) -> int:
@@ -69,17 +88,11 @@ class FramePreemptionMixin:
     _steps_in_frame: int
     _boundary_plan: StepPlan | None
 
-    def _init_frames(
-        self, *, frame_steps: int, preempt_margin: float, max_preempt_per_frame: int
-    ) -> None:
-        if frame_steps < 1 or max_preempt_per_frame < 0:
-            raise ValueError("frame_steps >= 1, max_preempt_per_frame >= 0")
-        if not (preempt_margin >= 0 and math.isfinite(preempt_margin)):
-            raise ValueError(f"preempt_margin must be finite and >= 0, got {preempt_margin}")
-        self.frame_steps = frame_steps
-        self.preempt_margin = preempt_margin
-        self.max_preempt_per_frame = max_preempt_per_frame
-        self._steps_in_frame = frame_steps  # the first step is a frame boundary
+    def _init_frames(self, params: FramedParams) -> None:
+        self.frame_steps = params.frame_steps
+        self.preempt_margin = params.preempt_margin
+        self.max_preempt_per_frame = params.max_preempt_per_frame
+        self._steps_in_frame = params.frame_steps  # the first step is a frame boundary
         self._boundary_plan = None
 
     def frame_boundary(self, plan: StepPlan) -> bool:

@@ -59,19 +59,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from dataclasses import dataclass
 from itertools import takewhile
 from typing import ClassVar, Literal
 
 import numpy as np
 
 from priority.estimator import BatchLatencyEstimator
-from priority.gain import DEFAULT_BEST_EFFORT_DEADLINE_S, GoodputWeights
 from priority.policies.base import BatchBuilder, SchedulerInput, SchedulingPolicy, StepPlan, cdiv
-from priority.policies.frames import FramePreemptionMixin, growth_reserve_blocks
+from priority.policies.frames import FramedParams, FramePreemptionMixin, growth_reserve_blocks
 from priority.policies.lengthaware import (
     ARRIVAL,
     KIND,
-    PRICING_WEIGHTS,
     PROMPT,
     STREAMING_KIND,
     TENANT,
@@ -92,83 +91,67 @@ from priority.request import Request
 Objective = Literal["requests", "tokens"]
 
 
+@dataclass(frozen=True, slots=True)
+class GmaxParams(FramedParams):
+    """GMAX's parameters (the module docstring says what each rule does)."""
+
+    objective: Objective = "requests"
+    """What a request is worth: one request (tier weight) or its tokens (``goodput_weights``)."""
+    cutoff: float = 0.95
+    """The batch window's p."""
+    aging: float = 0.05
+    """Goodput growth per frame waited."""
+    slack_weight: float = 0.5
+    """The just-in-time term (0 = the published rule)."""
+    wait_timeout_s: float = 5.0
+    """When an unscheduled request is reported for dropping."""
+    kv_reserve_tokens: int = 32
+    """Growth kept free per running request at admission."""
+    fairness: float = 0.0
+    """The VTC blend f (``gmax-fair`` runs with 0.3)."""
+    likely_quantile: float | None = 0.5
+    """Level of the likely length that priority and eligibility use (None: the bound, the
+    published rule)."""
+
+    def __post_init__(self) -> None:
+        FramedParams.__post_init__(self)
+        lq = self.likely_quantile
+        if lq is not None and not 0.0 < lq <= self.quantile:
+            raise ValueError(f"likely_quantile must be in (0, quantile], got {lq}")
+        for label, value in (
+            ("cutoff", self.cutoff),
+            ("slack_weight", self.slack_weight),
+            ("fairness", self.fairness),
+        ):
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"{label} must be in [0, 1], got {value}")
+        if self.kv_reserve_tokens < 0:
+            raise ValueError(f"kv_reserve_tokens must be >= 0, got {self.kv_reserve_tokens}")
+        for label, value in (("aging", self.aging), ("wait_timeout_s", self.wait_timeout_s)):
+            if not (value >= 0 and math.isfinite(value)):
+                raise ValueError(f"{label} must be finite and >= 0, got {value}")
+
+
 class GmaxPolicy(FramePreemptionMixin, LengthAwarePolicyMixin, SchedulingPolicy):
     """JITServe's GMAX on the shared batch latency estimator, with a slack-aware term."""
 
     name: ClassVar[str] = "gmax"
+    default_params: ClassVar[GmaxParams] = GmaxParams()
+    params: GmaxParams
 
-    def __init__(
-        self,
-        estimator: BatchLatencyEstimator,
-        *,
-        quantile: float = 0.95,
-        refine_every: int = 16,
-        objective: Objective = "requests",
-        goodput_weights: GoodputWeights = PRICING_WEIGHTS,
-        cutoff: float = 0.95,
-        frame_steps: int = 50,
-        preempt_margin: float = 0.1,
-        max_preempt_per_frame: int = 4,
-        aging: float = 0.05,
-        slack_weight: float = 0.5,
-        wait_timeout_s: float = 5.0,
-        kv_reserve_tokens: int = 32,
-        best_effort_deadline_s: float = DEFAULT_BEST_EFFORT_DEADLINE_S,
-        fairness: float = 0.0,
-        tpot_share: float = 0.9,
-        min_chunk_tokens: int = 64,
-        likely_quantile: float | None = 0.5,
-    ) -> None:
-        """``quantile``: the length bound's level (JITServe 0.95); ``likely_quantile``: the
-        level of the likely length that priority and eligibility use (None: the bound, the
-        published rule); ``refine_every``: tokens
-        between bound refreshes; ``objective``/``goodput_weights``: what a request is worth;
-        ``cutoff``: the window's p; ``frame_steps``/``preempt_margin``/``max_preempt_per_frame``:
-        the preemption rule; ``aging``: goodput growth per frame waited; ``slack_weight``: the
-        just-in-time term (0 = the published rule); ``wait_timeout_s``: when an unscheduled
-        request is reported for dropping; ``kv_reserve_tokens``: growth kept free per running
-        request at admission; ``fairness``: the VTC blend f (``gmax-fair`` sets it);
-        ``tpot_share``: a step lasts at most this share of the tightest running stream's TPOT
-        (estimator); ``min_chunk_tokens``: smallest prefill chunk that does not end a prompt."""
-        super().__init__(estimator)
-        self._init_lengths(
-            quantile=quantile,
-            refine_every=refine_every,
-            goodput_weights=goodput_weights,
-            best_effort_deadline_s=best_effort_deadline_s,
-            tpot_share=tpot_share,
-            min_chunk_tokens=min_chunk_tokens,
-        )
-        if likely_quantile is not None and not 0.0 < likely_quantile <= quantile:
-            raise ValueError(f"likely_quantile must be in (0, quantile], got {likely_quantile}")
-        self.likely_quantile = likely_quantile
-        for label, value in (
-            ("cutoff", cutoff),
-            ("slack_weight", slack_weight),
-            ("fairness", fairness),
-        ):
-            if not 0.0 <= value <= 1.0:
-                raise ValueError(f"{label} must be in [0, 1], got {value}")
-        if kv_reserve_tokens < 0:
-            raise ValueError(f"kv_reserve_tokens must be >= 0, got {kv_reserve_tokens}")
-        self._init_frames(
-            frame_steps=frame_steps,
-            preempt_margin=preempt_margin,
-            max_preempt_per_frame=max_preempt_per_frame,
-        )
-        for label, value in (
-            ("aging", aging),
-            ("wait_timeout_s", wait_timeout_s),
-        ):
-            if not (value >= 0 and math.isfinite(value)):
-                raise ValueError(f"{label} must be finite and >= 0, got {value}")
-        self.objective = objective
-        self.cutoff = cutoff
-        self.aging = aging
-        self.slack_weight = slack_weight
-        self.wait_timeout_s = wait_timeout_s
-        self.kv_reserve_tokens = kv_reserve_tokens
-        self.fairness = fairness
+    def __init__(self, estimator: BatchLatencyEstimator, params: GmaxParams | None = None) -> None:
+        super().__init__(estimator, params)
+        p = self.params
+        self._init_lengths(p)
+        self._init_frames(p)
+        self.likely_quantile = p.likely_quantile
+        self.objective = p.objective
+        self.cutoff = p.cutoff
+        self.aging = p.aging
+        self.slack_weight = p.slack_weight
+        self.wait_timeout_s = p.wait_timeout_s
+        self.kv_reserve_tokens = p.kv_reserve_tokens
+        self.fairness = p.fairness
         self._vtc = np.zeros(16)
         self._active = np.zeros(16, dtype=bool)
         self._charges: dict[int, tuple[IntArray, FloatArray, FloatArray, BoolArray]] = {}
@@ -408,53 +391,10 @@ class GmaxPolicy(FramePreemptionMixin, LengthAwarePolicyMixin, SchedulingPolicy)
 
 
 class GmaxFairPolicy(GmaxPolicy):
-    """GMAX with per-tenant virtual-time counters blended in (VTC-style fairness)."""
+    """GMAX with per-tenant virtual-time counters blended in (VTC-style fairness, f = 0.3)."""
 
     name: ClassVar[str] = "gmax-fair"
-
-    def __init__(
-        self,
-        estimator: BatchLatencyEstimator,
-        *,
-        fairness: float = 0.3,
-        quantile: float = 0.95,
-        refine_every: int = 16,
-        objective: Objective = "requests",
-        goodput_weights: GoodputWeights = PRICING_WEIGHTS,
-        cutoff: float = 0.95,
-        frame_steps: int = 50,
-        preempt_margin: float = 0.1,
-        max_preempt_per_frame: int = 4,
-        aging: float = 0.05,
-        slack_weight: float = 0.5,
-        wait_timeout_s: float = 5.0,
-        kv_reserve_tokens: int = 32,
-        best_effort_deadline_s: float = DEFAULT_BEST_EFFORT_DEADLINE_S,
-        tpot_share: float = 0.9,
-        min_chunk_tokens: int = 64,
-        likely_quantile: float | None = 0.5,
-    ) -> None:
-        """As :class:`GmaxPolicy`; ``fairness`` (f, default 0.3) weighs the VTC term."""
-        super().__init__(
-            estimator,
-            quantile=quantile,
-            refine_every=refine_every,
-            objective=objective,
-            goodput_weights=goodput_weights,
-            cutoff=cutoff,
-            frame_steps=frame_steps,
-            preempt_margin=preempt_margin,
-            max_preempt_per_frame=max_preempt_per_frame,
-            aging=aging,
-            slack_weight=slack_weight,
-            wait_timeout_s=wait_timeout_s,
-            kv_reserve_tokens=kv_reserve_tokens,
-            best_effort_deadline_s=best_effort_deadline_s,
-            fairness=fairness,
-            tpot_share=tpot_share,
-            min_chunk_tokens=min_chunk_tokens,
-            likely_quantile=likely_quantile,
-        )
+    default_params: ClassVar[GmaxParams] = GmaxParams(fairness=0.3)
 
 
 class GmaxOraclePolicy(GmaxPolicy):

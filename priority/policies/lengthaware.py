@@ -45,7 +45,7 @@ import numpy as np
 import numpy.typing as npt
 
 from priority.estimator import BatchLatencyEstimator
-from priority.gain import GoodputWeights
+from priority.gain import DEFAULT_BEST_EFFORT_DEADLINE_S, GoodputWeights
 from priority.policies.base import BatchBuilder, SchedulerInput
 from priority.request import REQUEST_KINDS, Request
 
@@ -56,6 +56,34 @@ BoolArray = npt.NDArray[np.bool_]
 PRICING_WEIGHTS = GoodputWeights(input_token=1.0, output_token=2.0)
 """w_in : w_out = 1 : 2, JITServe/Tempo's pricing ratio (the artifact's 1 : 8 over-weights
 output; the simulator's token-goodput metric counts output only, w_in = 0)."""
+
+
+@dataclass(frozen=True, slots=True)
+class LengthAwareParams:
+    """The parameters GMAX and Tempo share (the length bound and the step's bandwidth)."""
+
+    quantile: float = 0.95
+    """Level of the length bound (JITServe 0.95)."""
+    refine_every: int = 16
+    """Generated tokens between bound refreshes."""
+    goodput_weights: GoodputWeights = PRICING_WEIGHTS
+    """What a request's tokens are worth (w_in : w_out)."""
+    best_effort_deadline_s: float = DEFAULT_BEST_EFFORT_DEADLINE_S
+    tpot_share: float = 0.9
+    """A step lasts at most this share of the tightest running stream's TPOT (estimator)."""
+    min_chunk_tokens: int = 64
+    """Smallest prefill chunk that does not end a prompt."""
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.quantile < 1.0:
+            raise ValueError(f"quantile must be inside (0, 1), got {self.quantile}")
+        if self.refine_every < 1:
+            raise ValueError(f"refine_every must be >= 1, got {self.refine_every}")
+        if not (self.best_effort_deadline_s > 0 and math.isfinite(self.best_effort_deadline_s)):
+            raise ValueError("best_effort_deadline_s must be a positive number")
+        if not 0.0 < self.tpot_share <= 1.0 or self.min_chunk_tokens < 1:
+            raise ValueError("tpot_share must be in (0, 1], min_chunk_tokens >= 1")
+
 
 ARRIVAL, TTFT, TPOT, DEADLINE, WEIGHT, PROMPT, KIND, TENANT, BOUND, BOUND_AT, LIKELY = range(11)
 _NUM_COLUMNS = 11
@@ -182,30 +210,13 @@ class LengthAwarePolicyMixin:
     """Level of the likely length (None: the bound serves as the likely length too)."""
     oracle: bool = False
 
-    def _init_lengths(
-        self,
-        *,
-        quantile: float,
-        refine_every: int,
-        goodput_weights: GoodputWeights,
-        best_effort_deadline_s: float,
-        tpot_share: float,
-        min_chunk_tokens: int,
-    ) -> None:
-        if not 0.0 < quantile < 1.0:
-            raise ValueError(f"quantile must be inside (0, 1), got {quantile}")
-        if refine_every < 1:
-            raise ValueError(f"refine_every must be >= 1, got {refine_every}")
-        if not (best_effort_deadline_s > 0 and math.isfinite(best_effort_deadline_s)):
-            raise ValueError("best_effort_deadline_s must be a positive number")
-        if not 0.0 < tpot_share <= 1.0 or min_chunk_tokens < 1:
-            raise ValueError("tpot_share must be in (0, 1], min_chunk_tokens >= 1")
-        self.quantile = quantile
-        self.refine_every = refine_every
-        self.goodput_weights = goodput_weights
-        self.tpot_share = tpot_share
-        self.min_chunk_tokens = min_chunk_tokens
-        self.columns = KindColumns(best_effort_deadline_s)
+    def _init_lengths(self, params: LengthAwareParams) -> None:
+        self.quantile = params.quantile
+        self.refine_every = params.refine_every
+        self.goodput_weights = params.goodput_weights
+        self.tpot_share = params.tpot_share
+        self.min_chunk_tokens = params.min_chunk_tokens
+        self.columns = KindColumns(params.best_effort_deadline_s)
 
     def step_budget(self, view: GoodputView) -> float | None:
         """The step's latency budget — the bandwidth the policy hands out: ``tpot_share`` of the

@@ -14,6 +14,7 @@ preempted admits nothing new.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import ClassVar
 
 from priority.estimator import BatchLatencyEstimator
@@ -33,23 +34,29 @@ DEFAULT_MIN_PREFILL_TOKENS = 64
 this floor an overloaded engine would never admit anything again."""
 
 
+@dataclass(frozen=True, slots=True)
+class SarathiParams:
+    min_prefill_tokens: int = DEFAULT_MIN_PREFILL_TOKENS
+    """Floor of the per-step prefill budget (>= 1)."""
+
+    def __post_init__(self) -> None:
+        if self.min_prefill_tokens < 1:
+            raise ValueError(f"min_prefill_tokens must be >= 1, got {self.min_prefill_tokens}")
+
+
 class SarathiFcfsPolicy(SchedulingPolicy):
     """Decode-first chunked prefill, FCFS within decodes and within prefills."""
 
     name: ClassVar[str] = "sarathi-fcfs"
     order: ClassVar[Order] = staticmethod(arrival_order)
+    default_params: ClassVar[SarathiParams] = SarathiParams()
+    params: SarathiParams
 
     def __init__(
-        self,
-        estimator: BatchLatencyEstimator,
-        *,
-        min_prefill_tokens: int = DEFAULT_MIN_PREFILL_TOKENS,
+        self, estimator: BatchLatencyEstimator, params: SarathiParams | None = None
     ) -> None:
-        """``min_prefill_tokens``: floor of the per-step prefill budget (>= 1)."""
-        super().__init__(estimator)
-        if min_prefill_tokens < 1:
-            raise ValueError(f"min_prefill_tokens must be >= 1, got {min_prefill_tokens}")
-        self.min_prefill_tokens = min_prefill_tokens
+        super().__init__(estimator, params)
+        self.min_prefill_tokens = self.params.min_prefill_tokens
 
     def prefill_budget(self, inp: SchedulerInput) -> int:
         """Prefill tokens this step may carry next to the running decodes.

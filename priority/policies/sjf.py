@@ -22,6 +22,7 @@ import math
 import random
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
@@ -99,18 +100,46 @@ def _oracle(request: Request) -> int:
     return request.expected_output_tokens
 
 
+@dataclass(frozen=True, slots=True)
+class SjfParams:
+    noise_sigma: float = 0.0
+    """Std-dev (tokens) of the Gaussian noise added to oracle lengths."""
+    seed: int = 0
+    """Seed of that noise."""
+
+    def __post_init__(self) -> None:
+        if not (self.noise_sigma >= 0 and math.isfinite(self.noise_sigma)):
+            raise ValueError(f"noise_sigma must be finite and >= 0, got {self.noise_sigma}")
+
+
+@dataclass(frozen=True, slots=True)
+class RrSjfParams(SjfParams):
+    quantum: int = DEFAULT_QUANTUM
+    """Tokens since resume before a request may be preempted."""
+    wait_resolution_s: float = 0.0
+    """Waiting times are compared after flooring to this resolution, so requests that queued
+    within the same window count as tied and go shortest first (0 = exact, as the paper's
+    Algorithm 1; its requests arrived in bursts, where ties are common)."""
+
+    def __post_init__(self) -> None:
+        SjfParams.__post_init__(self)
+        if self.quantum < 1:
+            raise ValueError(f"quantum must be >= 1, got {self.quantum}")
+        if self.wait_resolution_s < 0:
+            raise ValueError(f"wait_resolution_s must be >= 0, got {self.wait_resolution_s}")
+
+
 class SjfPolicy(SchedulingPolicy):
     """Shortest remaining (oracle) output first; running requests are never preempted for it."""
 
     name: ClassVar[str] = "sjf"
     uses_oracle_length: ClassVar[bool] = True
+    default_params: ClassVar[SjfParams] = SjfParams()
+    params: SjfParams
 
-    def __init__(
-        self, estimator: BatchLatencyEstimator, *, noise_sigma: float = 0.0, seed: int = 0
-    ) -> None:
-        """``noise_sigma``: std-dev (tokens) of the noise added to oracle lengths; ``seed``."""
-        super().__init__(estimator)
-        self.lengths = OracleLengths(sigma=noise_sigma, seed=seed)
+    def __init__(self, estimator: BatchLatencyEstimator, params: SjfParams | None = None) -> None:
+        super().__init__(estimator, params)
+        self.lengths = OracleLengths(sigma=self.params.noise_sigma, seed=self.params.seed)
 
     def schedule(self, inp: SchedulerInput) -> StepPlan:
         self.lengths.prune(inp)
@@ -128,31 +157,15 @@ class RoundRobinSjfPolicy(SchedulingPolicy):
 
     name: ClassVar[str] = "rr-sjf"
     uses_oracle_length: ClassVar[bool] = True
+    default_params: ClassVar[RrSjfParams] = RrSjfParams()
+    params: RrSjfParams
 
-    def __init__(
-        self,
-        estimator: BatchLatencyEstimator,
-        *,
-        quantum: int = DEFAULT_QUANTUM,
-        noise_sigma: float = 0.0,
-        seed: int = 0,
-        wait_resolution_s: float = 0.0,
-    ) -> None:
-        """``quantum``: tokens since resume before a request may be preempted.
-
-        ``noise_sigma``/``seed``: Gaussian noise on the oracle length. ``wait_resolution_s``:
-        waiting times are compared after flooring to this resolution, so requests that queued
-        within the same window count as tied and go shortest first (0 = exact, as the paper's
-        Algorithm 1; its requests arrived in bursts, where ties are common).
-        """
-        super().__init__(estimator)
-        if quantum < 1:
-            raise ValueError(f"quantum must be >= 1, got {quantum}")
-        if wait_resolution_s < 0:
-            raise ValueError(f"wait_resolution_s must be >= 0, got {wait_resolution_s}")
-        self.quantum = quantum
-        self.wait_resolution_s = wait_resolution_s
-        self.lengths = OracleLengths(sigma=noise_sigma, seed=seed)
+    def __init__(self, estimator: BatchLatencyEstimator, params: RrSjfParams | None = None) -> None:
+        super().__init__(estimator, params)
+        p = self.params
+        self.quantum = p.quantum
+        self.wait_resolution_s = p.wait_resolution_s
+        self.lengths = OracleLengths(sigma=p.noise_sigma, seed=p.seed)
         self._requeued_s: dict[str, float] = {}
         """When each request we preempted went back to the waiting queue."""
         self._planned_at: deque[tuple[StepPlan, float]] = deque(maxlen=64)

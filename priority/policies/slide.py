@@ -182,49 +182,61 @@ class Ranking:
     """``num_computed_tokens`` of ``inp.running`` in input order, as read for the ranking."""
 
 
+@dataclass(frozen=True, slots=True)
+class SlideParams:
+    """SlideBatching's knobs (the module docstring says where each default comes from)."""
+
+    gain_weights: GainWeights = field(default_factory=GainWeights)
+    """w_p : w_d, the worth of a first token against a decode token."""
+    gamma: float = 1.0
+    """γ: a request is URGENT when its remaining time is below γ·φ."""
+    eta_factor: float = 0.65
+    """η as a share of the smallest TPOT SLO in the queue."""
+    eta_s: float | None = None
+    """η in seconds (None: ``eta_factor`` × the smallest TPOT)."""
+    phi: LoadJudgment = "a"
+    """The load-judgment function: φ_a (Eq. 8), φ_c (Eq. 9) or φ_p (PD prefill instances)."""
+    min_chunk_tokens: int = 50
+    starvation_prevention: bool = True
+    starve_threshold: float = 1.0
+    max_starved_per_step: int = 1
+    starve_share: float = 0.1
+    kv_reserve_tokens: int = 32
+    preempt_for_admission: bool = False
+
+    def __post_init__(self) -> None:
+        if self.gamma <= 0:
+            raise ValueError(f"gamma must be > 0, got {self.gamma}")
+        if self.phi not in ("a", "c", "p"):
+            raise ValueError(f"phi must be 'a', 'c' or 'p', got {self.phi!r}")
+        if self.max_starved_per_step < 0:
+            raise ValueError(f"max_starved_per_step must be >= 0, got {self.max_starved_per_step}")
+        if not 0.0 < self.starve_share <= 1.0:
+            raise ValueError(f"starve_share must be in (0, 1], got {self.starve_share}")
+        if self.kv_reserve_tokens < 0:
+            raise ValueError(f"kv_reserve_tokens must be >= 0, got {self.kv_reserve_tokens}")
+
+
 class SlideBatchingPolicy(SchedulingPolicy):
     name: ClassVar[str] = "slide"
+    default_params: ClassVar[SlideParams] = SlideParams()
+    params: SlideParams
 
-    def __init__(
-        self,
-        estimator: BatchLatencyEstimator,
-        *,
-        gain_weights: GainWeights | None = None,
-        gamma: float = 1.0,
-        eta_factor: float = 0.65,
-        eta_s: float | None = None,
-        phi: LoadJudgment = "a",
-        min_chunk_tokens: int = 50,
-        starvation_prevention: bool = True,
-        starve_threshold: float = 1.0,
-        max_starved_per_step: int = 1,
-        starve_share: float = 0.1,
-        kv_reserve_tokens: int = 32,
-        preempt_for_admission: bool = False,
-    ) -> None:
-        super().__init__(estimator)
-        if gamma <= 0:
-            raise ValueError(f"gamma must be > 0, got {gamma}")
-        if phi not in ("a", "c", "p"):
-            raise ValueError(f"phi must be 'a', 'c' or 'p', got {phi!r}")
-        self.gain_weights = gain_weights or GainWeights()
-        self.gamma = gamma
-        self.eta_factor = eta_factor
-        self.eta_s = eta_s
-        self.phi = phi
-        self.min_chunk_tokens = min_chunk_tokens
-        self.starvation_prevention = starvation_prevention
-        self.starve_threshold = starve_threshold
-        if max_starved_per_step < 0:
-            raise ValueError(f"max_starved_per_step must be >= 0, got {max_starved_per_step}")
-        self.max_starved_per_step = max_starved_per_step
-        if not 0.0 < starve_share <= 1.0:
-            raise ValueError(f"starve_share must be in (0, 1], got {starve_share}")
-        self.starve_share = starve_share
-        if kv_reserve_tokens < 0:
-            raise ValueError(f"kv_reserve_tokens must be >= 0, got {kv_reserve_tokens}")
-        self.kv_reserve_tokens = kv_reserve_tokens
-        self.preempt_for_admission = preempt_for_admission
+    def __init__(self, estimator: BatchLatencyEstimator, params: SlideParams | None = None) -> None:
+        super().__init__(estimator, params)
+        p = self.params
+        self.gain_weights = p.gain_weights
+        self.gamma = p.gamma
+        self.eta_factor = p.eta_factor
+        self.eta_s = p.eta_s
+        self.phi = p.phi
+        self.min_chunk_tokens = p.min_chunk_tokens
+        self.starvation_prevention = p.starvation_prevention
+        self.starve_threshold = p.starve_threshold
+        self.max_starved_per_step = p.max_starved_per_step
+        self.starve_share = p.starve_share
+        self.kv_reserve_tokens = p.kv_reserve_tokens
+        self.preempt_for_admission = p.preempt_for_admission
         self._columns = RequestColumns()
 
     # ---- Algorithm 1, lines 1-13 -----------------------------------------------------------

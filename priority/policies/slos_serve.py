@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from itertools import chain
 from typing import ClassVar
 
@@ -65,56 +66,65 @@ _MAX_PROPOSALS = 8
 _State = tuple[set[str], set[str], dict[str, float], set[str], float, set[str], int]
 
 
+@dataclass(frozen=True, slots=True)
+class SlosServeParams:
+    quantile: float = 0.9
+    """Level of the length bound memory and decode time are planned with."""
+    refine_every: int = 16
+    """Generated tokens between bound refreshes."""
+    tpot_share: float = 0.95
+    """A step lasts this share of the tightest admitted TPOT."""
+    min_chunk_tokens: int = 32
+    """Smallest prefill chunk that does not end a prompt."""
+    dp_window: int = DEFAULT_DP_WINDOW
+    """The DP's candidates before the greedy fallback."""
+    planner_budget_s: float = DEFAULT_TIME_BUDGET_S
+    """The DP's time before the greedy fallback."""
+    replan_interval_s: float = 0.05
+    """Re-plan at least this often while requests wait."""
+    hold_first_token: bool = False
+    """See the module docstring."""
+    plan_margin_steps: float = 0.0
+    """The planner wants each prefill done this many steps before its deadline (work runs in
+    whole steps and a first token comes at a step's end)."""
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.quantile < 1.0:
+            raise ValueError(f"quantile must be inside (0, 1), got {self.quantile}")
+        if self.refine_every < 1 or self.min_chunk_tokens < 1 or self.dp_window < 0:
+            raise ValueError("refine_every and min_chunk_tokens must be >= 1, dp_window >= 0")
+        if not 0.0 < self.tpot_share <= 1.0:
+            raise ValueError(f"tpot_share must be in (0, 1], got {self.tpot_share}")
+        for label, value in (
+            ("planner_budget_s", self.planner_budget_s),
+            ("replan_interval_s", self.replan_interval_s),
+            ("plan_margin_steps", self.plan_margin_steps),
+        ):
+            if not (value >= 0 and math.isfinite(value)):
+                raise ValueError(f"{label} must be finite and >= 0, got {value}")
+
+
 class SlosServePolicy(SchedulingPolicy):
     """SLOs-Serve's scheduler on the shared estimator and the predicted length bounds."""
 
     name: ClassVar[str] = "slos-serve"
+    default_params: ClassVar[SlosServeParams] = SlosServeParams()
+    params: SlosServeParams
 
     def __init__(
-        self,
-        estimator: BatchLatencyEstimator,
-        *,
-        quantile: float = 0.9,
-        refine_every: int = 16,
-        tpot_share: float = 0.95,
-        min_chunk_tokens: int = 32,
-        dp_window: int = DEFAULT_DP_WINDOW,
-        planner_budget_s: float = DEFAULT_TIME_BUDGET_S,
-        replan_interval_s: float = 0.05,
-        hold_first_token: bool = False,
-        plan_margin_steps: float = 0.0,
+        self, estimator: BatchLatencyEstimator, params: SlosServeParams | None = None
     ) -> None:
-        """``quantile``: level of the length bound memory and decode time are planned with;
-        ``refine_every``: generated tokens between bound refreshes; ``tpot_share``: a step lasts
-        this share of the tightest admitted TPOT; ``min_chunk_tokens``: smallest prefill chunk
-        that does not end a prompt; ``dp_window``/``planner_budget_s``: the DP's candidates and
-        time before the greedy fallback; ``replan_interval_s``: re-plan at least this often
-        while requests wait; ``hold_first_token``: see the module docstring;
-        ``plan_margin_steps``: the planner wants each prefill done this many steps before its
-        deadline (work runs in whole steps and a first token comes at a step's end)."""
-        super().__init__(estimator)
-        if not 0.0 < quantile < 1.0:
-            raise ValueError(f"quantile must be inside (0, 1), got {quantile}")
-        if refine_every < 1 or min_chunk_tokens < 1 or dp_window < 0:
-            raise ValueError("refine_every and min_chunk_tokens must be >= 1, dp_window >= 0")
-        if not 0.0 < tpot_share <= 1.0:
-            raise ValueError(f"tpot_share must be in (0, 1], got {tpot_share}")
-        for label, value in (
-            ("planner_budget_s", planner_budget_s),
-            ("replan_interval_s", replan_interval_s),
-            ("plan_margin_steps", plan_margin_steps),
-        ):
-            if not (value >= 0 and math.isfinite(value)):
-                raise ValueError(f"{label} must be finite and >= 0, got {value}")
-        self.quantile = quantile
-        self.refine_every = refine_every
-        self.tpot_share = tpot_share
-        self.min_chunk_tokens = min_chunk_tokens
-        self.dp_window = dp_window
-        self.planner_budget_s = planner_budget_s
-        self.replan_interval_s = replan_interval_s
-        self.hold_first_token = hold_first_token
-        self.plan_margin_steps = plan_margin_steps
+        super().__init__(estimator, params)
+        p = self.params
+        self.quantile = p.quantile
+        self.refine_every = p.refine_every
+        self.tpot_share = p.tpot_share
+        self.min_chunk_tokens = p.min_chunk_tokens
+        self.dp_window = p.dp_window
+        self.planner_budget_s = p.planner_budget_s
+        self.replan_interval_s = p.replan_interval_s
+        self.hold_first_token = p.hold_first_token
+        self.plan_margin_steps = p.plan_margin_steps
         self.admitted: set[str] = set()
         """Requests with a guarantee (running or not yet): the planner's forced items."""
         self.declined: set[str] = set()

@@ -52,17 +52,16 @@ The ``tempo-oracle`` variant reads the true output lengths (simulator only).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
 
 from priority.estimator import BatchLatencyEstimator
-from priority.gain import DEFAULT_BEST_EFFORT_DEADLINE_S, GoodputWeights
 from priority.policies.base import SchedulerInput, SchedulingPolicy, StepPlan
-from priority.policies.frames import FramePreemptionMixin
+from priority.policies.frames import FramedParams, FramePreemptionMixin
 from priority.policies.lengthaware import (
     ARRIVAL,
-    PRICING_WEIGHTS,
     FloatArray,
     GoodputView,
     LengthAwarePolicyMixin,
@@ -73,49 +72,34 @@ from priority.policies.lengthaware import (
 from priority.policies.ordering import all_decode_repeatable, room_for_new
 
 
+@dataclass(frozen=True, slots=True)
+class TempoParams(FramedParams):
+    """Tempo's parameters: GMAX's length and frame knobs with Tempo's frame defaults (every 20
+    steps; margin 0: any higher density), plus the decay."""
+
+    decay_alpha: float = 1.0
+    """Tempo's α (1 in the paper; large values approach all-or-nothing)."""
+    frame_steps: int = 20
+    preempt_margin: float = 0.0
+
+    def __post_init__(self) -> None:
+        FramedParams.__post_init__(self)
+        if not (self.decay_alpha > 0 and math.isfinite(self.decay_alpha)):
+            raise ValueError(f"decay_alpha must be a positive number, got {self.decay_alpha}")
+
+
 class TempoPolicy(FramePreemptionMixin, LengthAwarePolicyMixin, SchedulingPolicy):
     """Tempo's service-gain-density order with graded decay."""
 
     name: ClassVar[str] = "tempo"
+    default_params: ClassVar[TempoParams] = TempoParams()
+    params: TempoParams
 
-    def __init__(
-        self,
-        estimator: BatchLatencyEstimator,
-        *,
-        quantile: float = 0.95,
-        refine_every: int = 16,
-        decay_alpha: float = 1.0,
-        goodput_weights: GoodputWeights = PRICING_WEIGHTS,
-        best_effort_deadline_s: float = DEFAULT_BEST_EFFORT_DEADLINE_S,
-        tpot_share: float = 0.9,
-        min_chunk_tokens: int = 64,
-        frame_steps: int = 20,
-        preempt_margin: float = 0.0,
-        max_preempt_per_frame: int = 4,
-    ) -> None:
-        """``decay_alpha``: Tempo's α (1 in the paper; large values approach all-or-nothing);
-        ``goodput_weights``: w_in : w_out (Tempo's pricing ratio 1 : 2); ``tpot_share``: a step
-        lasts at most this share of the tightest running stream's TPOT (the bandwidth the
-        density order hands out); ``min_chunk_tokens``: smallest prefill chunk that does not
-        end a prompt; ``frame_steps``/``preempt_margin``/``max_preempt_per_frame``: the
-        cost-aware preemption (every 20 steps in Tempo; margin 0: any higher density)."""
-        super().__init__(estimator)
-        if not (decay_alpha > 0 and math.isfinite(decay_alpha)):
-            raise ValueError(f"decay_alpha must be a positive number, got {decay_alpha}")
-        self._init_lengths(
-            quantile=quantile,
-            refine_every=refine_every,
-            goodput_weights=goodput_weights,
-            best_effort_deadline_s=best_effort_deadline_s,
-            tpot_share=tpot_share,
-            min_chunk_tokens=min_chunk_tokens,
-        )
-        self.decay_alpha = decay_alpha
-        self._init_frames(
-            frame_steps=frame_steps,
-            preempt_margin=preempt_margin,
-            max_preempt_per_frame=max_preempt_per_frame,
-        )
+    def __init__(self, estimator: BatchLatencyEstimator, params: TempoParams | None = None) -> None:
+        super().__init__(estimator, params)
+        self._init_lengths(self.params)
+        self._init_frames(self.params)
+        self.decay_alpha = self.params.decay_alpha
 
     def gain(self, view: GoodputView, now: float) -> FloatArray:
         """Expected service gain (ESG, graded decay) of every request in ``view``."""
@@ -185,4 +169,4 @@ class TempoOraclePolicy(TempoPolicy):
     oracle = True
 
 
-__all__ = ["TempoOraclePolicy", "TempoPolicy"]
+__all__ = ["TempoOraclePolicy", "TempoParams", "TempoPolicy"]

@@ -29,6 +29,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 from priority.estimator import BatchLatencyEstimator
@@ -55,18 +56,29 @@ def _priority_queue_key(request: Request) -> tuple[float, float, str]:
     return (-request.weight, request.arrival_s, request.request_id)
 
 
+@dataclass(frozen=True, slots=True)
+class VllmV1Params:
+    version: VllmVersion = "0.33"
+    """Whose rules to follow where vLLM 0.23 and 0.33 differ."""
+
+    def __post_init__(self) -> None:
+        if self.version not in ("0.33", "0.23"):
+            raise ValueError(f"version must be '0.33' or '0.23', got {self.version!r}")
+
+
 class VllmV1Policy(SchedulingPolicy):
     """vLLM V1's scheduler step, FCFS (the default ``--scheduling-policy``)."""
 
     name: ClassVar[str] = "vllm-v1"
     priority: ClassVar[bool] = False
+    default_params: ClassVar[VllmV1Params] = VllmV1Params()
+    params: VllmV1Params
 
-    def __init__(self, estimator: BatchLatencyEstimator, *, version: VllmVersion = "0.33") -> None:
-        """``version``: whose rules to follow where vLLM 0.23 and 0.33 differ."""
-        super().__init__(estimator)
-        if version not in ("0.33", "0.23"):
-            raise ValueError(f"version must be '0.33' or '0.23', got {version!r}")
-        self.version = version
+    def __init__(
+        self, estimator: BatchLatencyEstimator, params: VllmV1Params | None = None
+    ) -> None:
+        super().__init__(estimator, params)
+        self.version = self.params.version
 
     def schedule(self, inp: SchedulerInput) -> StepPlan:
         limits = inp.limits

@@ -58,29 +58,34 @@ class _Proposal:
     lift_committed: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class WvtcParams:
+    input_weight: float = DEFAULT_INPUT_WEIGHT
+    """Counter cost of one input token."""
+    output_weight: float = DEFAULT_OUTPUT_WEIGHT
+    """Counter cost of one output token."""
+    client: Literal["tenant", "tier"] = "tenant"
+    """The request attribute that identifies a VTC client."""
+
+    def __post_init__(self) -> None:
+        if self.input_weight < 0 or self.output_weight < 0:
+            raise ValueError("token weights must be >= 0")
+        if self.client not in ("tenant", "tier"):
+            raise ValueError(f"client must be 'tenant' or 'tier', got {self.client!r}")
+
+
 class WeightedVtcPolicy(SchedulingPolicy):
     """Token fairness across tenants, weighted by request weight."""
 
     name: ClassVar[str] = "wvtc"
+    default_params: ClassVar[WvtcParams] = WvtcParams()
+    params: WvtcParams
 
-    def __init__(
-        self,
-        estimator: BatchLatencyEstimator,
-        *,
-        input_weight: float = DEFAULT_INPUT_WEIGHT,
-        output_weight: float = DEFAULT_OUTPUT_WEIGHT,
-        client: Literal["tenant", "tier"] = "tenant",
-    ) -> None:
-        """``input_weight`` / ``output_weight``: counter cost of one input / output token;
-        ``client``: the request attribute that identifies a VTC client."""
-        super().__init__(estimator)
-        if input_weight < 0 or output_weight < 0:
-            raise ValueError("token weights must be >= 0")
-        if client not in ("tenant", "tier"):
-            raise ValueError(f"client must be 'tenant' or 'tier', got {client!r}")
-        self._client = attrgetter(client)
-        self.input_weight = input_weight
-        self.output_weight = output_weight
+    def __init__(self, estimator: BatchLatencyEstimator, params: WvtcParams | None = None) -> None:
+        super().__init__(estimator, params)
+        self._client = attrgetter(self.params.client)
+        self.input_weight = self.params.input_weight
+        self.output_weight = self.params.output_weight
         self._counters: dict[str, float] = {}
         self._queued_tenants: frozenset[str] = frozenset()
         self._last_left_counter = 0.0
