@@ -259,6 +259,30 @@ class GatewayMetrics:
             ("tier", "reason"),
             registry=reg,
         )
+        # SLOs-Serve's admission across engines (gateway.app.slo_admission): one decision per
+        # request whose model has an engine running the planner; refusals and demotions are
+        # also in tiergate_rejections_total / tiergate_demotions_total, reason "slo_declined"
+        self.slo_admission = Counter(
+            "tiergate_slo_admission",
+            "Requests the engines' admission planners decided, by tier and outcome: admitted "
+            "(by the first engine asked), rerouted (by another, after a decline), demoted (to "
+            "best effort: every planner declined), shed (503 slo_declined).",
+            ("tier", "outcome"),
+            registry=reg,
+        )
+        self.slo_declines = Counter(
+            "tiergate_slo_declines",
+            "Requests an engine's admission planner declined (the gateway then asked the next "
+            "engine), by backend.",
+            ("backend",),
+            registry=reg,
+        )
+        self.slo_planner_time = Histogram(
+            "tiergate_slo_planner_seconds",
+            "Time to ask the engines' admission planners for one request (all engines tried).",
+            buckets=OVERHEAD_BUCKETS,
+            registry=reg,
+        )
         self.queue_service_rate = gauge(
             "tiergate_queue_service_rate",
             "Dispatch slots released per second while requests waited (the admission queue's "

@@ -14,6 +14,7 @@ from fastapi import Depends, Request
 from sqlalchemy.orm import Session, sessionmaker
 
 from gateway.app.kinds import RequestKinds
+from gateway.app.slo_admission import SloAdmission
 from gateway.db.usage import UsageWriter
 from gateway.limits import AdmissionQueue, RateLimiter
 from gateway.settings import Settings
@@ -47,6 +48,9 @@ class GatewayState:
     """Request kinds and agent workflows (:mod:`gateway.app.kinds`)."""
     length_samples: SampleWriter | None = None
     """Length samples of finished requests (``TIERGATE_LENGTHS_LEARN``), else None."""
+    slo_admission: SloAdmission = field(default_factory=SloAdmission)
+    """What this worker placed on engines that run SLOs-Serve's planner
+    (:mod:`gateway.app.slo_admission`)."""
 
 
 def get_state(request: Request) -> GatewayState:

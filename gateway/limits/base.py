@@ -57,6 +57,9 @@ class RejectReason(StrEnum):
     """Overload: the predicted first token, queue wait included, is later than the TTFT
     objective allows (``shed_slack``); refused at admission or when the wait in the queue made
     it so (``docs/operations/overload.md``)."""
+    SLO_DECLINED = "slo_declined"
+    """The admission planner of every engine that runs one (SLOs-Serve) declined it: none can
+    serve it within its SLO now (:mod:`gateway.app.slo_admission`)."""
 
     @property
     def status_code(self) -> int:
@@ -65,6 +68,7 @@ class RejectReason(StrEnum):
             RejectReason.QUEUE_TTL,
             RejectReason.SLO_INFEASIBLE,
             RejectReason.SLO_UNATTAINABLE,
+            RejectReason.SLO_DECLINED,
         ):
             return 503
         return 429
