@@ -40,6 +40,11 @@ class LiveNumbers:
     queue_depth: float = 0.0
     in_flight: float = 0.0
     backends: tuple[BackendLive, ...] = ()
+    planner: dict[str, float] = field(default_factory=dict)
+    """SLOs-Serve's admission across engines, by outcome (admitted, rerouted, demoted, shed);
+    empty when no engine runs the planner."""
+    planner_declines: dict[str, float] = field(default_factory=dict)
+    """Declines by engine (the gateway then asked the next one)."""
 
     @property
     def rejected_total(self) -> float:
@@ -84,6 +89,8 @@ def read_live(state: GatewayState, tracker: RateTracker) -> LiveNumbers:
     requests = 0.0
     rejections: dict[str, float] = {}
     queue_depth = in_flight = 0.0
+    planner: dict[str, float] = {}
+    declines: dict[str, float] = {}
     for family in _families(state):
         for sample in family.samples:
             if sample.name == "tiergate_requests_total":
@@ -95,6 +102,12 @@ def read_live(state: GatewayState, tracker: RateTracker) -> LiveNumbers:
                 queue_depth += sample.value
             elif sample.name == "tiergate_in_flight":
                 in_flight += sample.value
+            elif sample.name == "tiergate_slo_admission_total":
+                outcome = sample.labels.get("outcome", "?")
+                planner[outcome] = planner.get(outcome, 0.0) + sample.value
+            elif sample.name == "tiergate_slo_declines_total":
+                backend = sample.labels.get("backend", "?")
+                declines[backend] = declines.get(backend, 0.0) + sample.value
     backends = tuple(
         BackendLive(b.name, b.spec.model, bool(b.view.healthy)) for b in state.pool.backends
     )
@@ -105,4 +118,6 @@ def read_live(state: GatewayState, tracker: RateTracker) -> LiveNumbers:
         queue_depth=queue_depth,
         in_flight=in_flight,
         backends=backends,
+        planner=planner,
+        planner_declines=dict(sorted(declines.items())),
     )
