@@ -502,3 +502,103 @@ def first_divergence(real: Replay, sim: Replay) -> int | None:
     if len(real.batches) != len(sim.batches):
         return min(len(real.batches), len(sim.batches))
     return None
+
+
+# ---- the fleet: a router in front of several instances ------------------------------------------
+
+
+@dataclass
+class FleetReplay:
+    """What a fleet replay produced, the same shape on both sides: the requests' tokens (and
+    refusals) as one :class:`Replay`, and the instance each request was routed to."""
+
+    replay: Replay
+    placement: dict[str, int] = field(default_factory=dict)
+    """Request id -> the instance the router chose."""
+    steps: list[int] = field(default_factory=list)
+    """Per instance: the steps it ran."""
+    preemptions: list[int] = field(default_factory=list)
+    """Per instance: the requests it preempted."""
+
+
+def fleet_profiles(
+    profiles: Sequence[Profile], num_blocks: int, *, token_budget: int = TOKEN_BUDGET
+) -> list[Profile]:
+    """Each instance's profile on the engine a vLLM replay builds (:func:`engine_profile`)."""
+    return [engine_profile(p, num_blocks, token_budget=token_budget) for p in profiles]
+
+
+def fleet_admitted(
+    arrivals: Sequence[Arrival], max_model_len: int
+) -> tuple[list[Arrival], list[str]]:
+    """The arrivals the API server passes on (cut to the model length) and those it refuses, in
+    arrival order. A fleet replay has no workflows: every arrival's time is fixed."""
+    if any(a.call is not None for a in arrivals):
+        raise ValueError("a fleet replay takes no workflow calls (their times depend on the run)")
+    sent, refused = [], []
+    for a in sorted(arrivals, key=lambda a: a.time):
+        out = admitted(a, max_model_len)
+        if out is None:
+            refused.append(a.request_id)
+        else:
+            sent.append(out)
+    return sent, refused
+
+
+@dataclass
+class _Requests:
+    """The simulator's workload protocol (``requests()``) over a fixed list."""
+
+    items: list[Request]
+
+    def requests(self) -> list[Request]:
+        return self.items
+
+
+def replay_fleet_simulator(
+    arrivals: Sequence[Arrival],
+    profiles: Sequence[Profile],
+    policy: str,
+    router: str,
+    *,
+    num_blocks: int,
+    params: Mapping[str, Any] | None = None,
+    router_params: Mapping[str, Any] | None = None,
+    max_model_len: int | None = None,
+) -> FleetReplay:
+    """``arrivals`` through the cluster simulator (:func:`priority.sim.cluster.simulate`, step by
+    step, no noise, co-located): one instance per profile, each on a ``num_blocks`` pool, the
+    router in front; each arrival first through the API server's rule at ``max_model_len``
+    (None: from the trace and the pool)."""
+    from priority.sim.cluster import ClusterConfig, simulate
+
+    if max_model_len is None:
+        max_model_len = model_len_for(arrivals, num_blocks)
+    sent, refused = fleet_admitted(arrivals, max_model_len)
+    engines = fleet_profiles(profiles, num_blocks)
+    requests = [request_of(a, engines[0]) for a in sent]
+    config = ClusterConfig(
+        engines,
+        policy,
+        router,
+        policy_params=dict(params or {}),
+        router_params=dict(router_params or {}),
+        fast_forward=False,
+    )
+    result = simulate(_Requests(requests), config)
+    if result.rejected or result.stalled:
+        raise AssertionError(f"rejected {len(result.rejected)}, stalled {result.stalled}")
+    replay = Replay(refused=refused)
+    replay.token_times = {a.request_id: [] for a in arrivals}
+    replay.token_times |= {r.request_id: list(r.token_times) for r in result.requests}
+    replay.arrivals = {a.request_id: a for a in arrivals} | {a.request_id: a for a in sent}
+    placement = {rid: d.instance for rid, d in result.placement.items()}
+    stats = result.instances
+    return FleetReplay(replay, placement, [s.steps for s in stats], [s.preemptions for s in stats])
+
+
+def placement_share(real: FleetReplay, sim: FleetReplay) -> float:
+    """Share of routed requests placed on the same instance on both sides."""
+    ids = set(real.placement) | set(sim.placement)
+    same = sum(real.placement.get(r) == sim.placement.get(r) for r in ids)
+    return same / len(ids) if ids else math.nan
