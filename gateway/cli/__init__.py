@@ -1,4 +1,4 @@
-"""Admin command line: ``tiergate db|tiers|tenants|keys|backends|profiles|usage``.
+"""Admin command line: ``tiergate db|tiers|tenants|keys|backends|profiles|usage|operators``.
 
 Every command works on ``TIERGATE_DATABASE_URL`` through the same CRUD functions as the admin
 API, so the CLI and the API cannot disagree on rules, and every change is audited with actor
@@ -22,6 +22,7 @@ from gateway.cli.backends import backends_app
 from gateway.cli.db import db_app
 from gateway.cli.keys import keys_app
 from gateway.cli.lengths import register_lengths
+from gateway.cli.operators import operators_app
 from gateway.cli.profiles import profiles_app
 from gateway.cli.tenants import tenants_app
 from gateway.cli.tiers import tiers_app
@@ -40,3 +41,4 @@ def register(app: typer.Typer) -> None:
     app.add_typer(profiles_app, name="profiles")
     app.command("usage")(usage)
     app.add_typer(admin_app, name="admin")
+    app.add_typer(operators_app, name="operators")

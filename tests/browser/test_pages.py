@@ -29,6 +29,7 @@ NAV = (
     ("Backends", "/ui/backends"),
     ("Profiles", "/ui/profiles"),
     ("Audit", "/ui/audit"),
+    ("Operators", "/ui/operators"),
 )
 """The navigation's pages, in its order (the contract), each with its ``<h1>``."""
 LOCAL_HOSTS = ("127.0.0.1", "localhost")

@@ -259,7 +259,7 @@ def test_key_rotation_through_the_admin_api(gateway: Gateway) -> None:
     # audited with the actor and its source address
     entries = gateway.admin("GET", "/audit?entity_type=api_key")["data"]
     rotation = next(e for e in entries if e["action"] == "rotate")
-    assert rotation["actor"] == "admin-api:testclient"
+    assert rotation["actor"] == "admin-api:admin-key@testclient"
     assert rotation["after"]["rotated_to"] == new.split("-")[1]
     # bad requests
     for body, status in (({"grace_s": -1}, 400), ({"grace_s": "1h"}, 400), ({"x": 1}, 400)):
@@ -428,9 +428,9 @@ def served(app: FastAPI, settings: Settings) -> Iterator[GatewayThread]:
 @pytest.mark.parametrize(
     ("trusted", "actor"),
     [
-        (None, "admin-api:127.0.0.1"),
-        ("127.0.0.1", "admin-api:203.0.113.7"),
-        ("10.0.0.0/8", "admin-api:127.0.0.1"),
+        (None, "admin-api:admin-key@127.0.0.1"),
+        ("127.0.0.1", "admin-api:admin-key@203.0.113.7"),
+        ("10.0.0.0/8", "admin-api:admin-key@127.0.0.1"),
     ],
 )
 def test_the_audit_actor_is_the_peer_unless_it_is_a_trusted_proxy(

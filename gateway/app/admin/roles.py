@@ -29,6 +29,9 @@ from gateway.errors import ApiError
 __all__ = ["ALLOWED", "Access", "Principal", "Role", "access_for"]
 
 PERMISSION_DENIED = "permission_denied"
+"""The error code of a route the role may not call."""
+OTHER_TENANT = "other_tenant"
+"""The error code of a tenant admin naming anything outside its tenant (or nothing at all)."""
 
 
 class Role(enum.StrEnum):
@@ -124,7 +127,7 @@ class Principal:
         return ApiError(
             403,
             f"operator {self.name!r} administers tenant {self.tenant_name!r} only",
-            code=PERMISSION_DENIED,
+            code=OTHER_TENANT,
             param=param,
         )
 
