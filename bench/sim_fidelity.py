@@ -44,6 +44,16 @@ request_goodput``: the simulator's scorer) and the output the ratios gmax / vllm
 slide (and gmax / stock vLLM) per side. Not replayed: ``bench/goodput.py --workflow-history on``
 (sub-deadlines here are the cold start).
 
+**``--cluster P1,P2,...``** replays a fleet: one instance per profile (e.g. 2 x A100 + 2 x 910B),
+each a real vLLM scheduler on the virtual clock, every ``--router`` in front (default
+``goroute,min-load,power-of-two,least-predicted-ttft,round-robin``), co-located;
+``engine_common.fleet_replay`` on the real side, the cluster simulator
+(``priority.sim.cluster``, step by step) on the other. Capacity is the fleet's (stock vLLM behind
+Min-Load, as ``bench/fleet_gain.py`` measures it). Each row adds its router and the share of
+requests the router placed on the same instance on both sides. Latency mix only (a workflow
+stage's arrival depends on the run). Not replayed: PD-disaggregation (the real side would need a
+KV connector between the schedulers).
+
 Needs vLLM (run it with a ``.ci/venvs/vllm-*`` interpreter); ``--sim-only`` runs the simulator
 side alone (no vLLM) to check a configuration quickly.
 """
@@ -68,10 +78,13 @@ from rich.table import Table
 
 from engine_common.sim_replay import (
     Arrival,
+    FleetReplay,
     Replay,
     arrivals_from_workload,
     identical_share,
     model_len_for,
+    placement_share,
+    replay_fleet_simulator,
     replay_simulator,
     request_goodput,
     tdg_ratio,
@@ -80,6 +93,7 @@ from engine_common.sim_replay import (
 from priority.gain import GainWeights
 from priority.policies import POLICY_NAMES, policy_class
 from priority.profiles import load_profile
+from priority.routing import ROUTER_NAMES
 from priority.sim import ClusterConfig, build_workload, load_trace
 from priority.sim.capacity import (
     CAPACITY_POLICY,
@@ -109,6 +123,8 @@ GOODPUT_POLICIES = ("gmax", "slide", "vllm-v1")
 STOCK = {"vllm-v1": ("stock-vllm", "fcfs"), "vllm-v1-priority": ("stock-vllm-priority", "priority")}
 """Policies with a stock vLLM counterpart: row name and vLLM's ``--scheduling-policy``."""
 STOCK_ROWS = frozenset(name for name, _ in STOCK.values())
+DEFAULT_ROUTERS = ("goroute", "min-load", "power-of-two", "least-predicted-ttft", "round-robin")
+"""``--cluster``'s routers: GoRouting and the routers users run."""
 VERSIONED = frozenset(STOCK)
 """Policies that take ``version`` (vLLM 0.23 and 0.33 differ)."""
 
@@ -137,6 +153,10 @@ class Cell:
     mix: str = "latency"
     max_model_len: int | None = None
     """vLLM's ``max_model_len`` (None: from the trace and the KV pool)."""
+    fleet: tuple[str, ...] = ()
+    """``--cluster``: one profile per instance (empty: one instance of ``profile``)."""
+    router: str | None = None
+    """``--cluster``: the router in front."""
 
 
 def policy_params(
@@ -175,6 +195,8 @@ def row(cell: Cell, name: str, real: Replay | None, sim: Replay) -> dict[str, An
         "max_model_len": sim_model_len(cell),
         "refused_sim": len(sim.refused),
         "refused_real": None,
+        "router": cell.router,
+        "placement_share": None,
     }
     if real is not None:
         steps = len(real.decision_s)
@@ -209,8 +231,58 @@ def _goodput(replay: Replay, arrivals: Sequence[Arrival], side: str) -> dict[str
     }
 
 
+def run_fleet_cell(cell: Cell, *, sim_only: bool = False) -> list[dict[str, Any]]:
+    """A ``--cluster`` cell's rows: the fleet with the policy on every instance behind the
+    router, in vLLM and in the cluster simulator; with a stock counterpart, stock vLLM too."""
+    assert cell.router is not None
+    version = None if sim_only else _vllm_version()
+    params = policy_params(cell.policy, version)
+    profiles = [load_profile(name) for name in cell.fleet]
+    model_len = sim_model_len(cell)
+    sim = replay_fleet_simulator(
+        cell.arrivals,
+        profiles,
+        cell.policy,
+        cell.router,
+        num_blocks=cell.kv_blocks,
+        params=params,
+        max_model_len=model_len,
+    )
+    if sim_only:
+        return [row(cell, cell.policy, None, sim.replay)]
+    from engine_common import fleet_replay, replay
+
+    model_dir = replay.write_tiny_model(Path(tempfile.mkdtemp(prefix="tiny-llama-")))
+    runs: list[tuple[str, FleetReplay]] = []
+    common: dict[str, Any] = {"num_blocks": cell.kv_blocks, "max_model_len": model_len}
+    real = fleet_replay.replay_fleet_vllm(
+        cell.arrivals,
+        model_dir,
+        profiles,
+        cell.router,
+        policy=cell.policy,
+        params=params,
+        **common,
+    )
+    runs.append((cell.policy, real))
+    if cell.policy in STOCK:
+        name, mode = STOCK[cell.policy]
+        stock = fleet_replay.replay_fleet_vllm(
+            cell.arrivals, model_dir, profiles, cell.router, stock_policy=mode, **common
+        )
+        runs.append((name, stock))
+    rows = []
+    for name, run in runs:
+        out = row(cell, name, run.replay, sim.replay)
+        out["placement_share"] = placement_share(run, sim)
+        rows.append(out)
+    return rows
+
+
 def run_cell(cell: Cell, *, sim_only: bool = False) -> list[dict[str, Any]]:
     """The cell's rows: the policy in vLLM and, with a stock counterpart, stock vLLM too."""
+    if cell.fleet:
+        return run_fleet_cell(cell, sim_only=sim_only)
     version = None if sim_only else _vllm_version()
     weights = cell.gain_weights if cell.mix == "goodput" else None
     params = policy_params(cell.policy, version, weights)
@@ -290,6 +362,10 @@ class Config:
     """``--mix goodput``'s length bounds (``priority.sim.workflows``)."""
     max_model_len: int | None = None
     """vLLM's ``--max-model-len`` (None: ``trace``, from the trace and each KV pool)."""
+    fleet: tuple[str, ...] = ()
+    """``--cluster``: one profile per instance (empty: single-instance replays)."""
+    routers: tuple[str, ...] = ()
+    """``--cluster``: the routers replayed."""
 
 
 def build_cells(cfg: Config) -> tuple[list[Cell], float]:
@@ -299,6 +375,11 @@ def build_cells(cfg: Config) -> tuple[list[Cell], float]:
         traces = [load_trace(t) for t in cfg.trace.split(",")]
         segment, _ = goodput_bench.build_mix(traces, profile, cfg.requests, cfg.seed)
         config = ClusterConfig([profile], CAPACITY_POLICY, CAPACITY_ROUTER, seed=cfg.seed)
+        capacity = find_capacity(segment, config, seed=cfg.seed).rps
+    elif cfg.fleet:
+        segment = trace_first(load_trace(cfg.trace), cfg.requests)
+        profiles = [load_profile(name) for name in cfg.fleet]
+        config = ClusterConfig(profiles, CAPACITY_POLICY, CAPACITY_ROUTER, seed=cfg.seed)
         capacity = find_capacity(segment, config, seed=cfg.seed).rps
     else:
         segment = trace_first(load_trace(cfg.trace), cfg.requests)
@@ -312,21 +393,24 @@ def build_cells(cfg: Config) -> tuple[list[Cell], float]:
         )
         arrivals = tuple(arrivals_from_workload(workload))
         for blocks in cfg.kv_blocks:
-            for policy in cfg.policies:
-                cells.append(
-                    Cell(
-                        cfg.trace,
-                        scale,
-                        rps,
-                        blocks,
-                        policy,
-                        cfg.profile,
-                        arrivals,
-                        workload.gain_weights,
-                        cfg.mix,
-                        cfg.max_model_len,
+            for router in cfg.routers or (None,):
+                for policy in cfg.policies:
+                    cells.append(
+                        Cell(
+                            cfg.trace,
+                            scale,
+                            rps,
+                            blocks,
+                            policy,
+                            cfg.profile,
+                            arrivals,
+                            workload.gain_weights,
+                            cfg.mix,
+                            cfg.max_model_len,
+                            cfg.fleet,
+                            router,
+                        )
                     )
-                )
     return cells, capacity
 
 
@@ -348,8 +432,9 @@ def run(cfg: Config) -> list[dict[str, Any]]:
         results = pool.map(work, cells)
     for cell, cell_rows in zip(cells, results, strict=True):
         rows.extend(cell_rows)
+        behind = f" · {cell.router}" if cell.router else ""
         console.log(
-            f"  {cell.rate_scale:g}x · {cell.kv_blocks} blocks · {cell.policy}: "
+            f"  {cell.rate_scale:g}x · {cell.kv_blocks} blocks · {cell.policy}{behind}: "
             + ", ".join(_brief(r) for r in cell_rows)
             + f" ({time.perf_counter() - started:.0f} s)"
         )
@@ -361,10 +446,11 @@ def run(cfg: Config) -> list[dict[str, Any]]:
 def _brief(r: dict[str, Any]) -> str:
     if r["tdg_real"] is None:
         return f"{r['policy']} sim TDG {r['tdg_sim']:.3f} goodput {r['goodput_sim']:.3f}"
+    placed = "" if r["placement_share"] is None else f", placed alike {r['placement_share']:.3f}"
     return (
         f"{r['policy']} real TDG {r['tdg_real']:.3f} sim {r['tdg_sim']:.3f}, goodput real "
         f"{r['goodput_real']:.3f} sim {r['goodput_sim']:.3f}, identical {r['identical_share']:.3f}"
-        f", refused real {r['refused_real']} sim {r['refused_sim']}"
+        f"{placed}, refused real {r['refused_real']} sim {r['refused_sim']}"
     )
 
 
@@ -377,12 +463,13 @@ def rankings(
     """Per (trace, rate, KV pool): the policies ranked by ``metric`` (``tdg`` or ``goodput``)
     on each side, and whether the two rankings agree (stock rows left out: they duplicate their
     transcription's)."""
-    cells: dict[tuple[str, float, int], list[dict[str, Any]]] = {}
+    cells: dict[tuple[str, float, int, str | None], list[dict[str, Any]]] = {}
     for r in rows:
         if r["policy"] in policies:
-            cells.setdefault((r["trace"], r["rate_scale"], r["kv_blocks"]), []).append(r)
+            key = (r["trace"], r["rate_scale"], r["kv_blocks"], r.get("router"))
+            cells.setdefault(key, []).append(r)
     out = []
-    for (trace, scale, blocks), members in cells.items():
+    for (trace, scale, blocks, router), members in cells.items():
         sim = _ranked(members, f"{metric}_sim")
         real = None
         if all(r[f"{metric}_real"] is not None for r in members):
@@ -392,6 +479,7 @@ def rankings(
                 "trace": trace,
                 "rate_scale": scale,
                 "kv_blocks": blocks,
+                "router": router,
                 "ranking_real": real,
                 "ranking_sim": sim,
                 "agree": None if real is None else real == sim,
@@ -438,7 +526,9 @@ def print_table(
     rows: Sequence[dict[str, Any]], policies: Sequence[str], out: Console, *, goodput: bool = False
 ) -> None:
     table = Table(title="sim fidelity: real vLLM scheduler vs simulator (virtual clock)")
-    headers = ["rate", "KV blocks", "policy", "identical", "TDG real", "TDG sim"]
+    fleet = any(r.get("router") for r in rows)
+    headers = ["rate", "KV blocks", "policy"] + (["router", "placed alike"] if fleet else [])
+    headers += ["identical", "TDG real", "TDG sim"]
     if goodput:
         headers += ["goodput real", "goodput sim"]
     headers += ["|ΔTTFT| p99 s", "preempt real", "preempt sim", "refused r/s"]
@@ -451,6 +541,7 @@ def print_table(
             f"{r['rate_scale']:g}x",
             str(r["kv_blocks"]),
             r["policy"],
+            *([r["router"], _fmt(r["placement_share"], ".3f")] if fleet else []),
             _fmt(r["identical_share"], ".3f"),
             _fmt(r["tdg_real"], ".3f"),
             _fmt(r["tdg_sim"], ".3f"),
@@ -468,8 +559,9 @@ def print_table(
         for rank in rankings(rows, policies, metric):
             real = " > ".join(rank["ranking_real"]) if rank["ranking_real"] else "-"
             verdict = {True: "agree", False: "DIFFER", None: "-"}[rank["agree"]]
+            behind = f" · {rank['router']}" if rank["router"] else ""
             out.print(
-                f"{rank['rate_scale']:g}x · {rank['kv_blocks']} blocks · by {metric}: real "
+                f"{rank['rate_scale']:g}x · {rank['kv_blocks']} blocks{behind} · by {metric}: real "
                 f"{real} | sim {' > '.join(rank['ranking_sim'])} | {verdict}"
             )
     if goodput:
@@ -536,6 +628,14 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
         default="trace",
         help="vLLM's max_model_len, or 'trace': the longest request, capped by the KV pool",
     )
+    parser.add_argument(
+        "--cluster",
+        help="replay a fleet: one profile per instance, comma-separated (e.g. "
+        "a100-qwen2-7b,910b-qwen2-7b,a100-qwen2-7b,910b-qwen2-7b)",
+    )
+    parser.add_argument(
+        "--router", help=f"--cluster: routers, comma-separated ({','.join(DEFAULT_ROUTERS)})"
+    )
     parser.add_argument("--profile", default=DEFAULT_PROFILE)
     parser.add_argument("--seed", type=int, default=0, help="workload seed (tiers, SLOs)")
     parser.add_argument("--jobs", type=int, default=1, help="worker processes (cells in parallel)")
@@ -580,6 +680,23 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
             parser.error("--max-model-len: a number of tokens or 'trace'")
         if model_len < 2:
             parser.error("--max-model-len must be >= 2")
+    fleet: tuple[str, ...] = ()
+    routers: tuple[str, ...] = ()
+    if args.cluster:
+        if goodput:
+            parser.error("--cluster replays the latency mix only")
+        fleet = tuple(p.strip() for p in args.cluster.split(",") if p.strip())
+        for name in fleet:
+            try:
+                load_profile(name)
+            except (KeyError, ValueError, OSError) as exc:
+                parser.error(f"--cluster: {exc}")
+        routers = tuple(r.strip() for r in (args.router or ",".join(DEFAULT_ROUTERS)).split(","))
+        for name in routers:
+            if name not in ROUTER_NAMES:
+                parser.error(f"unknown router {name!r}; known: {', '.join(ROUTER_NAMES)}")
+    elif args.router:
+        parser.error("--router needs --cluster")
     try:
         load_profile(args.profile)
     except (KeyError, ValueError, OSError) as exc:
@@ -599,6 +716,8 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
         mix=args.mix,
         lengths=args.lengths,
         max_model_len=model_len,
+        fleet=fleet,
+        routers=routers,
     )
 
 
@@ -615,7 +734,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if cfg.json:
         print(json.dumps(rows, indent=1))
     else:
-        width = max(Console().width, 160 if cfg.mix == "goodput" else 130)
+        width = max(Console().width, 160 if cfg.mix == "goodput" or cfg.fleet else 130)
         print_table(rows, cfg.policies, Console(width=width), goodput=cfg.mix == "goodput")
     return 0
 

@@ -170,3 +170,35 @@ def test_long_context_sim_only_counts_refusals(
     rows = {r["kv_blocks"]: r for r in json.loads(capsys.readouterr().out)}
     assert rows[8192]["refused_sim"] == 0 and rows[8192]["max_model_len"] > 8192
     assert rows[1024]["max_model_len"] == 1023 * 16 and rows[1024]["refused_sim"] > 0
+
+
+def test_cluster_arguments(bench: ModuleType) -> None:
+    cfg = bench.parse_args(["--trace", "azure_conv", "--cluster", "a100-qwen2-7b,910b-qwen2-7b"])
+    assert cfg.fleet == ("a100-qwen2-7b", "910b-qwen2-7b")
+    assert cfg.routers == bench.DEFAULT_ROUTERS and "goroute" in cfg.routers
+    for argv in (
+        ["--router", "min-load"],  # without --cluster
+        ["--cluster", "a100-qwen2-7b", "--router", "nope"],
+        ["--cluster", "no-such-profile"],
+    ):
+        with pytest.raises(SystemExit):
+            bench.parse_args(["--trace", "azure_conv", *argv])
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--mix", "goodput", "--cluster", "a100-qwen2-7b"])
+
+
+def test_cluster_sim_only_run(bench: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--trace", "azure_conv_20min", "--requests", "60", "--rate-scale", "2"]
+    argv += ["--kv-blocks", "67659", "--policy", "vllm-v1,slide", "--sim-only", "--json"]
+    argv += ["--cluster", "a100-qwen2-7b,910b-qwen2-7b", "--router", "goroute,min-load"]
+    assert bench.main(argv) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["router"], r["policy"]) for r in rows] == [
+        ("goroute", "vllm-v1"),
+        ("goroute", "slide"),
+        ("min-load", "vllm-v1"),
+        ("min-load", "slide"),
+    ]
+    assert all(0 < r["tdg_sim"] <= 1 and r["placement_share"] is None for r in rows)
+    ranks = bench.rankings(rows, ("vllm-v1", "slide"))
+    assert [r["router"] for r in ranks] == ["goroute", "min-load"]
