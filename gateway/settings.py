@@ -70,7 +70,7 @@ class Settings(BaseSettings):
         "store, like REQUESTS_CA_BUNDLE); unset = the system store",
     )
     max_attempts: int = Field(
-        default=3, ge=1, description="backends tried per request before its first token"
+        default=3, ge=1, description="attempts per request before its first token"
     )
     breaker_failures: int = Field(
         default=3, ge=1, description="consecutive failures that open a backend's breaker"

@@ -58,6 +58,9 @@ class Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.idle_since = 0.0
+        self.reused = False
+        """Taken from the pool of idle connections (set by the pool) rather than opened for
+        the current request."""
         self._timer: asyncio.TimerHandle | None = None
         self._reset()
 
@@ -75,6 +78,9 @@ class Connection(asyncio.Protocol):
         self._until_eof = False
         self._informational = False
         self._keep_alive = False
+        self.received = False
+        """Some byte of the current response arrived (a failure before any did may be an idle
+        connection the engine closed as the request went out: it never saw the request)."""
         self._last_read = self._loop.time()
 
     # ---- the consumer's side --------------------------------------------------------------
@@ -181,6 +187,7 @@ class Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._last_read = self._loop.time()
+        self.received = True
         try:
             self._parser.feed_data(data)
         except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:

@@ -16,12 +16,16 @@ Dispatch: the router picks a backend; a failure before the first token (connect 
 a stream that ends first or with a server error, garbage, no first token within the request's
 own budget — ``TTFT x first_token_timeout_factor``, :mod:`gateway.app.deadlines` — or the
 backend's breaker opening meanwhile) counts against that backend's breaker and retries on
-another one, up to ``max_attempts`` backends, within what is left of that budget (503
-``upstream_unavailable`` with ``retry-after`` when none is left). A streaming response is only
-started once the first token is in hand, so the client never sees a failed attempt. After the
-first token, an upstream failure — a break, garbage, or no event for the stall timeout
-(:mod:`gateway.app.watchdog`) — ends the stream with an OpenAI-style error event. A client that
-disconnects — streaming or not — closes the upstream request, which makes the engine abort it.
+another one, up to ``max_attempts`` attempts, within what is left of that budget; once every
+healthy backend has been tried, a healthy one is tried again while budget is left (the one
+other backend may have died since), and only then 503 ``upstream_unavailable`` with
+``retry-after``. A pooled connection the engine closed as idle just as the request went out
+is retried on a new connection inside :mod:`gateway.app.upstream`: not a failure at all. A
+streaming response is only started once the first token is in hand, so the client never sees
+a failed attempt. After the first token, an upstream failure — a break, garbage, or no event
+for the stall timeout (:mod:`gateway.app.watchdog`) — ends the stream with an OpenAI-style
+error event. A client that disconnects — streaming or not — closes the upstream request, which
+makes the engine abort it.
 ``docs/operations/engine-faults.md`` has the whole story.
 
 An engine's refusal (a 4xx, or a stream whose first event is a 4xx error) is the client's
@@ -462,11 +466,12 @@ class Job:
             await self.length.ready()
         payload = self._payload()
         tried: set[str] = set()
+        exclude: frozenset[str] = frozenset()
         last_error = "no backend was tried"
         budget: AttemptBudget | None = None
         for _ in range(self.state.settings.max_attempts):
             now = time.monotonic()
-            decision = self.decision or self._route(now, frozenset(tried))
+            decision = self.decision or self._route(now, exclude)
             self.decision = None
             if budget is None:  # from the first dispatch; retries get what is left of it
                 budget = self._budget(decision, now)
@@ -486,8 +491,11 @@ class Job:
                     self.state.pool.record_failure(backend, counts=not exc.abandoned)
                 self._undispatch()
                 tried.add(backend.name)
-                if not self._alternative(backend, tried):  # a healthy one failed: say so, not
-                    break  # "no healthy backend"
+                exclude = frozenset(tried)
+                if not self._alternative(backend, tried):
+                    if not self._retry_tried(budget):  # a healthy one failed: say so, not
+                        break  # "no healthy backend"
+                    exclude = frozenset()
                 self.state.metrics.failovers.labels(self.tier).inc()
         raise ApiError(
             503,
@@ -582,6 +590,17 @@ class Job:
         if self.slo.deadline_ms is not None and not self.demoted:
             limit = min(limit, self.arrival + self.slo.deadline_ms / 1e3 - time.monotonic())
         return max(0.0, limit)
+
+    def _retry_tried(self, budget: AttemptBudget) -> bool:
+        """Every untried backend is gone: try a healthy one again while the budget lasts. A
+        backend that failed this request once (a broken connection, an engine restarting) may
+        still be the only one left that can serve it — the other having died since — and a
+        client must see an error only where no retry could have served it. A timed-out
+        attempt has spent the budget, so it is never retried on the backend that was slow."""
+        assert self.group is not None
+        if budget.end <= time.monotonic():
+            return False
+        return any(b.view.healthy for b in self.group.backends)
 
     def _alternative(self, backend: Backend, tried: set[str]) -> bool:
         """Another healthy backend of the group this request has not tried yet."""

@@ -198,6 +198,24 @@ class Upstream:
         try:
             connection.send(request)
             await connection.head()
+        except UpstreamTimeout:
+            connection.close()
+            raise
+        except UpstreamError:
+            connection.close()
+            if not connection.reused or connection.received:
+                raise
+            # A pooled connection closed under the request before any byte of an answer: the
+            # engine closed it as idle as the request went out (its keep-alive timer runs on
+            # its own clock and loop), so it never saw the request. Every HTTP client retries
+            # that once on a new connection; failing it would blame a healthy engine.
+            connection = await self._connect(origin)
+            try:
+                connection.send(request)
+                await connection.head()
+            except BaseException:
+                connection.close()
+                raise
         except BaseException:
             connection.close()
             raise
@@ -232,6 +250,7 @@ class Upstream:
             while idle:
                 connection = idle.pop()
                 if not connection.closed and connection.idle_since > oldest:
+                    connection.reused = True
                     return connection
                 connection.close()
         return await self._connect(origin)

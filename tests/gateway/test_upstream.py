@@ -339,3 +339,86 @@ def test_a_read_timeout_is_an_upstream_timeout() -> None:
             await runner.cleanup()
 
     asyncio.run(scenario())
+
+
+_ANSWER = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
+
+
+async def _keepalive_server(answers_per_connection: int) -> tuple[asyncio.Server, str, list[int]]:
+    """A server that answers ``answers_per_connection`` requests on a connection and then
+    closes it, unanswered, as the next request arrives: an engine's keep-alive timer firing
+    just as a pooled connection is used. Returns the server, its URL and the requests seen
+    per connection."""
+    seen: list[int] = []
+
+    async def connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        seen.append(0)
+        index = len(seen) - 1
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next(
+                    (
+                        int(line.split(b":", 1)[1])
+                        for line in head.split(b"\r\n")
+                        if line.lower().startswith(b"content-length:")
+                    ),
+                    0,
+                )
+                await reader.readexactly(length)
+                seen[index] += 1
+                if seen[index] > answers_per_connection:
+                    return  # closed without a byte of an answer
+                writer.write(_ANSWER)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            return
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(connection, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    return server, f"http://127.0.0.1:{port}/stream", seen
+
+
+def test_a_pooled_connection_closed_under_the_request_is_retried_on_a_new_one() -> None:
+    """The engine closes an idle keep-alive connection as the gateway sends on it: the request
+    goes out again on a new connection (the engine never saw it), so no request fails on a
+    healthy engine for a race of two idle timers."""
+
+    async def scenario() -> list[int]:
+        server, url, seen = await _keepalive_server(answers_per_connection=1)
+        upstream = Upstream(read_timeout_s=5.0, connect_timeout_s=1.0)
+        try:
+            for _ in range(3):
+                response = await upstream.post_json(url, b"{}")
+                assert response.status == 200 and await response.read() == b"{}"
+                response.close()  # back to the pool: the next request takes it
+        finally:
+            await upstream.aclose()
+            server.close()
+            await server.wait_closed()
+        return seen
+
+    seen = asyncio.run(scenario())
+    # each pooled connection failed its second request unanswered; each retry opened a new one
+    assert seen == [2, 2, 1]
+
+
+def test_a_new_connection_closed_before_an_answer_is_not_retried() -> None:
+    """Only a reused connection is retried: a new one that the engine closes unanswered is an
+    engine fault, reported once (the gateway's failover decides what happens next)."""
+
+    async def scenario() -> list[int]:
+        server, url, seen = await _keepalive_server(answers_per_connection=0)
+        upstream = Upstream(read_timeout_s=5.0, connect_timeout_s=1.0)
+        try:
+            with pytest.raises(UpstreamError, match="closed the connection"):
+                await upstream.post_json(url, b"{}")
+        finally:
+            await upstream.aclose()
+            server.close()
+            await server.wait_closed()
+        return seen
+
+    assert asyncio.run(scenario()) == [1]

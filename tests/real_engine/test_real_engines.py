@@ -359,11 +359,6 @@ def test_a_frozen_engine_leaves_routing_and_its_seats_leave_admission(
     _wait_for(lambda: gateway.state.pool.capacity == 2 * SEATS)
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="open defect: in 1 of 4 runs, 2 of the 32 requests in flight at the kill got 503 "
-    "upstream_unavailable with no backend, though the survivor was healthy (under investigation)",
-)
 def test_kill_9_under_load_fails_only_what_was_on_the_dead_engine(
     gateway: GatewayThread, keys: dict[str, str], engines: dict, factory: sessionmaker[Session]
 ) -> None:
