@@ -23,6 +23,7 @@ COPY gateway/ gateway/
 COPY engine_common/ engine_common/
 COPY engine_cuda/ engine_cuda/
 COPY engine_ascend/ engine_ascend/
+COPY engine_emulated/ engine_emulated/
 COPY admin_ui/ admin_ui/
 COPY migrations/ migrations/
 RUN /opt/tiergate/bin/pip install . \

@@ -3,7 +3,7 @@
 The layers point one way, so each one's commands live with it and meet only here: the scheduling
 core's ``sim``, ``profile`` and ``lengths`` (:mod:`priority.cli`, no web stack), the gateway's
 admin commands (:mod:`gateway.cli`) and its server (:mod:`gateway.serve`), and the emulated engine
-(``gateway/engine_sim/``), which the gateway itself never imports: ``tiergate engine-sim``, and
+(``engine_emulated/``), which the gateway itself never imports: ``tiergate engine-sim``, and
 the four engines ``tiergate serve`` starts by default (:func:`emulated_fleet`).
 """
 
@@ -17,11 +17,11 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from engine_emulated.cli import engine_sim_command
+from engine_emulated.serve import EngineSpec, serve_engines, stop_engines
 from gateway.app.backends import BackendSpec
 from gateway.cli import register as register_admin_commands
 from gateway.cli import register_lengths
-from gateway.engine_sim.cli import engine_sim_command
-from gateway.engine_sim.serve import EngineSpec, serve_engines, stop_engines
 from gateway.serve import serve
 from gateway.settings import split_addr
 from priority.cli import register as register_core_commands

@@ -6,7 +6,7 @@
         [--seed 0] [--json]
 
 ``--engines`` emulated engines, each in a child process of its own (so that it can be killed
-and stopped) with fault injection on (:mod:`gateway.engine_sim.faults`), and one gateway (a
+and stopped) with fault injection on (:mod:`engine_emulated.faults`), and one gateway (a
 child process; SQLite seeded with the default tiers, a premium and a standard tenant, the
 gateway's default timeouts and breaker) run as in ``bench/gateway_overhead.py``; this process
 sends open-loop Poisson load at ``--rps``: chat requests of ``--max-tokens`` tokens, premium and
@@ -235,7 +235,7 @@ def _serve_role(args: argparse.Namespace) -> int:
         await closed.wait()
 
     async def engine() -> None:
-        from gateway.engine_sim.serve import EngineSpec, serve_engine, stop_engines
+        from engine_emulated.serve import EngineSpec, serve_engine, stop_engines
 
         spec = EngineSpec(
             args.profile,

@@ -290,7 +290,7 @@ def _serve_role(args: argparse.Namespace) -> int:
         await closed.wait()
 
     async def engines() -> None:
-        from gateway.engine_sim.serve import EngineSpec, serve_engines, stop_engines
+        from engine_emulated.serve import EngineSpec, serve_engines, stop_engines
 
         specs = [
             EngineSpec(args.profile_file, args.policy, MODEL, seed=args.seed + i)

@@ -227,7 +227,7 @@ def serve_engine_or_gateway(args: argparse.Namespace, model: str) -> int:
     import uvicorn
 
     if args.role == "engine":
-        from gateway.engine_sim.serve import EngineSpec
+        from engine_emulated.serve import EngineSpec
 
         app = EngineSpec(
             "a100-qwen2-7b", "vllm-v1", model, seed=0, time_scale=args.time_scale

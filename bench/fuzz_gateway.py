@@ -7,7 +7,7 @@ valid and invalid credentials, positive and negative inputs.
 Why a live gateway and not schemathesis' in-process ASGI transport: that transport opens a
 fresh test client per call, which would run the app's lifespan (database, backend pool, usage
 writer) for every case, and it buffers responses. Here the real stack runs: one emulated engine
-(:class:`~gateway.engine_sim.EngineThread`) behind the gateway under uvicorn
+(:class:`~engine_emulated.EngineThread`) behind the gateway under uvicorn
 (:class:`~gateway.app.server.GatewayThread`) on a seeded database, as ``make run`` serves it, so
 streamed (SSE) answers, admission, routing, relay and accounting all run for every case.
 
@@ -92,6 +92,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
+from engine_emulated import EngineSpec, EngineThread
 from gateway.app import BackendSpec, create_app
 from gateway.app.server import GatewayThread
 from gateway.db import crud
@@ -99,7 +100,6 @@ from gateway.db.models import Base
 from gateway.db.seed import seed_defaults
 from gateway.db.session import make_engine, make_session_factory
 from gateway.db.usage import UsageWriter
-from gateway.engine_sim import EngineSpec, EngineThread
 from gateway.settings import Settings
 from priority.profiles import load_profile
 

@@ -299,7 +299,7 @@ def _serve_role(args: argparse.Namespace) -> int:
 
     app: Any  # the engine's or the gateway's FastAPI app, or the bare ASGI relay
     if args.role == "engine":
-        from gateway.engine_sim.serve import EngineSpec
+        from engine_emulated.serve import EngineSpec
 
         app = EngineSpec(
             args.profile, args.policy, MODEL, seed=args.seed, time_scale=args.time_scale

@@ -17,7 +17,7 @@ The wire format is vLLM's own OpenAI body, nothing added:
 (``engine_common.sim_replay``).
 **Who reads:** the vLLM plugins (``engine_cuda``, ``engine_ascend``, through
 :func:`engine_common.slo.parse_meta` in ``engine_common.scheduler``) and the emulated engine
-(``gateway.engine_sim.mapping``, through the same ``parse_meta``), both with :func:`parse`.
+(``engine_emulated.mapping``, through the same ``parse_meta``), both with :func:`parse`.
 
 **Rule for values: a strict writer, a lenient reader.** :func:`encode_xargs` raises ``ValueError``
 on a value outside its bounds, so a gateway bug fails in the gateway (and its tests). :func:`parse`

@@ -1,7 +1,7 @@
 """A Prometheus histogram fed a whole batch of observations at once, and vLLM's ITL buckets.
 
 Shared by the gateway's metrics (:mod:`gateway.app.metrics`, per-tier inter-token gaps) and the
-emulated engine's (:mod:`gateway.engine_sim.metrics`), which both observe one value per streamed
+emulated engine's (:mod:`engine_emulated.metrics`), which both observe one value per streamed
 token: the emulated engine imports it from here, the gateway never from the emulated engine.
 """
 

@@ -3,7 +3,7 @@
 The gateway serves the backends a :data:`BackendsSource` starts and yields, or, without one, the
 backends table. What starts four emulated engines for ``tiergate serve`` (the embedded default
 of ``make run``) lives above the gateway, in :mod:`tiergate_cli`: the gateway never imports the
-emulated engine (``gateway/engine_sim/``), so it runs unchanged in front of real vLLM engines.
+emulated engine (``engine_emulated/``), so it runs unchanged in front of real vLLM engines.
 
 Metrics are served on an operator listener of their own (:mod:`gateway.app.operator`):
 ``tiergate serve`` always turns it on, at ``TIERGATE_METRICS_ADDR`` or 127.0.0.1:9464 — or a

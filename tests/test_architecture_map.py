@@ -5,7 +5,7 @@ module nobody finds. The rule the map follows (stated at its top) is checked her
 
 - a module is named by its path from the repository root (`gateway/app/auth.py`), or
 - by its file name in a table row that names its folder or a sibling's full path
-  (`gateway/engine_sim/` … `loop.py`; `priority/policies/gmax.py`, `tempo.py`), or
+  (`engine_emulated/` … `loop.py`; `priority/policies/gmax.py`, `tempo.py`), or
 - by its package folder in a row that says "one module per …" (`gateway/db/crud/`);
 - a package's `__init__.py` / `__main__.py` is covered by its folder being named.
 

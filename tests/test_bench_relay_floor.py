@@ -95,7 +95,7 @@ def _content(events: list[str]) -> list[str]:
 def test_relay_streams_the_whole_answer_on_kept_alive_connections(
     kind: str, relay_floor: ModuleType, bench: ModuleType
 ) -> None:
-    from gateway.engine_sim.serve import EngineSpec
+    from engine_emulated.serve import EngineSpec
 
     body = json.dumps(
         {

@@ -1,10 +1,11 @@
 """Layers that point one way, and the install that lets each layer stand alone.
 
 From the bottom: the scheduling core (``priority``) imports no gateway and no web framework; the
-engine plugins (``engine_common``, ``engine_cuda``, ``engine_ascend``) import no gateway, and the
-Ascend plugin shares code with the CUDA one only through ``engine_common``; the gateway never
-imports its emulated engine (``gateway/engine_sim/``). The ``tiergate`` console script
-(``tiergate_cli.py``, a top-level module) is the one place above all of them.
+engine plugins (``engine_common``, ``engine_cuda``, ``engine_ascend``) import no gateway, the
+shared ``engine_common`` imports no plugin, and the Ascend plugin shares code with the CUDA one
+only through ``engine_common``; the emulated engine (``engine_emulated``) sits beside the
+plugins, and the gateway never imports it. The ``tiergate`` console script (``tiergate_cli.py``,
+a top-level module) is the one place above all of them.
 
 The core is also imported for real, in a subprocess where the gateway and the web stack cannot be
 imported at all, which is how it runs beside vLLM; ``pyproject.toml``'s package list and its
@@ -43,9 +44,9 @@ WEB = frozenset(
 )
 """Top-level modules of the gateway's web stack (server, HTTP clients, database)."""
 ABOVE_CORE = frozenset({"gateway", "tiergate_cli"})
-FIRST_PARTY = frozenset(
-    {"priority", "gateway", "engine_common", "engine_cuda", "engine_ascend", "admin_ui"}
-)
+PLUGINS = frozenset({"engine_cuda", "engine_ascend", "engine_emulated"})
+"""The engines built on ``engine_common``: the two vLLM plugins and the emulated engine."""
+FIRST_PARTY = frozenset({"priority", "gateway", "engine_common", "admin_ui"} | PLUGINS)
 OPTIONAL = frozenset(
     {"vllm", "vllm_ascend", "torch", "torch_npu", "pyarrow", "sklearn", "quantile_forest"}
 )
@@ -99,6 +100,11 @@ def violations(packages: tuple[str, ...], forbidden: frozenset[str]) -> list[str
     )
 
 
+def _under(target: str, allowed: frozenset[str]) -> bool:
+    """``target`` is one of ``allowed`` or a name inside one (``gateway.heap.freeze``)."""
+    return any(target == a or target.startswith(f"{a}.") for a in allowed)
+
+
 # ---- static rules ------------------------------------------------------------------------------
 
 
@@ -115,15 +121,47 @@ def test_the_ascend_plugin_shares_code_with_the_cuda_one_only_through_engine_com
     assert violations(("engine_ascend",), frozenset({"engine_cuda"})) == []
 
 
-def test_the_gateway_never_imports_its_emulated_engine() -> None:
-    """``gateway/engine_sim/`` may import the gateway (shared helpers); never the reverse. The
-    assembler that starts emulated engines for ``tiergate serve`` is ``tiergate_cli``, outside."""
-    found = [
-        v
-        for v in violations(("gateway",), frozenset({"gateway.engine_sim"}))
-        if not v.startswith("gateway.engine_sim")  # the emulated engine's own modules
-    ]
-    assert found == []
+KNOWN_PLUGIN_IMPORTS = frozenset({"engine_common.replay -> engine_cuda.scheduler"})
+"""The one place ``engine_common`` reaches up into a plugin today: the replay harness builds
+vLLM's scheduler with the CUDA plugin's class. It is test harness, not runtime, and is to leave
+``engine_common`` for a package of its own; nothing else may join it."""
+
+
+def test_engine_common_imports_no_plugin() -> None:
+    """The shared layer is shared: a plugin may import it, never the other way round."""
+    found = violations(("engine_common",), PLUGINS)
+    assert [v for v in found if not _under(v, KNOWN_PLUGIN_IMPORTS)] == []
+
+
+def test_the_gateway_never_imports_the_emulated_engine() -> None:
+    """The gateway runs unchanged in front of real engines: it never imports the emulated one.
+    The assembler that starts emulated engines for ``tiergate serve`` is ``tiergate_cli``."""
+    assert violations(("gateway",), frozenset({"engine_emulated"})) == []
+
+
+EMULATED_ENGINE_TAKES_FROM_THE_GATEWAY = frozenset(
+    {"gateway.embedded", "gateway.heap", "gateway.histogram", "gateway.jsonbody", "gateway.tokens"}
+)
+"""Helpers the emulated engine shares with the gateway (an embedded uvicorn server, start-up heap
+freezing, the streamed-ITL histogram, JSON nesting checks, prompt token counting): small leaf
+modules, not the data plane."""
+
+
+def test_the_emulated_engine_takes_only_leaf_helpers_from_the_gateway() -> None:
+    found = {
+        v.partition(" -> ")[2] for v in violations(("engine_emulated",), frozenset({"gateway"}))
+    }
+    assert (
+        found
+        and {t for t in found if not _under(t, EMULATED_ENGINE_TAKES_FROM_THE_GATEWAY)} == set()
+    )
+    for helper in sorted(EMULATED_ENGINE_TAKES_FROM_THE_GATEWAY):  # and they stay leaves
+        ours = {
+            target
+            for target in imported(helper, ROOT / (helper.replace(".", "/") + ".py"))
+            if target.partition(".")[0] in FIRST_PARTY
+        }
+        assert ours == set(), (helper, ours)
 
 
 def test_the_dashboard_files_are_data_only() -> None:
@@ -135,9 +173,9 @@ def test_the_dashboard_files_are_data_only() -> None:
 def test_the_console_script_is_assembled_above_every_layer() -> None:
     assert PYPROJECT["project"]["scripts"] == {"tiergate": "tiergate_cli:app"}
     above = imported("tiergate_cli", ROOT / "tiergate_cli.py")
-    assert {"priority.cli", "gateway.cli", "gateway.serve", "gateway.engine_sim.cli"} <= above
+    assert {"priority.cli", "gateway.cli", "gateway.serve", "engine_emulated.cli"} <= above
     # nothing of the repository imports the assembler
-    packages = ("priority", "gateway", "engine_common", "engine_cuda", "engine_ascend")
+    packages = ("priority", "gateway", "engine_common", *sorted(PLUGINS))
     assert violations(packages, frozenset({"tiergate_cli"})) == []
 
 

@@ -24,9 +24,9 @@ from engine_common import protocol as p
 from engine_common.scheduler import engine_view
 from engine_common.settings import EngineSettings
 from engine_common.slo import ignored_counts, parse_meta
+from engine_emulated.app import build_engine_sim, core_request
+from engine_emulated.schemas import ChatCompletionRequest
 from gateway.app.slo import RequestSLO, engine_priority, engine_xargs
-from gateway.engine_sim.app import build_engine_sim, core_request
-from gateway.engine_sim.schemas import ChatCompletionRequest
 from priority.lengths.distribution import LengthDistribution
 from priority.profiles import load_profile
 from priority.request import SLO, Request
@@ -384,7 +384,7 @@ def test_emulated_engine_counts_gateway_queueing_in_the_arrival() -> None:
 def test_body_types_are_checked_as_vllms_api_server_does(case: dict[str, Any], param: str) -> None:
     from pydantic import ValidationError
 
-    from gateway.engine_sim.schemas import describe_validation_error
+    from engine_emulated.schemas import describe_validation_error
 
     with pytest.raises(ValidationError) as info:
         ChatCompletionRequest.model_validate(_body(case))

@@ -27,12 +27,12 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
+from engine_emulated import EngineSpec, EngineThread
 from gateway.app.app import create_app
 from gateway.app.backends import BackendSpec
 from gateway.app.server import GatewayThread
 from gateway.db import crud
 from gateway.db.session import make_engine, make_session_factory
-from gateway.engine_sim import EngineSpec, EngineThread
 from gateway.serve import prepare_database, prepare_operator
 from gateway.settings import Settings
 

@@ -75,7 +75,7 @@ def gateway_routes() -> set[str]:
 
 
 def engine_sim_routes() -> set[str]:
-    return route_paths(ROOT / "gateway" / "engine_sim" / "app.py")
+    return route_paths(ROOT / "engine_emulated" / "app.py")
 
 
 LIVENESS = "/health/liveliness"

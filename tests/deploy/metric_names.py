@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DEFINITIONS = (
     "gateway/app/metrics.py",
     "gateway/app/operator.py",
-    "gateway/engine_sim/metrics.py",
+    "engine_emulated/metrics.py",
     "engine_common/stat_logger.py",
 )
 """Where every metric the dashboards and rules may read is defined: the gateway's, the emulated

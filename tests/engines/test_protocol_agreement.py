@@ -120,9 +120,9 @@ def _body(fields: dict[str, Any]) -> dict[str, Any]:
 
 
 def _emulated_engine() -> types.ModuleType:
-    """``gateway.engine_sim.app`` (its package imports the uvicorn server lazily: the engine
+    """``engine_emulated.app`` (its package imports the uvicorn server lazily: the engine
     environments do not install uvicorn)."""
-    return importlib.import_module("gateway.engine_sim.app")
+    return importlib.import_module("engine_emulated.app")
 
 
 def _view(request: Request) -> dict[str, Any]:

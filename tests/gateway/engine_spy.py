@@ -10,8 +10,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from engine_emulated import EngineSpec, EngineThread
 from gateway.app import BackendSpec
-from gateway.engine_sim import EngineSpec, EngineThread
 from priority.request import Request as CoreRequest
 
 

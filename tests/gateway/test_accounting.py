@@ -22,6 +22,7 @@ from pydantic import SecretStr
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from engine_emulated import EngineSpec, EngineThread
 from gateway.app import BackendSpec, create_app
 from gateway.app.accounting import NOTHING, Account, Outcome, account, record_gain
 from gateway.app.metrics import GatewayMetrics
@@ -33,7 +34,6 @@ from gateway.db.models import Base, UsageRecord
 from gateway.db.seed import seed_defaults
 from gateway.db.session import make_engine, make_session_factory
 from gateway.db.usage import UsageEvent, UsageWriter
-from gateway.engine_sim import EngineSpec, EngineThread
 from gateway.settings import Settings
 from priority.gain import GainWeights, ideal_tdg, slo_attained, tdg
 from priority.request import SLO

@@ -21,13 +21,13 @@ from openai.types.chat import ChatCompletionMessageParam
 from pydantic import SecretStr
 from sqlalchemy.orm import Session, sessionmaker
 
+from engine_emulated import EngineSpec, EngineThread, RunningEngine
 from gateway.app import BackendSpec, create_app
 from gateway.app.server import GatewayThread
 from gateway.db import crud
 from gateway.db.models import Base, utcnow
 from gateway.db.seed import seed_defaults
 from gateway.db.session import make_engine, make_session_factory
-from gateway.engine_sim import EngineSpec, EngineThread, RunningEngine
 from gateway.settings import Settings
 from priority.request import Request as CoreRequest
 from tests.gateway.engine_spy import record_submissions

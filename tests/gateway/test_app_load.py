@@ -28,13 +28,13 @@ from pydantic import SecretStr
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from engine_emulated import EngineSpec, EngineThread, RunningEngine, stop_engines
 from gateway.app import BackendSpec, create_app
 from gateway.app.server import GatewayThread
 from gateway.db import crud
 from gateway.db.identity import KeyIdentity
 from gateway.db.models import UsageRecord
 from gateway.db.seed import seed_defaults
-from gateway.engine_sim import EngineSpec, EngineThread, RunningEngine, stop_engines
 from gateway.settings import Settings
 
 MODEL = "qwen2-7b"

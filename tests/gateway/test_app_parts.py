@@ -15,6 +15,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from engine_emulated import RunningEngine
+from engine_emulated.mapping import weight_from_priority
+from engine_emulated.schemas import ChatCompletionRequest, describe_validation_error
 from gateway.app.auth import AuthCache
 from gateway.app.backends import BackendPool, BackendSpec, parse_vllm_gauges
 from gateway.app.metrics import OTHER_TENANT, GatewayMetrics, TenantLabels
@@ -29,9 +32,6 @@ from gateway.db.models import Base
 from gateway.db.seed import seed_defaults
 from gateway.db.session import make_engine, make_session_factory
 from gateway.embedded import Listening
-from gateway.engine_sim import RunningEngine
-from gateway.engine_sim.mapping import weight_from_priority
-from gateway.engine_sim.schemas import ChatCompletionRequest, describe_validation_error
 from gateway.errors import ApiError
 from gateway.settings import Settings
 

@@ -12,13 +12,13 @@ import openai
 from pydantic import SecretStr
 from sqlalchemy import select
 
+from engine_emulated import EngineSpec, EngineThread
 from gateway.app import create_app
 from gateway.app.server import GatewayThread
 from gateway.db import crud
 from gateway.db.models import Base, UsageRecord
 from gateway.db.seed import seed_defaults
 from gateway.db.session import make_engine, make_session_factory
-from gateway.engine_sim import EngineSpec, EngineThread
 from gateway.settings import Settings
 from priority.profiles import Profile, available_profiles, load_profile
 

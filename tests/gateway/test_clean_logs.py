@@ -27,6 +27,7 @@ import typer
 import uvicorn
 from typer.testing import CliRunner
 
+from engine_emulated import EngineSpec, EngineThread
 from gateway.app import BackendSpec, create_app
 from gateway.app.http_limits import http_options
 from gateway.app.server import GatewayThread
@@ -34,7 +35,6 @@ from gateway.cli import register
 from gateway.db import crud
 from gateway.db.session import make_session_factory
 from gateway.embedded import EmbeddedServer
-from gateway.engine_sim import EngineSpec, EngineThread
 from gateway.settings import get_settings
 from tests.gateway.seeded_app import app_settings, seed_database
 

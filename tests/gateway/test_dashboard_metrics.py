@@ -19,6 +19,8 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 from pydantic import SecretStr
 
+from engine_emulated import EngineSpec, EngineThread
+from engine_emulated.metrics import POLICY_GAUGES
 from gateway.app import create_app
 from gateway.app.backends import BackendSpec
 from gateway.app.breaker import Breaker, OpenReason, breaker_state
@@ -28,8 +30,6 @@ from gateway.db import crud
 from gateway.db.models import Base
 from gateway.db.seed import seed_defaults
 from gateway.db.session import make_engine, make_session_factory
-from gateway.engine_sim import EngineSpec, EngineThread
-from gateway.engine_sim.metrics import POLICY_GAUGES
 from gateway.settings import Settings
 from priority.request import SLO
 

@@ -23,11 +23,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from gateway.engine_sim import EngineSpec, EngineThread, RunningEngine
-from gateway.engine_sim.cli import engine_sim_command
-from gateway.engine_sim.filler import filler_text
-from gateway.engine_sim.loop import WallClockEngine
-from gateway.engine_sim.mapping import (
+from engine_emulated import EngineSpec, EngineThread, RunningEngine
+from engine_emulated.cli import engine_sim_command
+from engine_emulated.filler import filler_text
+from engine_emulated.loop import WallClockEngine
+from engine_emulated.mapping import (
     OutputLengthSampler,
     RequestMappingError,
     Scheduling,

@@ -23,11 +23,11 @@ import pytest
 from seeded_app import app_settings, seed_database
 from sqlalchemy import Engine
 
+from engine_emulated import EngineSpec, EngineThread, RunningEngine
 from gateway.app import BackendSpec, create_app
 from gateway.app.server import GatewayThread
 from gateway.db import crud
 from gateway.db.session import make_session_factory
-from gateway.engine_sim import EngineSpec, EngineThread, RunningEngine
 
 MODEL = "qwen2-7b"
 SECRET = "fleet-test-secret"

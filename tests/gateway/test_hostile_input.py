@@ -35,6 +35,7 @@ from pydantic import SecretStr
 from sqlalchemy.orm import Session, sessionmaker
 from typer.testing import CliRunner
 
+from engine_emulated import EngineSpec, EngineThread, RunningEngine
 from gateway.app import BackendSpec, create_app
 from gateway.app import context as context_module
 from gateway.app.backends import Backend, ModelGroup
@@ -47,7 +48,6 @@ from gateway.db import crud
 from gateway.db.models import Base
 from gateway.db.seed import seed_defaults
 from gateway.db.session import make_engine, make_session_factory
-from gateway.engine_sim import EngineSpec, EngineThread, RunningEngine
 from gateway.errors import ApiError
 from gateway.jsonbody import MAX_JSON_DEPTH, json_depth_exceeds
 from gateway.settings import Settings, get_settings

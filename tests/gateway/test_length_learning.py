@@ -291,9 +291,9 @@ def test_the_gateway_records_one_sample_per_finished_request(tmp_path: Path) -> 
     from fastapi.testclient import TestClient
     from seeded_app import app_settings, seed_database
 
+    from engine_emulated import EngineSpec, EngineThread
     from gateway.app import BackendSpec, create_app
     from gateway.db.session import make_session_factory
-    from gateway.engine_sim import EngineSpec, EngineThread
 
     model = "qwen2-7b"
     url = f"sqlite:///{tmp_path / 'tiergate.db'}"

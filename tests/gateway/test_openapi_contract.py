@@ -43,6 +43,7 @@ from seeded_app import app_settings, seed_database
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from engine_emulated import EngineSpec, EngineThread
 from gateway.app import BackendSpec, create_app
 from gateway.app.app import V1_SCHEMAS, V1_SECURITY
 from gateway.app.kinds import WORKFLOW_DEADLINE_HEADER, WORKFLOW_ID_HEADER, WORKFLOW_ID_PATTERN
@@ -56,7 +57,6 @@ from gateway.db.crud._common import NAME_PATTERN
 from gateway.db.models import BACKEND_KINDS, TENANT_STATUSES, Base, UsageRecord
 from gateway.db.seed import seed_defaults
 from gateway.db.session import make_engine, make_session_factory
-from gateway.engine_sim import EngineSpec, EngineThread
 from gateway.settings import Settings
 
 MODEL = "qwen2-7b"  # the emulated engine's

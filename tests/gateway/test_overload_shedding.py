@@ -27,6 +27,7 @@ from pydantic import SecretStr
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from engine_emulated import EngineSpec, EngineThread
 from gateway.app import BackendSpec, create_app
 from gateway.app.server import GatewayThread
 from gateway.app.shedding import (
@@ -40,7 +41,6 @@ from gateway.app.shedding import (
 )
 from gateway.db import crud
 from gateway.db.models import Tenant, UsageRecord
-from gateway.engine_sim import EngineSpec, EngineThread
 from gateway.limits import RejectReason
 from gateway.settings import Settings
 from priority.estimator import BatchLatencyEstimator, LatencyCoefficients

@@ -30,11 +30,11 @@ import redis
 from pydantic import SecretStr
 from sqlalchemy.orm import Session, sessionmaker
 
+from engine_emulated import EngineSpec, EngineThread, RunningEngine
 from gateway.app import BackendSpec, create_app
 from gateway.app.server import GatewayThread
 from gateway.db import crud
 from gateway.db.seed import seed_defaults
-from gateway.engine_sim import EngineSpec, EngineThread, RunningEngine
 from gateway.settings import Settings
 
 MODEL = "qwen2-7b"

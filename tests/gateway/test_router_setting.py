@@ -10,13 +10,13 @@ import httpx
 import pytest
 from pydantic import SecretStr, ValidationError
 
+from engine_emulated import EngineSpec, EngineThread, RunningEngine
 from gateway.app import BackendSpec, create_app
 from gateway.app.server import GatewayThread
 from gateway.db import crud
 from gateway.db.models import Base
 from gateway.db.seed import seed_defaults
 from gateway.db.session import make_engine, make_session_factory
-from gateway.engine_sim import EngineSpec, EngineThread, RunningEngine
 from gateway.settings import Settings
 from priority.routing import ROUTER_NAMES
 

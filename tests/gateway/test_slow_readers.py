@@ -27,6 +27,7 @@ from pydantic import SecretStr
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from engine_emulated import EngineSpec, EngineThread, RunningEngine
 from gateway.app import BackendSpec, create_app
 from gateway.app.backends import Backend
 from gateway.app.breaker import OpenReason
@@ -35,7 +36,6 @@ from gateway.app.watchdog import StreamWatch, stalled_backends
 from gateway.db import crud
 from gateway.db.models import Tenant, UsageRecord
 from gateway.db.seed import seed_defaults
-from gateway.engine_sim import EngineSpec, EngineThread, RunningEngine
 from gateway.settings import Settings
 
 MODEL = "qwen2-7b"

@@ -22,10 +22,10 @@ import openai
 import pytest
 from pydantic import ValidationError
 
+from engine_emulated import EngineSpec
 from gateway.app import BackendSpec, create_app
 from gateway.app.server import GatewayThread
 from gateway.app.upstream import Upstream, UpstreamError
-from gateway.engine_sim import EngineSpec
 from gateway.settings import Settings
 from tests.gateway.seeded_app import app_settings, seed_database
 

@@ -24,13 +24,13 @@ from httpx import Response
 from seeded_app import app_settings, seed_database
 from sqlalchemy import Engine, select
 
+from engine_emulated import EngineSpec, EngineThread, RunningEngine
 from gateway.app import BackendSpec, create_app
 from gateway.app.admin.credentials import ADMIN_KEY_OPERATOR
 from gateway.app.state import GatewayState
 from gateway.db import crud
 from gateway.db.models import AuditLog
 from gateway.db.session import make_session_factory
-from gateway.engine_sim import EngineSpec, EngineThread, RunningEngine
 
 ADMIN_KEY = "ui-backends-admin-key-" + "x" * 16
 MODEL = "qwen2-7b"

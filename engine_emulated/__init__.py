@@ -6,17 +6,17 @@ by the wall clock, behind vLLM's OpenAI API and vLLM's ``vllm:*`` Prometheus met
 
 Modules, one job each:
 
-* :mod:`~gateway.engine_sim.mapping` — OpenAI request to core ``Request``: output lengths, and
+* :mod:`~engine_emulated.mapping` — OpenAI request to core ``Request``: output lengths, and
   SLO/weight from ``vllm_xargs`` and ``priority`` through the one protocol parser
   (:mod:`engine_common.protocol`; token counts: :mod:`gateway.tokens`);
-* :mod:`~gateway.engine_sim.loop` — the wall-clock loop and per-request token streams;
-* :mod:`~gateway.engine_sim.metrics` — vLLM's metric names on a per-engine registry;
-* :mod:`~gateway.engine_sim.schemas` / :mod:`~gateway.engine_sim.filler` — bodies and text;
-* :mod:`~gateway.engine_sim.app` — the FastAPI app (:func:`create_engine_app`);
-* :mod:`~gateway.engine_sim.faults` — fault injection for tests and drills (off by default):
+* :mod:`~engine_emulated.loop` — the wall-clock loop and per-request token streams;
+* :mod:`~engine_emulated.metrics` — vLLM's metric names on a per-engine registry;
+* :mod:`~engine_emulated.schemas` / :mod:`~engine_emulated.filler` — bodies and text;
+* :mod:`~engine_emulated.app` — the FastAPI app (:func:`create_engine_app`);
+* :mod:`~engine_emulated.faults` — fault injection for tests and drills (off by default):
   hang, freeze, stall, garbage, crash;
-* :mod:`~gateway.engine_sim.serve` — several engines in one process on free ports;
-* :mod:`~gateway.engine_sim.cli` — ``tiergate engine-sim``.
+* :mod:`~engine_emulated.serve` — several engines in one process on free ports;
+* :mod:`~engine_emulated.cli` — ``tiergate engine-sim``.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the real names for type checkers; at run time, __getattr__ below
-    from gateway.engine_sim.app import EngineSim, build_engine_sim, create_engine_app
-    from gateway.engine_sim.serve import (
+    from engine_emulated.app import EngineSim, build_engine_sim, create_engine_app
+    from engine_emulated.serve import (
         EngineSpec,
         EngineThread,
         RunningEngine,

@@ -25,7 +25,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from gateway.engine_sim.metrics import EngineMetrics
+from engine_emulated.metrics import EngineMetrics
 from priority.request import Request
 from priority.sim.engine import EngineCore, StepInFlight, StepOutcome
 
@@ -153,7 +153,7 @@ class WallClockEngine:
     def running(self) -> bool:
         return self._task is not None and not self._task.done()
 
-    # ---- fault injection (gateway.engine_sim.faults) -----------------------------------
+    # ---- fault injection (engine_emulated.faults) -----------------------------------
 
     @property
     def paused(self) -> bool:

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 import uvicorn
 
-from gateway.engine_sim.app import DEFAULT_MAX_MODEL_LEN, create_engine_app
+from engine_emulated.app import DEFAULT_MAX_MODEL_LEN, create_engine_app
 from priority.policies import POLICY_NAMES
 from priority.profiles import available_profiles, load_profile
 

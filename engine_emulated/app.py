@@ -6,7 +6,7 @@ Endpoints (vLLM's): ``POST /v1/chat/completions``, ``POST /v1/completions`` (SSE
 the engine cannot hold, 404 for an unknown model. A client that disconnects — streaming or
 not — has its request aborted in the engine, freeing its KV blocks at once. Built with
 ``fault_injection``, it also serves ``GET``/``POST /fault-injection``
-(:mod:`gateway.engine_sim.faults`).
+(:mod:`engine_emulated.faults`).
 """
 
 from __future__ import annotations
@@ -29,10 +29,10 @@ from pydantic import ValidationError
 from starlette.types import Receive, Scope, Send
 
 from engine_common.protocol import BestEffortDefaults
-from gateway.engine_sim.faults import Fault, FaultInjector, FaultMode, garbage_bytes
-from gateway.engine_sim.filler import filler_text
-from gateway.engine_sim.loop import EngineRejected, TokenStream, WallClockEngine
-from gateway.engine_sim.mapping import (
+from engine_emulated.faults import Fault, FaultInjector, FaultMode, garbage_bytes
+from engine_emulated.filler import filler_text
+from engine_emulated.loop import EngineRejected, TokenStream, WallClockEngine
+from engine_emulated.mapping import (
     DEFAULTS,
     OutputLengthSampler,
     OutputPlan,
@@ -41,8 +41,8 @@ from gateway.engine_sim.mapping import (
     plan_output,
     slo_from_xargs,
 )
-from gateway.engine_sim.metrics import EngineMetrics
-from gateway.engine_sim.schemas import (
+from engine_emulated.metrics import EngineMetrics
+from engine_emulated.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
     _GenerationRequest,
@@ -81,7 +81,7 @@ class EngineSim:
     defaults: BestEffortDefaults = DEFAULTS
     """What requests without their own objectives get (the vLLM plugins' defaults)."""
     faults: FaultInjector | None = None
-    """Fault injection (tests and drills only: :mod:`gateway.engine_sim.faults`); None: off."""
+    """Fault injection (tests and drills only: :mod:`engine_emulated.faults`); None: off."""
 
     @property
     def core(self) -> EngineCore:

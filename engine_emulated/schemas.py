@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from gateway.engine_sim.mapping import RequestMappingError
+from engine_emulated.mapping import RequestMappingError
 from gateway.tokens import CompletionPrompt, count_chat_tokens, count_prompt_tokens
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1

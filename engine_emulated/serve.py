@@ -20,8 +20,8 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI
 
+from engine_emulated.app import DEFAULT_MAX_MODEL_LEN, EngineSim, create_engine_app
 from gateway.embedded import EmbeddedServer, Listening, bind
-from gateway.engine_sim.app import DEFAULT_MAX_MODEL_LEN, EngineSim, create_engine_app
 from priority.profiles import Profile, load_profile
 
 STARTUP_TIMEOUT_S = 10.0
@@ -44,7 +44,7 @@ class EngineSpec:
     port: int = 0
     """0: a free port chosen by the OS."""
     fault_injection: bool = False
-    """Serve ``/fault-injection`` (tests and drills: :mod:`gateway.engine_sim.faults`)."""
+    """Serve ``/fault-injection`` (tests and drills: :mod:`engine_emulated.faults`)."""
 
     def resolve_profile(self) -> Profile:
         return self.profile if isinstance(self.profile, Profile) else load_profile(self.profile)
