@@ -25,20 +25,27 @@ import numpy as np
 from priority.gain import GainWeights
 from priority.profiles import load_profile
 from priority.request import SLO, Request
-from priority.routing import InstanceView, RouteDecision, Router, make_router
+from priority.routing import InstanceRole, InstanceView, RouteDecision, Router, make_router
 
 TARGET_P99_MS = 0.2
 
 
-def build_views(instances: int, queued: int, rng: np.random.Generator) -> list[InstanceView]:
+def build_views(
+    instances: int, queued: int, rng: np.random.Generator, *, pd: bool = False
+) -> list[InstanceView]:
+    """The fleet's views, every queue filled; ``pd``: the first half prefill instances, the
+    rest decode instances (queued prefills only on the former)."""
     profiles = [load_profile("a100-qwen2-7b"), load_profile("910b-qwen2-7b")]
     views = []
     for i in range(instances):
         profile = profiles[i % 2]
-        view = InstanceView(i, f"i{i}", profile, profile.estimator(), queue_updated_s=0.0)
+        role = InstanceRole.COLOCATED
+        if pd:
+            role = InstanceRole.PREFILL if i < instances // 2 else InstanceRole.DECODE
+        view = InstanceView(i, f"i{i}", profile, profile.estimator(), role, queue_updated_s=0.0)
         view.num_decoding = int(rng.integers(0, 257))
         view.num_free_kv_blocks = int(rng.integers(0, profile.engine.num_kv_blocks))
-        for j in range(queued):
+        for j in range(queued if role is not InstanceRole.DECODE else 0):
             r = new_request(f"q{i}-{j}", rng, now=0.0)
             view.prefill_queue[r.request_id] = r
         views.append(view)
@@ -64,8 +71,23 @@ def time_router(
 ) -> np.ndarray:
     """Route ``decisions`` requests; after each, dispatch it and see one first token elsewhere.
     Returns each route call's wall time and thread CPU time (ms), as two rows."""
+    return drive(router, make, decisions, rng)[0]
+
+
+def drive(
+    router: Router,
+    make: Callable[[int], Request],
+    decisions: int,
+    rng: np.random.Generator,
+    *,
+    start_s: float = 10.0,
+) -> tuple[np.ndarray, list[RouteDecision]]:
+    """:func:`time_router`'s sequence, with every decision made: after each, the request is
+    dispatched and one random instance sees the first token of its oldest queued request (under
+    PD that request decodes where the router re-picks at the handoff) and reports its free KV."""
     samples = np.empty((2, decisions))
-    now = 10.0
+    made = []
+    now = start_s
     for k in range(decisions):
         request = make(k)
         now += 0.001
@@ -73,12 +95,17 @@ def time_router(
         decision = router.route(request, now)
         t1, c1 = time.perf_counter_ns(), time.thread_time_ns()
         samples[:, k] = ((t1 - t0) / 1e6, (c1 - c0) / 1e6)
+        made.append(decision)
         router.on_dispatch(request, decision, now)
         victim = router.instances[int(rng.integers(len(router.instances)))]
         if victim.prefill_queue:
             old = next(iter(victim.prefill_queue.values()))
-            router.on_first_token(old, RouteDecision(victim.index), now)
-    return samples
+            seen = RouteDecision(victim.index, decision.decode_instance)
+            seen = router.decode_at_handoff(old, seen, now)
+            router.on_first_token(old, seen, now)
+        engine = victim.profile.engine
+        router.on_kv_report(victim.index, int(rng.integers(0, engine.num_kv_blocks)))
+    return samples, made
 
 
 def main(argv: list[str] | None = None) -> int:

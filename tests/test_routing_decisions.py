@@ -1,0 +1,101 @@
+"""GoRouting's decisions on a recorded sequence stay exactly what they were.
+
+The router's decision cost was cut (incremental queue summaries, the per-instance estimates
+vectorized); that must not change a single decision. ``test_routing_decisions.json`` holds the
+decisions (instance, decode instance, expected gain, predicted TTFT, bit for bit) that GoRouting
+made at commit 5c4ad9e, before that work, on the sequences below: routing_scale's heterogeneous
+fleet (queues filled, a dispatch, a first token and a KV report per decision), co-located and
+PD, in both branches and both fallbacks, some instances with other routers' prefills. Re-record
+(only for a deliberate change of decisions) with ``python -m tests.test_routing_decisions``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+import pytest
+
+from priority.gain import GainWeights
+from priority.request import Request
+from priority.routing import ExternalPrefills, InstanceRole, make_router
+from tests.scripts_loader import load_script
+
+RECORD = Path(__file__).with_suffix(".json")
+INSTANCES, QUEUED, DECISIONS = 12, 200, 250
+SCENARIOS: dict[str, dict[str, Any]] = {
+    "co-located, SLO reachable": {"ttft": 1e5},
+    "co-located, fallback expected-gain": {"ttft": 1e-3},
+    "co-located, fallback random": {"ttft": 1e-3, "params": {"fallback": "random"}},
+    "co-located, mixed SLOs": {"ttft": None},
+    "co-located, mixed SLOs, no harm avoidance": {
+        "ttft": None,
+        "params": {"avoid_harm_on_fallback": False, "fallback": "random"},
+    },
+    "co-located, short queues, mixed SLOs": {"ttft": None, "queued": 6},
+    "pd, mixed SLOs": {"ttft": None, "pd": True},
+    "pd, short queues, mixed SLOs": {"ttft": None, "pd": True, "queued": 6},
+    "pd, mixed SLOs, free-kv decode": {
+        "ttft": None,
+        "pd": True,
+        "params": {"decode_choice": "free-kv"},
+    },
+}
+
+
+def _bench() -> ModuleType:
+    return load_script("bench/routing_scale.py")
+
+
+def decisions(name: str) -> list[list[Any]]:
+    """The scenario's decisions as [instance, decode instance, expected gain, predicted TTFT]."""
+    spec = SCENARIOS[name]
+    bench = _bench()
+    rng = np.random.default_rng(7)
+    queued = spec.get("queued", QUEUED)
+    views = bench.build_views(INSTANCES, queued, rng, pd=spec.get("pd", False))
+    for view in views[::5]:
+        if view.role is not InstanceRole.DECODE:  # other gateway workers' prefills
+            view.external_prefills = ExternalPrefills(40, 60_000, 3.5, 60, 0.05, 11.0, 9.5)
+    params = {"seed": 3, "weights": GainWeights.from_lengths(1000.0, 250.0)}
+    router = make_router("goroute", views, **(params | spec.get("params", {})))
+    ttft = spec["ttft"]
+
+    def make(k: int) -> Request:
+        return bench.new_request(f"n{k}", rng, now=10.0, ttft=ttft)  # type: ignore[no-any-return]
+
+    _, made = bench.drive(router, make, DECISIONS, rng)
+    return [[d.instance, d.decode_instance, d.expected_gain, d.predicted_ttft_s] for d in made]
+
+
+@pytest.fixture(scope="module")
+def recorded() -> dict[str, list[list[Any]]]:
+    data: dict[str, list[list[Any]]] = json.loads(RECORD.read_text())
+    return data
+
+
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_decisions_identical_to_the_record(name: str, recorded: dict[str, Any]) -> None:
+    want = recorded[name]
+    got = decisions(name)
+    assert len(got) == len(want) == DECISIONS
+    for k, (a, b) in enumerate(zip(got, want, strict=True)):
+        assert a == b, f"decision {k}: now {a}, recorded {b}"
+    instances = {d[0] for d in want}
+    assert len(instances) > 1  # the sequence exercises the choice, not one instance
+
+
+def test_the_record_covers_both_branches(recorded: dict[str, Any]) -> None:
+    """Reachable SLOs give positive expected gains; the fallback streams give none."""
+    assert all(d[2] > 0 for d in recorded["co-located, SLO reachable"])
+    assert all(d[2] <= 0 for d in recorded["co-located, fallback expected-gain"])
+    assert all(d[1] is not None for d in recorded["pd, mixed SLOs"])
+
+
+if __name__ == "__main__":
+    RECORD.write_text(json.dumps({name: decisions(name) for name in SCENARIOS}) + "\n")
+    print(f"wrote {RECORD}", file=sys.stderr)
