@@ -66,7 +66,16 @@ HELPERS = (
     "tests/v1/kv_connector/unit/utils.py",
 )
 """Imported by ``tests/v1/core/utils.py`` (the mock KV connector)."""
-POLICIES = ("stock", "vllm-v1", "vllm-v1-priority", "slide", "gmax", "gmax-fair", "tempo")
+POLICIES = (
+    "stock",
+    "vllm-v1",
+    "vllm-v1-priority",
+    "slide",
+    "gmax",
+    "gmax-fair",
+    "tempo",
+    "slos-serve",
+)
 
 # ---- the driver ------------------------------------------------------------------------------
 
