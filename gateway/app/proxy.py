@@ -10,7 +10,9 @@ and shed a request it makes later than its tier allows (``shed_slack``), or demo
 it to best effort where the tier allows that (503 ``slo_infeasible`` / ``slo_unattainable``,
 :mod:`gateway.app.shedding`), then wait for a dispatch slot in the gain-ordered admission queue
 (429 ``queue_full``; 503 ``slo_unattainable`` once the wait itself makes the objective
-unattainable, ``queue_ttl`` for best effort).
+unattainable, ``queue_ttl`` for best effort). Where engines run SLOs-Serve's admission planner,
+each is asked in turn just before dispatch, the router's choice first (503 ``slo_declined`` when
+all decline, or demoted: :mod:`gateway.app.slo_admission`).
 
 Dispatch: the router picks a backend; a failure before the first token (connect error, 5xx,
 a stream that ends first or with a server error, garbage, no first token within the request's
@@ -74,6 +76,7 @@ from gateway.app.patterns import CallEnd
 from gateway.app.schemas import ChatBody, CompletionBody
 from gateway.app.shedding import Action, decode_s, judge, shed_message
 from gateway.app.slo import RequestSLO, engine_priority, engine_xargs, resolve_slo
+from gateway.app.slo_admission import PlanOutcome
 from gateway.app.state import GatewayState
 from gateway.app.upstream import UpstreamError, UpstreamResponse
 from gateway.app.watchdog import StreamWatch
@@ -324,6 +327,39 @@ class Job:
         if grant.demoted:
             self._demote(verdict.reason or RejectReason.SLO_UNATTAINABLE)
         self.decision = decision if grant.waited_s < 1e-3 and not grant.demoted else None
+        if not grant.demoted:
+            self._ask_planners()
+
+    def _ask_planners(self) -> None:
+        """Where engines run SLOs-Serve's admission planner, ask them in turn, just before
+        dispatch (:mod:`gateway.app.slo_admission`): the first that admits gets the request;
+        when all decline, it is demoted where its tier allows best effort, else shed (503
+        ``slo_declined`` with ``retry-after``)."""
+        assert self.group is not None and self.core is not None
+        admission = self.state.slo_admission
+        if not admission.applies(self.group):
+            return
+        routed = self.decision or self._route(time.monotonic())
+        placement = admission.place(
+            self.core,
+            self.group,
+            routed.instance,
+            best_effort_allowed=self.identity.policy.best_effort_allowed,
+            metrics=self.state.metrics,
+            tier=self.tier,
+        )
+        if placement is None:
+            return
+        if placement.instance is not None:  # admitted there: dispatch goes where it was asked
+            moved = placement.instance != routed.instance
+            self.decision = RouteDecision(placement.instance) if moved else routed
+            return
+        reason = RejectReason.SLO_DECLINED
+        if placement.outcome is PlanOutcome.DEMOTED:  # served from what the engines leave over
+            self._demote(reason)
+            self.decision = None
+            return
+        raise AdmissionRejected(reason, placement.retry_after_s, placement.message(self.tier))
 
     def _parse(self, raw: bytes) -> ChatBody | CompletionBody:
         payload = parse_json_body(raw)  # nesting bounded before parsing: never a RecursionError
@@ -939,6 +975,7 @@ class Job:
         if self.slot:
             self.slot = False
             state.queue.release()
+        state.slo_admission.release(self.request_id)
         outcome = Outcome(status)
         # what reached the client: a non-streamed answer only when it is returned
         times = self.chunk_times if self.stream else ([now] if outcome is Outcome.OK else [])
