@@ -79,6 +79,7 @@ import httpx
 import numpy as np
 
 sys.path.append(str(Path(__file__).resolve().parent))  # not first: bench/litellm/ is no package
+import alternating as alt  # paths side by side in alternating blocks
 import gateway_overhead as go  # the sibling bench: servers, load, statistics
 
 LITELLM_VERSION = "1.108.0"
@@ -393,128 +394,18 @@ def running_fleet(
 
 # ---- latency: three paths, alternating blocks ----------------------------------------------
 
-
-@dataclass
-class PathSample(go.Sample):
-    path: str = "direct"
-
-
-@dataclass
-class LatencyRun:
-    samples: list[PathSample]
-    cpu_s: dict[str, float]
-    window_s: float
-
-
-async def three_path_load(
-    clients: dict[str, go.SseClient],
-    cpu: dict[str, Any],
-    rps: float,
-    duration_s: float,
-    setup: go.Setup,
-    rng: np.random.Generator,
-) -> LatencyRun:
-    """Open-loop Poisson arrivals; each block of ``block_s`` goes to one path, every triple of
-    blocks covering the three paths in a random order."""
-    total = setup.warmup_s + duration_s
-    triples = int(total / (3 * setup.block_s)) + 1
-    orders = [rng.permutation(len(PATHS)) for _ in range(triples)]
-    samples: list[PathSample] = []
-    tasks: set[asyncio.Task[None]] = set()
-    cpu_start: dict[str, float] = {}
-    window_start = 0.0
-    t0 = time.perf_counter()
-    offset = float(rng.exponential(1.0 / rps))
-    try:
-        while offset < total:
-            delay = t0 + offset - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            if not cpu_start and offset >= setup.warmup_s:
-                cpu_start, window_start = _cpu(cpu), time.perf_counter()
-            block = int(offset / setup.block_s)
-            path = PATHS[orders[block // 3][block % 3]]
-            sample = PathSample(path != "direct", t0 + offset, path=path)
-            if offset >= setup.warmup_s:
-                samples.append(sample)
-            task = asyncio.ensure_future(clients[path].stream(sample))
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
-            offset += float(rng.exponential(1.0 / rps))
-        if tasks:
-            await asyncio.wait(set(tasks))
-    finally:
-        for client in clients.values():
-            await client.aclose()
-    cpu_end = _cpu(cpu)
-    used = {k: cpu_end[k] - cpu_start.get(k, math.nan) for k in cpu_end}
-    return LatencyRun(samples, used, time.perf_counter() - window_start)
-
-
-def _cpu(sources: dict[str, Any]) -> dict[str, float]:
-    return {name: float(read()) for name, read in sources.items()}
+PathSample = alt.PathSample
+LatencyRun = alt.AlternatingRun
 
 
 def summarize_latency(run: LatencyRun, rps: float, rng: np.random.Generator) -> dict[str, Any]:
-    """The required keys first, then per-path detail."""
-    ok = [s for s in run.samples if s.error is None and s.first is not None]
-
-    def ttft(path: str) -> np.ndarray:
-        return np.array([(s.first - s.start) * 1e3 for s in ok if s.path == path and s.first])
-
-    def itl(path: str) -> np.ndarray:
-        return np.array([g * 1e3 for s in ok if s.path == path for g in s.gaps])
-
-    count = Counter(s.path for s in run.samples)
-    errors = Counter(s.path for s in run.samples if s.error is not None or s.first is None)
-    kinds = Counter(f"{s.path}: {s.error}" for s in run.samples if s.error is not None)
-    t = {p: ttft(p) for p in PATHS}
-    i = {p: itl(p) for p in PATHS}
-    pct = go._pct
-
-    def added(path: str, q: float, values: dict[str, np.ndarray]) -> float:
-        return pct(values[path], q) - pct(values["direct"], q)
-
-    lag = np.array([(s.start - s.scheduled) * 1e3 for s in run.samples])
-    window = max(run.window_s, 1e-9)
-    out: dict[str, Any] = {
-        "rps": rps,
-        "requests": len(run.samples),
-        "tiergate_added_ttft_p50_ms": added("tiergate", 50, t),
-        "tiergate_added_ttft_p99_ms": added("tiergate", 99, t),
-        "litellm_added_ttft_p50_ms": added("litellm", 50, t),
-        "litellm_added_ttft_p99_ms": added("litellm", 99, t),
-        "tiergate_errors": errors["tiergate"],
-        "litellm_errors": errors["litellm"],
-        "tiergate_cpu_ms_per_request": run.cpu_s["tiergate"] * 1e3 / max(1, count["tiergate"]),
-        "litellm_cpu_ms_per_request": run.cpu_s["litellm"] * 1e3 / max(1, count["litellm"]),
-        "direct_errors": errors["direct"],
-        "direct_ttft_p50_ms": pct(t["direct"], 50),
-        "direct_ttft_p99_ms": pct(t["direct"], 99),
-    }
-    for path in ("tiergate", "litellm"):
-        out[f"{path}_ttft_p50_ms"] = pct(t[path], 50)
-        out[f"{path}_ttft_p99_ms"] = pct(t[path], 99)
-        out[f"{path}_added_ttft_p99_ci95_ms"] = list(
-            go._bootstrap_added_p99(t["direct"], t[path], rng)
-        )
-        out[f"{path}_added_itl_p50_ms"] = added(path, 50, i)
-        out[f"{path}_added_itl_p99_ms"] = added(path, 99, i)
-    out.update(
-        {
-            "path_requests": {p: count[p] for p in PATHS},
-            "achieved_rps": len(run.samples) / max(_span(run.samples), 1e-9),
-            "client_lag_p99_ms": pct(lag, 99),
-            "cpu_util": {k: v / window for k, v in run.cpu_s.items()},
-            "error_kinds": dict(kinds),
-            "litellm_version": LITELLM_VERSION,
-        }
-    )
+    """The required keys first, then per-path detail (:func:`alternating.path_summary`)."""
+    detail = alt.path_summary(run, ("tiergate", "litellm"), rng)
+    out: dict[str, Any] = {"rps": rps, "requests": len(run.samples)}
+    out.update({key: detail[key] for key in REQUIRED_KEYS[2:]})
+    out.update(detail)
+    out["litellm_version"] = LITELLM_VERSION
     return {k: _round(v) for k, v in out.items()}
-
-
-def _span(samples: Sequence[go.Sample]) -> float:
-    return samples[-1].scheduled - samples[0].scheduled if len(samples) > 1 else 0.0
 
 
 def _round(value: Any) -> Any:
@@ -553,7 +444,7 @@ def run_latency(venv: Path, args: argparse.Namespace) -> dict[str, Any]:
                 "litellm": lite.cpu_seconds,
                 "client": time.process_time,
             }
-            run = go._run(three_path_load(clients, cpu, args.rps, args.duration, setup, rng))
+            run = go._run(alt.alternating_load(clients, cpu, args.rps, args.duration, setup, rng))
     return {**summarize_latency(run, args.rps, rng), "workers": workers, "pinned": args.pin}
 
 
