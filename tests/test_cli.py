@@ -137,7 +137,7 @@ def test_tiergate_mounts_the_core_and_the_gateway_commands() -> None:
     core = {"sim", "profile", "lengths"}
     assert commands(app) == core  # the core's CLI: no web stack behind it
     gateway = {"serve", "engine-sim", "usage"}
-    groups = {"db", "tiers", "tenants", "keys", "backends", "profiles", "admin"}
+    groups = {"db", "tiers", "tenants", "keys", "backends", "profiles", "admin", "operators"}
     assert commands(tiergate_cli.app) == core | gateway | groups
 
 
