@@ -2,7 +2,9 @@
 
 ``reset-credential`` issues a new operator credential and prints it once: for a credential
 lost after ``tiergate serve`` printed it, or one that may have leaked. The old credential stops
-working at once and every dashboard session it signed in is ended; the change is audited
+working at once and every dashboard session it signed in is ended; the operator keeps its role
+(a name that has no credential yet gets an owner's: the way back in for whoever holds the
+database; ``tiergate operators`` manages the others). The change is audited
 (``operator_credential``, actor ``cli:<os user>``). Only the keyed hash is stored, under the
 server secret ``tiergate serve`` uses (``TIERGATE_SECRET``, or the one in the data directory).
 """
