@@ -15,7 +15,7 @@ import math
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,6 +42,39 @@ class AlternatingRun:
     window_s: float
 
 
+async def poisson_arrivals(
+    rps: float, total_s: float, rng: np.random.Generator
+) -> AsyncIterator[tuple[float, float]]:
+    """Open-loop Poisson arrivals over ``total_s`` seconds, each yielded at its time as
+    (``time.perf_counter`` time it was due, seconds since the start). The next gap is drawn
+    after the consumer has handled an arrival, so draws the consumer makes in between keep
+    their place in ``rng``'s sequence."""
+    t0 = time.perf_counter()
+    offset = float(rng.exponential(1.0 / rps))
+    while offset < total_s:
+        delay = t0 + offset - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        yield t0 + offset, offset
+        offset += float(rng.exponential(1.0 / rps))
+
+
+class Launched:
+    """Requests started without waiting for them (open loop), waited for at the end."""
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def start(self, request: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(request)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def wait(self) -> None:
+        if self._tasks:
+            await asyncio.wait(set(self._tasks))
+
+
 def cpu_now(sources: Mapping[str, Callable[[], float]]) -> dict[str, float]:
     return {name: float(read()) for name, read in sources.items()}
 
@@ -62,29 +95,20 @@ async def alternating_load(
     cycles = int(total / (len(paths) * setup.block_s)) + 1
     orders = [rng.permutation(len(paths)) for _ in range(cycles)]
     samples: list[PathSample] = []
-    tasks: set[asyncio.Task[None]] = set()
+    streams = Launched()
     cpu_start: dict[str, float] = {}
     window_start = 0.0
-    t0 = time.perf_counter()
-    offset = float(rng.exponential(1.0 / rps))
     try:
-        while offset < total:
-            delay = t0 + offset - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
+        async for scheduled, offset in poisson_arrivals(rps, total, rng):
             if not cpu_start and offset >= setup.warmup_s:
                 cpu_start, window_start = cpu_now(cpu), time.perf_counter()
             block = int(offset / setup.block_s)
             path = paths[orders[block // len(paths)][block % len(paths)]]
-            sample = PathSample(path != DIRECT, t0 + offset, path=path)
+            sample = PathSample(path != DIRECT, scheduled, path=path)
             if offset >= setup.warmup_s:
                 samples.append(sample)
-            task = asyncio.ensure_future(clients[path].stream(sample))
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
-            offset += float(rng.exponential(1.0 / rps))
-        if tasks:
-            await asyncio.wait(set(tasks))
+            streams.start(clients[path].stream(sample))
+        await streams.wait()
     finally:
         for client in clients.values():
             await client.aclose()

@@ -632,23 +632,14 @@ async def tiered_load(
 ) -> list[TierSample]:
     """Open-loop Poisson arrivals, each premium with probability ``premium_share``."""
     samples: list[TierSample] = []
-    tasks: set[asyncio.Task[None]] = set()
-    t0 = time.perf_counter()
-    offset = float(rng.exponential(1.0 / rps))
+    streams = alt.Launched()
     try:
-        while offset < duration_s:
-            delay = t0 + offset - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
+        async for scheduled, _ in alt.poisson_arrivals(rps, duration_s, rng):
             tier = "premium" if rng.random() < premium_share else "standard"
-            sample = TierSample(True, t0 + offset, tier=tier)
+            sample = TierSample(True, scheduled, tier=tier)
             samples.append(sample)
-            task = asyncio.ensure_future(clients[tier].stream(sample, timeout_s=120.0))
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
-            offset += float(rng.exponential(1.0 / rps))
-        if tasks:
-            await asyncio.wait(set(tasks))
+            streams.start(clients[tier].stream(sample, timeout_s=120.0))
+        await streams.wait()
     finally:
         for client in clients.values():
             await client.aclose()
