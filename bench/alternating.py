@@ -167,5 +167,12 @@ def path_summary(
     return out
 
 
+def round_nested(value: Any) -> Any:
+    """:func:`gateway_overhead._round` through nested dicts (a summary's per-path parts)."""
+    if isinstance(value, dict):
+        return {k: round_nested(v) for k, v in value.items()}
+    return go._round(value)
+
+
 def span(samples: Sequence[go.Sample]) -> float:
     return samples[-1].scheduled - samples[0].scheduled if len(samples) > 1 else 0.0

@@ -189,6 +189,11 @@ def process_cpu_seconds(pid: int, *, user: bool = True) -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU time of ``pid`` and its descendants (a proxy and its workers or children)."""
+    return sum(process_cpu_seconds(p) for p in process_tree(pid))
+
+
 def exception_outcome(exc: BaseException) -> str:
     """A client-side failure as an outcome class: ``timeout``, ``connection`` (refused, reset,
     closed by the server) or ``error``, with the exception's class — so that a request that

@@ -72,6 +72,7 @@ import drills_common as common  # the drills' shared child-process helpers
 
 _process_tree = common.process_tree
 _process_cpu_seconds = common.process_cpu_seconds
+_tree_cpu_seconds = common.tree_cpu_seconds
 _free_port = common.free_port
 _run = common.run_on_uvloop
 _has_content = common.has_content

@@ -225,7 +225,7 @@ class LiteLLMServer:
 
     def cpu_seconds(self) -> float:
         """CPU time of the proxy and its workers (the whole process tree)."""
-        return sum(go._process_cpu_seconds(pid) for pid in go._process_tree(self.process.pid))
+        return go._tree_cpu_seconds(self.process.pid)
 
 
 @contextlib.contextmanager
@@ -405,13 +405,7 @@ def summarize_latency(run: LatencyRun, rps: float, rng: np.random.Generator) -> 
     out.update({key: detail[key] for key in REQUIRED_KEYS[2:]})
     out.update(detail)
     out["litellm_version"] = LITELLM_VERSION
-    return {k: _round(v) for k, v in out.items()}
-
-
-def _round(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _round(v) for k, v in value.items()}
-    return go._round(value)
+    return alt.round_nested(out)
 
 
 def run_latency(venv: Path, args: argparse.Namespace) -> dict[str, Any]:
@@ -685,7 +679,7 @@ def summarize_tiers(
             "tpot_p99_ms": go._pct(tpot, 99),
             "failures": dict(failures),
         }
-    return _round(out)
+    return alt.round_nested(out)
 
 
 def _token_times(sample: go.Sample) -> list[float]:

@@ -106,7 +106,7 @@ class RouterServer:
 
     def cpu_seconds(self) -> float:
         """CPU time of the router (all its threads; any children too)."""
-        return sum(go._process_cpu_seconds(pid) for pid in go._process_tree(self.process.pid))
+        return go._tree_cpu_seconds(self.process.pid)
 
 
 @contextlib.contextmanager
@@ -193,13 +193,7 @@ def summarize(run: alt.AlternatingRun, rps: float, rng: np.random.Generator) -> 
         detail["tiergate_added_ttft_p99_ms"] - detail["router_added_ttft_p99_ms"]
     )
     out["router_version"] = ROUTER_VERSION
-    return {k: _round(v) for k, v in out.items()}
-
-
-def _round(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _round(v) for k, v in value.items()}
-    return go._round(value)
+    return alt.round_nested(out)
 
 
 def run(venv: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
