@@ -328,13 +328,14 @@ class Job:
             self._demote(verdict.reason or RejectReason.SLO_UNATTAINABLE)
         self.decision = decision if grant.waited_s < 1e-3 and not grant.demoted else None
         if not grant.demoted:
-            self._ask_planners()
+            await self._ask_planners()
 
-    def _ask_planners(self) -> None:
+    async def _ask_planners(self) -> None:
         """Where engines run SLOs-Serve's admission planner, ask them in turn, just before
         dispatch (:mod:`gateway.app.slo_admission`): the first that admits gets the request;
-        when all decline, it is demoted where its tier allows best effort, else shed (503
-        ``slo_declined`` with ``retry-after``)."""
+        when all decline, it is demoted where its tier allows best effort (and waits again, as
+        best effort does, for a nearly idle engine), else shed (503 ``slo_declined`` with
+        ``retry-after``)."""
         assert self.group is not None and self.core is not None
         admission = self.state.slo_admission
         if not admission.applies(self.group):
@@ -355,9 +356,26 @@ class Job:
             self.decision = RouteDecision(placement.instance) if moved else routed
             return
         reason = RejectReason.SLO_DECLINED
-        if placement.outcome is PlanOutcome.DEMOTED:  # served from what the engines leave over
+        if placement.outcome is PlanOutcome.DEMOTED:
             self._demote(reason)
             self.decision = None
+            # its slot back to the queue: best effort waits behind every promised request for an
+            # idle engine (dispatched at once, a best-effort prefill step delays promised ones)
+            self.slot = False
+            self.state.queue.release()
+            assert self.model is not None and self.slo is not None
+            item = QueueItem(
+                self.request_id,
+                self.tier,
+                priority=-float(self.prompt_tokens),
+                ttl_s=self._queue_ttl(demoted=True),
+                aging_s=self.slo.ttft_ms / 1e3,
+                slo_wait_s=0.0,
+                demotable=True,
+                model=self.model,
+            )
+            await self.state.queue.wait_for_turn(item)
+            self.slot = True
             return
         raise AdmissionRejected(reason, placement.retry_after_s, placement.message(self.tier))
 
