@@ -25,10 +25,17 @@ router = APIRouter(route_class=AdminRoute, tags=["audit"])
 def list_audit(
     session: SessionDep,
     entity_type: Annotated[
-        str | None, Query(description="tier | tenant | api_key | backend | profile")
+        str | None,
+        Query(description="tier | tenant | api_key | backend | profile | operator_credential"),
     ] = None,
     entity_id: Annotated[str | None, Query(description="the entity's id")] = None,
-    actor: Annotated[str | None, Query(description="e.g. admin-api:10.0.0.7")] = None,
+    actor: Annotated[
+        str | None, Query(description="exactly as recorded, e.g. admin-api:alice@10.0.0.7")
+    ] = None,
+    operator: Annotated[
+        str | None,
+        Query(description="a named operator's changes through the API and the dashboard"),
+    ] = None,
     since: Since = None,
     until: Until = None,
     limit: Annotated[int, Query(ge=1, le=MAX_AUDIT_ROWS)] = 100,
@@ -45,11 +52,18 @@ def list_audit(
         actor=actor,
         since=since,
         until=until,
+        operator=operator,
         limit=limit,
         offset=offset,
     )
     total = crud.count_audit(
-        session, entity_type=entity_type, entity_id=entity_id, actor=actor, since=since, until=until
+        session,
+        entity_type=entity_type,
+        entity_id=entity_id,
+        actor=actor,
+        since=since,
+        until=until,
+        operator=operator,
     )
     response.headers[TOTAL_HEADER] = str(total)
     return ListOut(data=[AuditOut.model_validate(r) for r in rows])

@@ -92,6 +92,7 @@ def audit_log(
     session: SessionDep,
     page: PageDep,
     actor: Filter = None,
+    operator_name: Annotated[str | None, Query(alias="operator", max_length=200)] = None,
     entity_type: Filter = None,
     entity_id: Filter = None,
     since: Filter = None,
@@ -99,6 +100,7 @@ def audit_log(
 ) -> Response:
     filters = {
         "actor": actor or "",
+        "operator": operator_name or "",
         "entity_type": entity_type or "",
         "entity_id": entity_id or "",
         "since": since or "",
@@ -134,6 +136,7 @@ def audit_log(
     since_at, until_at = window["since"], window["until"]
     filters_in = {
         "actor": actor or None,
+        "operator": operator_name or None,
         "entity_type": entity_type or None,
         "entity_id": entity_id or None,
     }

@@ -135,6 +135,23 @@ def test_every_audit_row_names_the_operator_who_made_the_change(team: Team) -> N
     ]
     signins = [r.actor for r in rows if r.action == "signin"]
     assert signins == ["admin-ui:oscar", "admin-ui:tina"]
+    # one operator's changes, through the API and the dashboard together
+    listed = team.api("viewer", "GET", "/audit", params={"operator": "oscar"})
+    found = [(e["actor"], e["action"]) for e in listed.json()["data"]]
+    assert found == [
+        ("admin-ui:oscar", "activate"),
+        ("admin-ui:oscar", "signin"),
+        ("admin-api:oscar@testclient", "create"),
+    ]
+    assert listed.headers["x-total-count"] == "3"
+    assert team.api("viewer", "GET", "/audit", params={"operator": "osc%"}).json()["data"] == []
+    team.sign_in("viewer")
+    page = team.get("/ui/audit", params={"operator": "tina"})
+    assert (
+        page.status_code == 200
+        and "admin-ui:tina" in page.text
+        and "admin-ui:oscar" not in page.text
+    )
 
 
 def test_operators_on_the_dashboard(team: Team) -> None:
