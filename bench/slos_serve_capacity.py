@@ -230,7 +230,9 @@ def planner_timing(profile: Profile, repeats: int, seed: int) -> dict[str, float
         planner_inp, _ = policy.planner_input(inp, step_s)
         t0, c0 = time.perf_counter(), time.thread_time()
         result = plan_admission(
-            planner_inp, dp_window=policy.dp_window, time_budget_s=policy.planner_budget_s
+            planner_inp,
+            dp_window=policy.params.dp_window,
+            time_budget_s=policy.params.planner_budget_s,
         )
         dp.append(time.perf_counter() - t0)
         dp_cpu.append(time.thread_time() - c0)

@@ -129,7 +129,7 @@ def test_slide_gets_the_workload_gain_weights_as_json(bench: ModuleType) -> None
     assert params == {"gain_weights": {"first_token": 3.0, "decode_token": 1.0}}
     json.dumps(params)  # what TIERGATE_POLICY_PARAMS carries into the plugin
     policy = make_policy("slide", load_profile("a100-qwen2-7b").estimator(), **params)
-    assert policy.gain_weights == weights
+    assert policy.params.gain_weights == weights
     assert bench.policy_params("gmax", "0.33.0", weights) == {}
     assert bench.policy_params("vllm-v1", "0.23.0") == {"version": "0.23"}
 

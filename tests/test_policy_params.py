@@ -138,7 +138,7 @@ def test_slide_gain_weights_reach_the_ranking() -> None:
     estimator = load_profile("a100-qwen2-7b").estimator()
     first = make_policy("slide", estimator, gain_weights={"first_token": 1000.0}, gamma=1e6)
     assert isinstance(first, SlideBatchingPolicy)
-    assert first.gain_weights == GainWeights(first_token=1000.0, decode_token=1.0)
+    assert first.params.gain_weights == GainWeights(first_token=1000.0, decode_token=1.0)
     assert first.order(step_input(0.1))[0][-1].request_id == "run"
     plain = make_policy("slide", estimator, gamma=1e6)
     assert isinstance(plain, SlideBatchingPolicy)

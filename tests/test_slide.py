@@ -117,7 +117,7 @@ def test_starvation_guard_takes_a_bounded_share_of_the_step() -> None:
     granted = {r.request_id: n for r, n in plan.scheduled}
     # 10% of a 1 s budget at 1 ms/token -> 100 tokens (99 after float rounding)
     assert granted["P3"] in (99, 100)
-    assert policy().max_starved_per_step == 1
+    assert policy().params.max_starved_per_step == 1
 
 
 def test_kv_exhaustion_preempts_from_the_tail() -> None:
@@ -139,7 +139,7 @@ def test_kv_exhaustion_preempts_from_the_tail() -> None:
 def test_registry_builds_slide() -> None:
     p = make_policy("slide", BatchLatencyEstimator(COEFFS), gamma=2.0)
     assert isinstance(p, SlideBatchingPolicy)
-    assert p.gamma == 2.0
+    assert p.params.gamma == 2.0
     with pytest.raises(KeyError, match="known policies"):
         make_policy("nope", BatchLatencyEstimator(COEFFS))
 

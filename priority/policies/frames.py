@@ -22,14 +22,19 @@ step several times and run only one of the plans).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import islice
 
 from priority.estimator import BatchLatencyEstimator
-from priority.policies.base import BatchBuilder, StepPlan, cdiv
-from priority.policies.lengthaware import FloatArray, GoodputView, LengthAwareParams
+from priority.policies.base import BatchBuilder, SchedulingPolicy, StepPlan, cdiv
+from priority.policies.lengthaware import (
+    FloatArray,
+    GoodputView,
+    LengthAwareParams,
+    LengthAwarePolicyMixin,
+)
+from priority.policies.params import require_finite_non_negative
 from priority.request import Request
 
 
@@ -47,8 +52,7 @@ class FramedParams(LengthAwareParams):
         LengthAwareParams.__post_init__(self)
         if self.frame_steps < 1 or self.max_preempt_per_frame < 0:
             raise ValueError("frame_steps >= 1, max_preempt_per_frame >= 0")
-        if not (self.preempt_margin >= 0 and math.isfinite(self.preempt_margin)):
-            raise ValueError(f"preempt_margin must be finite and >= 0, got {self.preempt_margin}")
+        require_finite_non_negative(preempt_margin=self.preempt_margin)
 
 
 def growth_reserve_blocks(view: GoodputView, block_size: int, reserve_tokens: int) -> int:
@@ -156,3 +160,17 @@ class FramePreemptionMixin:
                 v += 1
             # room for c now; it is admitted in order after the running requests continue
             reserve += cdiv(kv_reserve_tokens, block_size) if kv_reserve_tokens else 0
+
+
+class FramedLengthAwarePolicy(FramePreemptionMixin, LengthAwarePolicyMixin, SchedulingPolicy):
+    """What GMAX and Tempo are built on: the length-aware columns and bounds and the frame clock,
+    set up from the policy's :class:`FramedParams`."""
+
+    params: FramedParams
+
+    def __init__(
+        self, estimator: BatchLatencyEstimator, params: FramedParams | None = None
+    ) -> None:
+        super().__init__(estimator, params)
+        self._init_lengths(self.params)
+        self._init_frames(self.params)

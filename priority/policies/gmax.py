@@ -57,7 +57,6 @@ The ``*-oracle`` variants read the true output length (simulator only), for uppe
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import takewhile
@@ -66,8 +65,8 @@ from typing import ClassVar, Literal
 import numpy as np
 
 from priority.estimator import BatchLatencyEstimator
-from priority.policies.base import BatchBuilder, SchedulerInput, SchedulingPolicy, StepPlan, cdiv
-from priority.policies.frames import FramedParams, FramePreemptionMixin, growth_reserve_blocks
+from priority.policies.base import BatchBuilder, SchedulerInput, StepPlan, cdiv
+from priority.policies.frames import FramedLengthAwarePolicy, FramedParams, growth_reserve_blocks
 from priority.policies.lengthaware import (
     ARRIVAL,
     KIND,
@@ -80,12 +79,12 @@ from priority.policies.lengthaware import (
     FloatArray,
     GoodputView,
     IntArray,
-    LengthAwarePolicyMixin,
+    continue_decodes,
     continue_one,
-    continue_running,
     interleave_prefills,
 )
 from priority.policies.ordering import all_decode_repeatable, room_for_new
+from priority.policies.params import require_finite_non_negative, require_unit_interval
 from priority.request import Request
 
 Objective = Literal["requests", "tokens"]
@@ -118,21 +117,15 @@ class GmaxParams(FramedParams):
         lq = self.likely_quantile
         if lq is not None and not 0.0 < lq <= self.quantile:
             raise ValueError(f"likely_quantile must be in (0, quantile], got {lq}")
-        for label, value in (
-            ("cutoff", self.cutoff),
-            ("slack_weight", self.slack_weight),
-            ("fairness", self.fairness),
-        ):
-            if not 0.0 <= value <= 1.0:
-                raise ValueError(f"{label} must be in [0, 1], got {value}")
+        require_unit_interval(
+            cutoff=self.cutoff, slack_weight=self.slack_weight, fairness=self.fairness
+        )
         if self.kv_reserve_tokens < 0:
             raise ValueError(f"kv_reserve_tokens must be >= 0, got {self.kv_reserve_tokens}")
-        for label, value in (("aging", self.aging), ("wait_timeout_s", self.wait_timeout_s)):
-            if not (value >= 0 and math.isfinite(value)):
-                raise ValueError(f"{label} must be finite and >= 0, got {value}")
+        require_finite_non_negative(aging=self.aging, wait_timeout_s=self.wait_timeout_s)
 
 
-class GmaxPolicy(FramePreemptionMixin, LengthAwarePolicyMixin, SchedulingPolicy):
+class GmaxPolicy(FramedLengthAwarePolicy):
     """JITServe's GMAX on the shared batch latency estimator, with a slack-aware term."""
 
     name: ClassVar[str] = "gmax"
@@ -142,8 +135,6 @@ class GmaxPolicy(FramePreemptionMixin, LengthAwarePolicyMixin, SchedulingPolicy)
     def __init__(self, estimator: BatchLatencyEstimator, params: GmaxParams | None = None) -> None:
         super().__init__(estimator, params)
         p = self.params
-        self._init_lengths(p)
-        self._init_frames(p)
         self.likely_quantile = p.likely_quantile
         self.objective = p.objective
         self.cutoff = p.cutoff
@@ -241,17 +232,8 @@ class GmaxPolicy(FramePreemptionMixin, LengthAwarePolicyMixin, SchedulingPolicy)
                     self.kv_reserve_tokens,
                 )
         before = len(plan.preempted)
-        victims = (r for r in reversed(running) if r.num_kv_blocks > 0)
-        decoding = view.uncomputed[run_idx] <= 1
-        first = run_idx[decoding]
-        continue_running(
-            builder,
-            [requests[i] for i in first.tolist()],
-            view.computed[first],
-            view.uncomputed[first],
-            victims,
-        )
-        order = interleave_prefills(run_idx[~decoding], admit_order, score, eligible)
+        victims, prefilling = continue_decodes(builder, view, run_idx, running)
+        order = interleave_prefills(prefilling, admit_order, score, eligible)
         self._fill(builder, view, order, inp, victims, before)
         if not plan.scheduled:
             self.ensure_progress(builder, running, [view.requests[i] for i in admit_order])

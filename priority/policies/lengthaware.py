@@ -353,6 +353,27 @@ def decode_runs(is_decode: BoolArray) -> list[int]:
     return np.where(is_decode, ends, positions).tolist()
 
 
+def continue_decodes(
+    builder: BatchBuilder, view: GoodputView, run_idx: IntArray, running: Sequence[Request]
+) -> tuple[Iterator[Request], IntArray]:
+    """The step's first act in GMAX and Tempo: the running decodes continue, in ``run_idx``
+    order (``running`` is that order as requests), through :func:`continue_running`; KV
+    shortage preempts from the tail of ``running``. Returns the victims iterator, which the
+    rest of the step goes on drawing from, and the running requests still prefilling (their
+    indices into ``view``, in order)."""
+    victims = (r for r in reversed(running) if r.num_kv_blocks > 0)
+    decoding = view.uncomputed[run_idx] <= 1
+    first = run_idx[decoding]
+    continue_running(
+        builder,
+        [view.requests[i] for i in first.tolist()],
+        view.computed[first],
+        view.uncomputed[first],
+        victims,
+    )
+    return victims, run_idx[~decoding]
+
+
 def continue_running(
     builder: BatchBuilder,
     ordered: Sequence[Request],

@@ -12,6 +12,7 @@ arrives with the type the policy expects.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, is_dataclass, replace
 from functools import cache
@@ -32,6 +33,21 @@ class NoParams:
 
 
 NO_PARAMS = NoParams()
+
+
+def require_finite_non_negative(**values: float) -> None:
+    """The range check most parameters share: ValueError naming the first of ``values`` that
+    is negative, infinite or NaN."""
+    for label, value in values.items():
+        if not (value >= 0 and math.isfinite(value)):
+            raise ValueError(f"{label} must be finite and >= 0, got {value}")
+
+
+def require_unit_interval(**values: float) -> None:
+    """ValueError naming the first of ``values`` outside [0, 1]."""
+    for label, value in values.items():
+        if not 0.0 <= value <= 1.0:
+            raise ValueError(f"{label} must be in [0, 1], got {value}")
 
 
 @cache

@@ -38,6 +38,7 @@ from priority.policies.ordering import (
     priority_continuous_batch,
     room_for_new,
 )
+from priority.policies.params import require_finite_non_negative
 from priority.request import Request
 
 DEFAULT_QUANTUM = 5
@@ -108,8 +109,7 @@ class SjfParams:
     """Seed of that noise."""
 
     def __post_init__(self) -> None:
-        if not (self.noise_sigma >= 0 and math.isfinite(self.noise_sigma)):
-            raise ValueError(f"noise_sigma must be finite and >= 0, got {self.noise_sigma}")
+        require_finite_non_negative(noise_sigma=self.noise_sigma)
 
 
 @dataclass(frozen=True, slots=True)

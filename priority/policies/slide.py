@@ -224,19 +224,6 @@ class SlideBatchingPolicy(SchedulingPolicy):
 
     def __init__(self, estimator: BatchLatencyEstimator, params: SlideParams | None = None) -> None:
         super().__init__(estimator, params)
-        p = self.params
-        self.gain_weights = p.gain_weights
-        self.gamma = p.gamma
-        self.eta_factor = p.eta_factor
-        self.eta_s = p.eta_s
-        self.phi = p.phi
-        self.min_chunk_tokens = p.min_chunk_tokens
-        self.starvation_prevention = p.starvation_prevention
-        self.starve_threshold = p.starve_threshold
-        self.max_starved_per_step = p.max_starved_per_step
-        self.starve_share = p.starve_share
-        self.kv_reserve_tokens = p.kv_reserve_tokens
-        self.preempt_for_admission = p.preempt_for_admission
         self._columns = RequestColumns()
 
     # ---- Algorithm 1, lines 1-13 -----------------------------------------------------------
@@ -249,7 +236,7 @@ class SlideBatchingPolicy(SchedulingPolicy):
     def rank(self, inp: SchedulerInput) -> Ranking:
         requests = inp.running + inp.waiting  # a running request always needs compute
         if not requests:
-            return Ranking([], self.eta_s or 0.0, 0, frozenset())
+            return Ranking([], self.params.eta_s or 0.0, 0, frozenset())
         static, computed, outputs = self._columns.gather(requests)
         arrival, ttft, tpot = static[ARRIVAL], static[TTFT], static[TPOT]
         deadline, weight = static[DEADLINE], static[WEIGHT]
@@ -261,15 +248,15 @@ class SlideBatchingPolicy(SchedulingPolicy):
         due = np.minimum(ttft + outputs * tpot, deadline)
         remain = arrival + due - inp.now
         first = outputs == 0
-        gw = self.gain_weights
+        gw = self.params.gain_weights
         value = weight * np.where(first, gw.first_token, gw.decode_token)
         density = value / np.maximum(exec_s, 1e-12)
 
         tpot_set = tpot[tpot > 0]
-        if self.eta_s is not None:
-            eta = self.eta_s
+        if self.params.eta_s is not None:
+            eta = self.params.eta_s
         elif tpot_set.size:
-            eta = self.eta_factor * float(tpot_set.min())
+            eta = self.params.eta_factor * float(tpot_set.min())
         else:
             eta = t_c * 2.0
         feasible = remain >= exec_s + t_c
@@ -281,14 +268,14 @@ class SlideBatchingPolicy(SchedulingPolicy):
         budget = max(budget, t_c + max(float(exec_s.min()), 1e-9))
 
         phi = self._load_judgment(exec_s, remain, budget, t_c)
-        urgent = remain < self.gamma * phi
+        urgent = remain < self.params.gamma * phi
         starved = np.zeros(len(requests), dtype=bool)
-        if self.starvation_prevention and self.max_starved_per_step:
+        if self.params.starvation_prevention and self.params.max_starved_per_step:
             unit = np.where(first | (tpot <= 0), np.minimum(ttft, deadline), tpot)
-            overdue = np.flatnonzero(-remain > self.starve_threshold * unit)
-            if overdue.size > self.max_starved_per_step:
-                most = np.argpartition(remain[overdue], self.max_starved_per_step - 1)
-                overdue = overdue[most[: self.max_starved_per_step]]
+            overdue = np.flatnonzero(-remain > self.params.starve_threshold * unit)
+            if overdue.size > self.params.max_starved_per_step:
+                most = np.argpartition(remain[overdue], self.params.max_starved_per_step - 1)
+                overdue = overdue[most[: self.params.max_starved_per_step]]
             starved[overdue] = True
         starved_ids = frozenset(requests[int(i)].request_id for i in np.flatnonzero(starved))
         urgent |= starved
@@ -309,7 +296,9 @@ class SlideBatchingPolicy(SchedulingPolicy):
         # chunk), and its running minimum from the tail: the fill loop skips what cannot fit and
         # stops once nothing left in the order can, instead of probing every queued request.
         uncomputed = num_tokens - computed
-        smallest = np.minimum(uncomputed, min(self.min_chunk_tokens, inp.limits.token_budget))
+        smallest = np.minimum(
+            uncomputed, min(self.params.min_chunk_tokens, inp.limits.token_budget)
+        )
         piece = est.request_times(np.maximum(smallest, 1), computed)[idx]
         is_decode = (uncomputed == 1)[idx]
         n = len(idx)
@@ -339,12 +328,12 @@ class SlideBatchingPolicy(SchedulingPolicy):
         budget: float,
         t_c: float,
     ) -> npt.NDArray[np.float64] | float:
-        if self.phi == "p":
+        if self.params.phi == "p":
             return float(exec_s.sum()) + exec_s.size * t_c
         if budget <= t_c:
             return math.inf  # no room for work in a batch: everything is at risk
         scale = budget / (budget - t_c)
-        if self.phi == "a":
+        if self.params.phi == "a":
             return scale * float(exec_s.sum())
         by_remain = np.argsort(remain, kind="stable")
         cumulative = np.empty_like(exec_s)
@@ -360,7 +349,7 @@ class SlideBatchingPolicy(SchedulingPolicy):
             inp,
             estimator=self.estimator,
             time_budget_s=budget,
-            min_prefill_chunk=self.min_chunk_tokens,
+            min_prefill_chunk=self.params.min_chunk_tokens,
         )
         builder.plan.num_urgent = ranking.num_urgent
         if not ordered:
@@ -372,7 +361,7 @@ class SlideBatchingPolicy(SchedulingPolicy):
         )
         reserve = self._kv_reserve(inp, ranking.running_computed)
         block_size = inp.limits.block_size
-        starved_cap = self.starve_share * budget
+        starved_cap = self.params.starve_share * budget
         heads = _Heads(
             (
                 ranking.piece_s,
@@ -383,8 +372,8 @@ class SlideBatchingPolicy(SchedulingPolicy):
         )
         piece, tail_min, run_end, next_running = heads.lists
         covered = heads.covered
-        skip_waiting = not self.preempt_for_admission
-        ranked_chunk = min(self.min_chunk_tokens, inp.limits.token_budget)
+        skip_waiting = not self.params.preempt_for_admission
+        ranked_chunk = min(self.params.min_chunk_tokens, inp.limits.token_budget)
         k = 0
         while k < len(ordered):
             if k >= covered:
@@ -415,12 +404,12 @@ class SlideBatchingPolicy(SchedulingPolicy):
             if request.request_id in ranking.starved and request.num_uncomputed_tokens > 1:
                 # the starvation guard may take only a bounded share of the step
                 want = max(
-                    self.min_chunk_tokens,
+                    self.params.min_chunk_tokens,
                     self.estimator.max_chunk(
                         request.num_computed_tokens, starved_cap, request.num_uncomputed_tokens
                     ),
                 )
-            if request.num_kv_blocks > 0 or self.preempt_for_admission:
+            if request.num_kv_blocks > 0 or self.params.preempt_for_admission:
                 builder.add_preempting(request, want, victims)
             elif builder.free_blocks - cdiv(request.num_tokens, block_size) >= reserve:
                 # admitted only if its whole sequence fits beside the running requests' growth
@@ -440,11 +429,11 @@ class SlideBatchingPolicy(SchedulingPolicy):
     def _kv_reserve(self, inp: SchedulerInput, computed: npt.NDArray[np.int64]) -> int:
         """KV blocks the running requests (``computed``: their ``num_computed_tokens``) need for
         their next ``kv_reserve_tokens`` tokens."""
-        if not self.kv_reserve_tokens or not inp.running:
+        if not self.params.kv_reserve_tokens or not inp.running:
             return 0
         held = np.fromiter(map(_kv_blocks, inp.running), np.int64, len(inp.running))
         bs = inp.limits.block_size
-        need = -(-(computed + self.kv_reserve_tokens) // bs) - held
+        need = -(-(computed + self.params.kv_reserve_tokens) // bs) - held
         return int(need.clip(min=0).sum())
 
     def _ensure_progress(
@@ -455,7 +444,7 @@ class SlideBatchingPolicy(SchedulingPolicy):
             want = (
                 1
                 if request.num_uncomputed_tokens == 1
-                else max(1, min(self.min_chunk_tokens, request.num_uncomputed_tokens))
+                else max(1, min(self.params.min_chunk_tokens, request.num_uncomputed_tokens))
             )
             builder.time_budget_s = None
             granted = builder.add_preempting(request, want, victims)

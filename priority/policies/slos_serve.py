@@ -48,6 +48,7 @@ import numpy as np
 from priority.estimator import BatchLatencyEstimator
 from priority.policies.base import BatchBuilder, SchedulerInput, SchedulingPolicy, StepPlan, cdiv
 from priority.policies.ordering import all_decode_repeatable, is_decoding
+from priority.policies.params import require_finite_non_negative
 from priority.policies.slos_batch import decode_load, prefill_capacity
 from priority.policies.slos_planner import (
     DEFAULT_DP_WINDOW,
@@ -95,13 +96,11 @@ class SlosServeParams:
             raise ValueError("refine_every and min_chunk_tokens must be >= 1, dp_window >= 0")
         if not 0.0 < self.tpot_share <= 1.0:
             raise ValueError(f"tpot_share must be in (0, 1], got {self.tpot_share}")
-        for label, value in (
-            ("planner_budget_s", self.planner_budget_s),
-            ("replan_interval_s", self.replan_interval_s),
-            ("plan_margin_steps", self.plan_margin_steps),
-        ):
-            if not (value >= 0 and math.isfinite(value)):
-                raise ValueError(f"{label} must be finite and >= 0, got {value}")
+        require_finite_non_negative(
+            planner_budget_s=self.planner_budget_s,
+            replan_interval_s=self.replan_interval_s,
+            plan_margin_steps=self.plan_margin_steps,
+        )
 
 
 class SlosServePolicy(SchedulingPolicy):
@@ -115,16 +114,6 @@ class SlosServePolicy(SchedulingPolicy):
         self, estimator: BatchLatencyEstimator, params: SlosServeParams | None = None
     ) -> None:
         super().__init__(estimator, params)
-        p = self.params
-        self.quantile = p.quantile
-        self.refine_every = p.refine_every
-        self.tpot_share = p.tpot_share
-        self.min_chunk_tokens = p.min_chunk_tokens
-        self.dp_window = p.dp_window
-        self.planner_budget_s = p.planner_budget_s
-        self.replan_interval_s = p.replan_interval_s
-        self.hold_first_token = p.hold_first_token
-        self.plan_margin_steps = p.plan_margin_steps
         self.admitted: set[str] = set()
         """Requests with a guarantee (running or not yet): the planner's forced items."""
         self.declined: set[str] = set()
@@ -150,9 +139,9 @@ class SlosServePolicy(SchedulingPolicy):
         rid = request.request_id
         done = request.num_output_tokens
         cached = self._bounds.get(rid)
-        if cached is not None and done - cached[1] < self.refine_every and done < cached[0]:
+        if cached is not None and done - cached[1] < self.params.refine_every and done < cached[0]:
             return cached[0]
-        value = request.length_bound(self.quantile)
+        value = request.length_bound(self.params.quantile)
         self._bounds[rid] = (value, done)
         return value
 
@@ -241,7 +230,7 @@ class SlosServePolicy(SchedulingPolicy):
         waiting_undecided = any(r.request_id not in self.admitted for r in inp.waiting)
         if not waiting_undecided:
             return False
-        return new or finished or now - self._last_plan_s >= self.replan_interval_s
+        return new or finished or now - self._last_plan_s >= self.params.replan_interval_s
 
     def _prune(self, live: set[str]) -> None:
         self.admitted &= live
@@ -263,7 +252,7 @@ class SlosServePolicy(SchedulingPolicy):
                     tau = self.tpot(r) or -1.0
                 if 0 < tau < tightest:
                     tightest = tau
-        return None if tightest == math.inf else self.tpot_share * tightest
+        return None if tightest == math.inf else self.params.tpot_share * tightest
 
     def planning_step_seconds(self, inp: SchedulerInput) -> float | None:
         """The step length the planner budgets with: as :meth:`step_seconds`, the waiting
@@ -271,8 +260,8 @@ class SlosServePolicy(SchedulingPolicy):
         step = self.step_seconds(inp)
         for r in inp.waiting:
             tau = self.tpot(r)
-            if tau is not None and (step is None or self.tpot_share * tau < step):
-                step = self.tpot_share * tau
+            if tau is not None and (step is None or self.params.tpot_share * tau < step):
+                step = self.params.tpot_share * tau
         return step
 
     # ---- admission --------------------------------------------------------------------------
@@ -286,7 +275,7 @@ class SlosServePolicy(SchedulingPolicy):
         now = inp.now
         ref_step = step_s if step_s is not None else 0.1
         bs = inp.limits.block_size
-        margin = self.plan_margin_steps * ref_step
+        margin = self.params.plan_margin_steps * ref_step
         run_load: list[float] = []
         run_end: list[float] = []
         forced: list[tuple[float, float, float, int]] = []
@@ -378,7 +367,7 @@ class SlosServePolicy(SchedulingPolicy):
         """Run the planner and record its decisions."""
         planner_inp, cands = self.planner_input(inp, step_s)
         result = plan_admission(
-            planner_inp, dp_window=self.dp_window, time_budget_s=self.planner_budget_s
+            planner_inp, dp_window=self.params.dp_window, time_budget_s=self.params.planner_budget_s
         )
         for r, ok in zip(cands, result.accepted.tolist(), strict=True):
             if ok:
@@ -476,7 +465,7 @@ class SlosServePolicy(SchedulingPolicy):
         for r in prefills:
             prefill_due[id(r)] = self.prefill_deadline(r, ref)
         held: list[Request] = []
-        if self.hold_first_token:  # a prompt's last token, waiting for its deadline
+        if self.params.hold_first_token:  # a prompt's last token, waiting for its deadline
             for r in decodes:
                 if r.num_output_tokens == 0:
                     held.append(r)
@@ -503,7 +492,10 @@ class SlosServePolicy(SchedulingPolicy):
             urgent_s = float(est.request_times(np.ones(kv.size, dtype=np.int64), kv).sum())
             budget_s = max(step_s, est.t_c + urgent_s * 1.001)
         builder = BatchBuilder(
-            inp, estimator=est, time_budget_s=budget_s, min_prefill_chunk=self.min_chunk_tokens
+            inp,
+            estimator=est,
+            time_budget_s=budget_s,
+            min_prefill_chunk=self.params.min_chunk_tokens,
         )
         for r in urgent:
             self._grant(builder, r, 1, last_resort())
@@ -513,7 +505,11 @@ class SlosServePolicy(SchedulingPolicy):
             if builder.full:
                 break
             want = r.num_uncomputed_tokens
-            if self.hold_first_token and r.num_output_tokens == 0 and prefill_due[id(r)] >= horizon:
+            if (
+                self.params.hold_first_token
+                and r.num_output_tokens == 0
+                and prefill_due[id(r)] >= horizon
+            ):
                 want -= 1  # hold the last prompt token (see the module docstring)
             if want > 0:
                 self._grant(builder, r, want, last_resort() if r.num_kv_blocks else victims())

@@ -57,16 +57,14 @@ from typing import ClassVar
 
 import numpy as np
 
-from priority.estimator import BatchLatencyEstimator
-from priority.policies.base import SchedulerInput, SchedulingPolicy, StepPlan
-from priority.policies.frames import FramedParams, FramePreemptionMixin
+from priority.policies.base import SchedulerInput, StepPlan
+from priority.policies.frames import FramedLengthAwarePolicy, FramedParams
 from priority.policies.lengthaware import (
     ARRIVAL,
     FloatArray,
     GoodputView,
-    LengthAwarePolicyMixin,
+    continue_decodes,
     continue_one,
-    continue_running,
     interleave_prefills,
 )
 from priority.policies.ordering import all_decode_repeatable, room_for_new
@@ -88,18 +86,12 @@ class TempoParams(FramedParams):
             raise ValueError(f"decay_alpha must be a positive number, got {self.decay_alpha}")
 
 
-class TempoPolicy(FramePreemptionMixin, LengthAwarePolicyMixin, SchedulingPolicy):
+class TempoPolicy(FramedLengthAwarePolicy):
     """Tempo's service-gain-density order with graded decay."""
 
     name: ClassVar[str] = "tempo"
     default_params: ClassVar[TempoParams] = TempoParams()
     params: TempoParams
-
-    def __init__(self, estimator: BatchLatencyEstimator, params: TempoParams | None = None) -> None:
-        super().__init__(estimator, params)
-        self._init_lengths(self.params)
-        self._init_frames(self.params)
-        self.decay_alpha = self.params.decay_alpha
 
     def gain(self, view: GoodputView, now: float) -> FloatArray:
         """Expected service gain (ESG, graded decay) of every request in ``view``."""
@@ -107,7 +99,7 @@ class TempoPolicy(FramePreemptionMixin, LengthAwarePolicyMixin, SchedulingPolicy
         projected = np.maximum(since + view.need_s, 1e-9)
         span = np.maximum(since + view.left_s, 0.0)
         span = np.where(np.isfinite(span), span, projected)  # no due time: no decay
-        decay = np.minimum(1.0, span / projected) ** self.decay_alpha  # = min(1, (.)^α)
+        decay = np.minimum(1.0, span / projected) ** self.params.decay_alpha  # = min(1, (.)^α)
         return view.value * decay
 
     def density(self, view: GoodputView, now: float) -> FloatArray:
@@ -131,18 +123,9 @@ class TempoPolicy(FramePreemptionMixin, LengthAwarePolicyMixin, SchedulingPolicy
         if at_boundary and nr and order and self.max_preempt_per_frame:
             self.frame_preempt(builder, view, order, run_idx[::-1].tolist(), gain, density)
         before = len(plan.preempted)  # the frame's preemptions make room for admissions
-        victims = (r for r in reversed(running) if r.num_kv_blocks > 0)
-        decoding = view.uncomputed[run_idx] <= 1
-        first = run_idx[decoding]
-        continue_running(
-            builder,
-            [requests[i] for i in first.tolist()],
-            view.computed[first],
-            view.uncomputed[first],
-            victims,
-        )
+        victims, prefilling = continue_decodes(builder, view, run_idx, running)
         admitting = len(plan.preempted) == before
-        for i in interleave_prefills(run_idx[~decoding], order, density):
+        for i in interleave_prefills(prefilling, order, density):
             if builder.full:
                 break
             if i < nr:
