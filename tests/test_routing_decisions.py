@@ -3,10 +3,11 @@
 The router's decision cost was cut (incremental queue summaries, the per-instance estimates
 vectorized); that must not change a single decision. ``test_routing_decisions.json`` holds the
 decisions (instance, decode instance, expected gain, predicted TTFT, bit for bit) that GoRouting
-made at commit 5c4ad9e, before that work, on the sequences below: routing_scale's heterogeneous
+made at commit 9a73516, before that work, on the sequences below: routing_scale's heterogeneous
 fleet (queues filled, a dispatch, a first token and a KV report per decision), co-located and
 PD, in both branches and both fallbacks, some instances with other routers' prefills. Re-record
-(only for a deliberate change of decisions) with ``python -m tests.test_routing_decisions``.
+(only for a deliberate change of decisions) with ``python -m tests.test_routing_decisions``, or
+with GoRouting as it was at a commit: ``python -m tests.test_routing_decisions 9a73516``.
 """
 
 from __future__ import annotations
@@ -39,6 +40,16 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "co-located, short queues, mixed SLOs": {"ttft": None, "queued": 6},
     "pd, mixed SLOs": {"ttft": None, "pd": True},
     "pd, short queues, mixed SLOs": {"ttft": None, "pd": True, "queued": 6},
+    # 24 instances: the numpy path (ARRAY_MIN_INSTANCES); recorded with GoRouter at 9a73516 too
+    "co-located, 24 instances, mixed SLOs": {"ttft": None, "instances": 24, "queued": 80},
+    "co-located, 24 instances, short queues": {"ttft": None, "instances": 24, "queued": 6},
+    "co-located, 24 instances, fallback random": {
+        "ttft": 1e-3,
+        "instances": 24,
+        "queued": 80,
+        "params": {"fallback": "random"},
+    },
+    "pd, 24 instances, short queues": {"ttft": None, "pd": True, "instances": 24, "queued": 6},
     "pd, mixed SLOs, free-kv decode": {
         "ttft": None,
         "pd": True,
@@ -51,22 +62,27 @@ def _bench() -> ModuleType:
     return load_script("bench/routing_scale.py")
 
 
-def decisions(name: str) -> list[list[Any]]:
-    """The scenario's decisions as [instance, decode instance, expected gain, predicted TTFT]."""
+def decisions(name: str, router_class: Any = None) -> list[list[Any]]:
+    """The scenario's decisions as [instance, decode instance, expected gain, predicted TTFT]
+    (``router_class``: another GoRouter, e.g. one loaded from an older commit)."""
     spec = SCENARIOS[name]
     bench = _bench()
     rng = np.random.default_rng(7)
     queued = spec.get("queued", QUEUED)
-    views = bench.build_views(INSTANCES, queued, rng, pd=spec.get("pd", False))
+    instances = spec.get("instances", INSTANCES)
+    views = bench.build_views(instances, queued, rng, pd=spec.get("pd", False))
     for view in views[::5]:
         if view.role is not InstanceRole.DECODE:  # other gateway workers' prefills
             view.external_prefills = ExternalPrefills(40, 60_000, 3.5, 60, 0.05, 11.0, 9.5)
     params = {"seed": 3, "weights": GainWeights.from_lengths(1000.0, 250.0)}
-    router = make_router("goroute", views, **(params | spec.get("params", {})))
+    params |= spec.get("params", {})
+    router = (
+        router_class(views, **params) if router_class else make_router("goroute", views, **params)
+    )
     ttft = spec["ttft"]
 
     def make(k: int) -> Request:
-        return bench.new_request(f"n{k}", rng, now=10.0, ttft=ttft)  # type: ignore[no-any-return]
+        return bench.new_request(f"n{k}", rng, now=10.0, ttft=ttft)
 
     _, made = bench.drive(router, make, DECISIONS, rng)
     return [[d.instance, d.decode_instance, d.expected_gain, d.predicted_ttft_s] for d in made]
@@ -96,6 +112,7 @@ def test_the_record_covers_both_branches(recorded: dict[str, Any]) -> None:
     assert all(d[1] is not None for d in recorded["pd, mixed SLOs"])
 
 
-if __name__ == "__main__":
-    RECORD.write_text(json.dumps({name: decisions(name) for name in SCENARIOS}) + "\n")
+if __name__ == "__main__":  # [COMMIT]: record with GoRouter as it was at COMMIT
+    at = _bench().load_goroute_at(sys.argv[1]) if len(sys.argv) > 1 else None
+    RECORD.write_text(json.dumps({name: decisions(name, at) for name in SCENARIOS}) + "\n")
     print(f"wrote {RECORD}", file=sys.stderr)

@@ -33,6 +33,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
+from array import array
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
@@ -116,10 +117,11 @@ class _Entry:
 
 
 class DeadlineOrder:
-    """The queued requests sorted by first-token deadline, as parallel lists, kept in order as
-    requests enter and leave (``list.insert``/``del``: a C memmove, O(W) bytes but no Python
-    work per queued request), so a router's per-deadline sums are C-speed accumulations
-    instead of a sort of the queue on every change."""
+    """The queued requests sorted by first-token deadline, as parallel sequences, kept in order as
+    requests enter and leave (``insert``/``del``: a C memmove, O(W) bytes but no Python work per
+    queued request), so a router's per-deadline sums are C-speed accumulations instead of a sort
+    of the queue on every change. The weights are ``array('d')`` buffers, which numpy reads
+    without a copy (:func:`numpy.frombuffer`)."""
 
     __slots__ = ("deadlines", "decode_tokens_weighted", "entries", "stream_weights", "weights")
 
@@ -127,9 +129,9 @@ class DeadlineOrder:
         ordered = sorted(entries, key=lambda e: e.deadline_s)
         self.deadlines = [e.deadline_s for e in ordered]
         self.entries = ordered
-        self.weights = [e.request.weight for e in ordered]
+        self.weights = array("d", [e.request.weight for e in ordered])
         """Tier weights, in deadline order."""
-        self.stream_weights = [e.stream_weight for e in ordered]
+        self.stream_weights = array("d", [e.stream_weight for e in ordered])
         """Tier weights of streaming requests (0 for end-to-end ones), in deadline order."""
         self.decode_tokens_weighted = math.fsum(_decode_tokens(e) for e in ordered)
         """Sum over streaming requests of tier weight x expected decode tokens (after the
