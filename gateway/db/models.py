@@ -345,6 +345,7 @@ class OperatorCredential(Base):
         CheckConstraint(_check_in("role", OPERATOR_ROLES), name="role"),
         # a tenant admin names its tenant; no other role does (migration 0012)
         CheckConstraint("(role = 'tenant_admin') = (tenant_id IS NOT NULL)", name="role_tenant"),
+        Index("uq_operator_credentials_form_token_hash", "form_token_hash", unique=True),
     )
 
     id: Mapped[int] = mapped_column(primary_key=True)
@@ -360,6 +361,10 @@ class OperatorCredential(Base):
         ForeignKey("tenants.id", ondelete="CASCADE"), index=True
     )
     """The one tenant a ``tenant_admin`` administers; deleting the tenant deletes its admins."""
+
+    form_token_hash: Mapped[str | None] = mapped_column(String(64))
+    """The keyed hash of the dashboard form that issued this credential (unique: reloading the
+    page that showed it issues no second one); NULL from the API and the CLI."""
 
     tenant: Mapped[Tenant | None] = relationship()
 

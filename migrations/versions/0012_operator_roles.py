@@ -12,13 +12,17 @@ Create Date: 2026-11-28
 * ``operator_credentials.tenant_id`` (nullable, ``ON DELETE CASCADE`` to ``tenants.id``,
   indexed): the one tenant a tenant admin administers. CHECK
   ``ck_operator_credentials_role_tenant``: a tenant admin names a tenant, no other role does.
+* ``operator_credentials.form_token_hash`` (nullable, unique index
+  ``uq_operator_credentials_form_token_hash``): the keyed hash of the dashboard form that issued
+  the credential, so that reloading the page that showed it issues no second one (as 0011 does
+  for keys). NULL for credentials from the API, the CLI and before this revision.
 
 On SQLite adding a foreign key or a CHECK rebuilds the table (Alembic's batch mode). Dropping
 the old ``operator_credentials`` with foreign keys enforced would cascade to every dashboard
 session, so enforcement is switched off around the rebuild and every reference is checked
 before it is switched back on (as 0003 does). PostgreSQL alters the table in place.
 
-The downgrade drops both columns: the credentials stay (a tenant admin's then does everything,
+The downgrade drops the three columns: the credentials stay (a tenant admin's then does everything,
 as every credential did before roles; drop them first with ``tiergate operators delete`` if
 that is not wanted).
 """
@@ -61,10 +65,16 @@ def upgrade() -> None:
             op.f("ck_operator_credentials_role_tenant"),
             "(role = 'tenant_admin') = (tenant_id IS NOT NULL)",
         )
+        batch.add_column(sa.Column("form_token_hash", sa.String(length=64), nullable=True))
+        batch.create_index(
+            "uq_operator_credentials_form_token_hash", ["form_token_hash"], unique=True
+        )
 
 
 def downgrade() -> None:
     with _sqlite_foreign_keys_off(), op.batch_alter_table(TABLE) as batch:
+        batch.drop_index("uq_operator_credentials_form_token_hash")
+        batch.drop_column("form_token_hash")
         batch.drop_constraint(op.f("ck_operator_credentials_role_tenant"), type_="check")
         batch.drop_constraint(op.f("ck_operator_credentials_role"), type_="check")
         batch.drop_index(op.f("ix_operator_credentials_tenant_id"))

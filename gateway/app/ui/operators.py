@@ -5,7 +5,10 @@ an owner changes it (:mod:`gateway.app.ui.rules`).
 A new or reset credential is in the answer to the POST that made it (``<code
 id="new-credential">``) and nowhere else, as a new key is. Changes go through the same crud
 calls as ``/admin/v1/operators`` and are audited as ``admin-ui:<operator>``; a refusal (a name
-taken, a tenant admin without a tenant, the last owner demoted) is shown beside its field.
+taken, a tenant admin without a tenant, the last owner demoted) is shown beside its field. The
+add and reset forms act once (a one-time ``form_token``, as the key forms): reloading the page
+that showed a credential is 409 and issues no other, which would silently replace the one just
+handed over.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from starlette.concurrency import run_in_threadpool
 from gateway.app.admin.helpers import tenant_resolver
 from gateway.app.admin.operator_schemas import OperatorOut
 from gateway.app.ui.deps import Change, ChangeDep, OperatorDep, SessionDep, UiRoute
-from gateway.app.ui.forms import attempt, field_errors, read_form
+from gateway.app.ui.forms import attempt, field_errors, form_token, new_form_token, read_form
 from gateway.app.ui.render import redirect, render
 from gateway.db.crud import operators
 from gateway.db.crud.operators import IssuedCredential
@@ -68,6 +71,7 @@ def _form(
         errors=errors or {},
         entry=entry,
         roles=ROLE_OPTIONS,
+        form_token=new_form_token(),
     )
 
 
@@ -93,6 +97,7 @@ def _issued(request: Request, title: str, issued: IssuedCredential) -> Response:
 @router.post("/operators/-/new")
 async def create_operator(change: ChangeDep) -> Response:
     values = await read_form(change.request)
+    token = await form_token(change.request)
 
     def create() -> IssuedCredential:
         with change.session.begin():
@@ -103,10 +108,13 @@ async def create_operator(change: ChangeDep) -> Response:
                 name=values.get("name", "").strip(),
                 role=values.get("role", ""),
                 tenant=_tenant(change.session, values.get("tenant", "").strip()),
+                form_token=token,
             )
 
     result = await run_in_threadpool(attempt, create)
     if isinstance(result, ApiError):
+        if result.param == "form_token":  # a reload of the page that showed the credential
+            raise result
         errors = field_errors(result, FIELDS)
         return _form(change.request, values=values, errors=errors, status_code=result.status)
     return _issued(change.request, "Operator created", result)
@@ -156,17 +164,24 @@ async def update_operator(name: str, change: ChangeDep) -> Response:
     return redirect(change.request, f"/ui/operators/{result.name}", flash=flash)
 
 
-def _reset(change: Change, name: str) -> IssuedCredential:
+def _reset(change: Change, name: str, token: str | None) -> IssuedCredential:
     with change.session.begin():
         operators.get_operator(change.session, name)  # 404, not a new operator
         return operators.reset_credential(
-            change.session, actor=change.operator.actor, secret=change.state.secret, name=name
+            change.session,
+            actor=change.operator.actor,
+            secret=change.state.secret,
+            name=name,
+            form_token=token,
         )
 
 
 @router.post("/operators/{name}/reset")
 async def reset_operator(name: str, change: ChangeDep) -> Response:
-    issued = await run_in_threadpool(_reset, change, name)
+    """A reload of the page that showed the new credential sends the same form token: 409,
+    and the credential shown stays the one that works."""
+    token = await form_token(change.request)
+    issued = await run_in_threadpool(_reset, change, name, token)
     return _issued(change.request, "Credential reset", issued)
 
 

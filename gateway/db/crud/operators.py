@@ -49,6 +49,7 @@ OWNER = "owner"
 TENANT_ADMIN = "tenant_admin"
 CREDENTIAL_SCHEME = "tgop"
 TOKEN_BYTES = 32
+_FORM_TOKEN_LABEL = "tiergate operator form v1:"
 TOUCH_EVERY = timedelta(seconds=60)
 """A session's ``last_seen_at`` is written at most this often (not on every page view)."""
 
@@ -76,7 +77,7 @@ class StartedSession:
 
 
 def _credential_view(row: OperatorCredential) -> dict[str, Any]:
-    return snapshot(row, exclude=("credential_hash", "last_used_at"))
+    return snapshot(row, exclude=("credential_hash", "last_used_at", "form_token_hash"))
 
 
 def _session_view(row: OperatorSession) -> dict[str, Any]:
@@ -114,11 +115,15 @@ def create_credential(
     name: str = DEFAULT_OPERATOR,
     role: str = OWNER,
     tenant: int | None = None,
+    form_token: str | None = None,
 ) -> IssuedCredential:
     """Issue a credential for operator ``name`` with ``role`` (a tenant admin: of tenant id
-    ``tenant``); a name already taken: 409."""
+    ``tenant``); a name already taken: 409. ``form_token``: the dashboard form's one-time
+    token; a form that already issued a credential is refused (:func:`find_by_form_token`
+    names the operator)."""
     check_name(name, "operator")
     role, tenant = _check_role(session, role, tenant)
+    token_hash = _unused_form_token(session, secret, form_token)
     plaintext = generate_credential()
     row = OperatorCredential(
         name=name,
@@ -126,6 +131,7 @@ def create_credential(
         secret_id=secret_id(secret),
         role=role,
         tenant_id=tenant,
+        form_token_hash=token_hash,
     )
     add_audited(
         session,
@@ -138,19 +144,60 @@ def create_credential(
     return IssuedCredential(row=row, plaintext=plaintext)
 
 
+def form_token_hash(secret: str | bytes, token: str) -> str:
+    """``HMAC(server secret, label + token)``: what a credential keeps of the dashboard form
+    that issued it (the label keeps it from ever equalling a credential's own hash)."""
+    return hash_key(secret, _FORM_TOKEN_LABEL + token)
+
+
+def find_by_form_token(
+    session: Session, secret: str | bytes, token: str
+) -> OperatorCredential | None:
+    """The credential the dashboard form with ``token`` issued, if any."""
+    digest = form_token_hash(secret, token)
+    query = select(OperatorCredential).where(OperatorCredential.form_token_hash == digest)
+    return session.scalar(query)
+
+
+def _unused_form_token(session: Session, secret: str | bytes, token: str | None) -> str | None:
+    """The hash to keep for ``token`` (None: no token), or 409 if that form issued already."""
+    if token is None:
+        return None
+    earlier = find_by_form_token(session, secret, token)
+    if earlier is not None:
+        raise Conflict(
+            f"this form already issued the credential of operator {earlier.name!r}; it was "
+            "shown once and is not shown again (reset it if it was lost)",
+            param="form_token",
+        )
+    return form_token_hash(secret, token)
+
+
 def reset_credential(
-    session: Session, *, actor: str, secret: str | bytes, name: str = DEFAULT_OPERATOR
+    session: Session,
+    *,
+    actor: str,
+    secret: str | bytes,
+    name: str = DEFAULT_OPERATOR,
+    form_token: str | None = None,
 ) -> IssuedCredential:
     """Replace operator ``name``'s credential (or issue its first, an owner's): the old one
     stops working at once and every session it signed in is ended; the role and tenant stay."""
     old = session.scalar(select(OperatorCredential).where(OperatorCredential.name == name))
     role, tenant = OWNER, None
+    _unused_form_token(session, secret, form_token)  # refused before anything is deleted
     if old is not None:
         role, tenant = old.role, old.tenant_id
         _end_sessions(session, old.id)
         delete_audited(session, old, actor=actor, entity=CREDENTIAL_ENTITY, view=_credential_view)
     return create_credential(
-        session, actor=actor, secret=secret, name=name, role=role, tenant=tenant
+        session,
+        actor=actor,
+        secret=secret,
+        name=name,
+        role=role,
+        tenant=tenant,
+        form_token=form_token,
     )
 
 

@@ -76,16 +76,23 @@ def test_0012_makes_the_existing_credential_an_owner_and_binds_tenant_admins(db_
         for values in refused:
             with pytest.raises(IntegrityError), engine.begin() as conn:
                 conn.execute(text(_WITH_ROLE), values)
+        token = _CREDENTIAL.format(extra=", form_token_hash", values=", :token")
+        with engine.begin() as conn:  # several credentials without a form token coexist
+            conn.execute(text(token), {"name": "f1", "hash": "h6", "token": "t1"})
+        with pytest.raises(IntegrityError), engine.begin() as conn:  # one per form token
+            conn.execute(text(token), {"name": "f2", "hash": "h7", "token": "t1"})
+        with engine.begin() as conn:
+            conn.execute(text("DELETE FROM operator_credentials WHERE name = 'f1'"))
         with engine.begin() as conn:  # the tenant goes, its admin with it
             conn.execute(text("DELETE FROM tenants WHERE name = 'acme'"))
             names = set(conn.execute(text("SELECT name FROM operator_credentials")).scalars())
             assert names == {"operator", "vera"}
         migrate.downgrade("0011", db_url)
-        assert not {"role", "tenant_id"} & _columns(db_url)
+        assert not {"role", "tenant_id", "form_token_hash"} & _columns(db_url)
         with engine.connect() as conn:
             assert conn.execute(text("SELECT count(*) FROM operator_credentials")).scalar_one() == 2
             assert conn.execute(text("SELECT count(*) FROM operator_sessions")).scalar_one() == 1
         migrate.upgrade(db_url)
-        assert {"role", "tenant_id"} <= _columns(db_url)
+        assert {"role", "tenant_id", "form_token_hash"} <= _columns(db_url)
     finally:
         engine.dispose()

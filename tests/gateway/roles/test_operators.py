@@ -293,3 +293,33 @@ def test_operators_through_the_cli(
     }
     assert len(actors) == 1
     assert ADMIN_KEY not in listed
+
+
+def _form_token(text: str) -> str:
+    match = re.search(r'name="form_token" value="([^"]+)"', text)
+    assert match is not None, "no one-time token in the form"
+    return match.group(1)
+
+
+def test_reloading_the_page_that_showed_a_credential_issues_no_other(team: Team) -> None:
+    team.sign_in("owner")
+    token = _form_token(team.get("/ui/operators/-/new").text)
+    form = {"name": "rita", "role": "viewer", "tenant": "", "form_token": token}
+    first = team.post("/ui/operators/-/new", form)
+    assert first.status_code == 201
+    again = team.post("/ui/operators/-/new", {**form, "name": "rita2"})  # same form, re-sent
+    assert again.status_code == 409 and "already issued the credential of operator" in again.text
+    assert _CREDENTIAL.search(again.text) is None
+    token = _form_token(team.get("/ui/operators/rita").text)
+    reset = team.post("/ui/operators/rita/reset", {"form_token": token})
+    assert reset.status_code == 201
+    match = _CREDENTIAL.search(reset.text)
+    assert match is not None
+    shown = match.group(1)
+    reloaded = team.post("/ui/operators/rita/reset", {"form_token": token})
+    assert reloaded.status_code == 409 and _CREDENTIAL.search(reloaded.text) is None
+    me = team.client.get("/admin/v1/me", headers={"Authorization": f"Bearer {shown}"})
+    assert me.status_code == 200 and me.json()["name"] == "rita"  # the one shown still works
+    with team.factory() as session:
+        names = list(session.scalars(select(OperatorCredential.name)))
+    assert "rita2" not in names and names.count("rita") == 1
