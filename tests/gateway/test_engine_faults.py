@@ -639,10 +639,16 @@ def test_an_engine_that_breaks_every_stream_after_its_first_token_is_taken_out(
     streams in a row open the breaker and the fourth request goes to engine-1."""
     _inject(engines[0], mode="garbage", after_tokens=1)
     with _gateway(factory, engines, tmp_path) as gateway:
+        backend = gateway.state.pool.backends[0]
         for _ in range(3):
+            # idle ties go to engine-0 only if the router has seen it idle: the broken stream's
+            # request is aborted there, and a scrape taken before the abort shows it busy
+            _wait_for(
+                lambda: engines[0].sim.core.num_running + engines[0].sim.core.num_waiting == 0
+            )
+            _wait_for(lambda: backend.running == 0 and backend.waiting == 0)
             status, content, errors = _request(gateway, key, max_tokens=50)
             assert status == 200 and content and errors
-        backend = gateway.state.pool.backends[0]
         assert backend.breaker.reason is OpenReason.UNRESPONSIVE
         status, content, errors = _request(gateway, key)
         assert status == 200 and content and not errors
