@@ -44,6 +44,7 @@ from engine_common.sim_replay import (
     Replay,
     fleet_admitted,
     fleet_profiles,
+    fleet_router_params,
     model_len_for,
     request_of,
 )
@@ -125,7 +126,7 @@ class _Fleet:
             InstanceView(i, f"{role.value}-{i}", p, p.estimator(), role)
             for i, p in enumerate(self.profiles)
         ]
-        self.router = make_router(router, views, **dict(router_params or {}))
+        self.router = make_router(router, views, **fleet_router_params(router, router_params))
         for i, s in enumerate(self.schedulers):  # the gateway's first scrape
             self.router.on_kv_report(i, _free_blocks(s))
         self.queue = ArrivalQueue(arrivals)

@@ -545,6 +545,18 @@ def fleet_admitted(
     return sent, refused
 
 
+def fleet_router_params(router: str, params: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``params`` for ``router``, seeded (0) where the router draws at random and no seed is
+    given, as the simulator's comparisons seed it: both sides of a fleet replay then draw the
+    same numbers."""
+    from priority.routing import router_plugin
+
+    out = dict(params or {})
+    if router_plugin(router).accepts("seed"):
+        out.setdefault("seed", 0)
+    return out
+
+
 @dataclass
 class _Requests:
     """The simulator's workload protocol (``requests()``) over a fixed list."""
@@ -582,7 +594,7 @@ def replay_fleet_simulator(
         policy,
         router,
         policy_params=dict(params or {}),
-        router_params=dict(router_params or {}),
+        router_params=fleet_router_params(router, router_params),
         fast_forward=False,
     )
     result = simulate(_Requests(requests), config)
