@@ -419,7 +419,7 @@ def run(cfg: Config) -> list[dict[str, Any]]:
     size = len(cells[0].arrivals) if cells else 0
     console.log(
         f"{cfg.mix} mix of {cfg.trace}: {size} requests, capacity {capacity:.3f} req/s on "
-        f"{cfg.profile}; {len(cells)} cells, {cfg.jobs} job(s)"
+        f"{', '.join(cfg.fleet) or cfg.profile}; {len(cells)} cells, {cfg.jobs} job(s)"
     )
     work = _run_cell_sim if cfg.sim_only else _run_cell_real
     rows: list[dict[str, Any]] = []
