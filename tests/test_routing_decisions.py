@@ -116,3 +116,44 @@ if __name__ == "__main__":  # [COMMIT]: record with GoRouter as it was at COMMIT
     at = _bench().load_goroute_at(sys.argv[1]) if len(sys.argv) > 1 else None
     RECORD.write_text(json.dumps({name: decisions(name, at) for name in SCENARIOS}) + "\n")
     print(f"wrote {RECORD}", file=sys.stderr)
+
+
+def test_kept_columns_follow_every_change_of_the_views() -> None:
+    """The array path keeps per-instance inputs between decisions; whatever changes on the views
+    (queues mutated without a callback, other routers' prefills, an estimator replaced or its
+    beta corrected in place, decoding counts) a router that kept them estimates exactly as a
+    fresh one does."""
+    import dataclasses
+
+    from priority.routing import GoRouter, RouteDecision
+
+    bench = _bench()
+    rng = np.random.default_rng(11)
+    views = bench.build_views(20, 40, rng)
+    kept = GoRouter(views, seed=1)
+
+    def check(k: int) -> None:
+        request = bench.new_request(f"c{k}", rng, now=10.0)
+        now = 10.0 + 0.01 * k
+        fresh = GoRouter(views, seed=1)
+        assert kept.estimates(views, request, now) == fresh.estimates(views, request, now)
+        assert kept.route(request, now) == fresh.route(request, now)
+
+    check(0)
+    first = next(iter(views[3].prefill_queue))
+    del views[3].prefill_queue[first]  # no callback, length changes
+    check(1)
+    views[4].external_prefills = ExternalPrefills(5, 9_000, 0.8, 9, 0.05, 10.5, 10.0)
+    check(2)
+    views[5].estimator = views[5].profile.estimator()  # a scrape replaces it
+    check(3)
+    views[6].estimator.beta = 1.4  # corrected in place
+    check(4)
+    views[7].num_decoding += 50
+    check(5)
+    request = bench.new_request("d", rng, now=10.0)
+    kept.on_dispatch(request, RouteDecision(8), 10.2)
+    check(6)
+    views[9].prefill_queue = dataclasses.replace(views[9]).prefill_queue  # another object
+    views[9].queue_updated_s = 10.3
+    check(7)
