@@ -50,6 +50,7 @@ SCENARIOS: dict[str, dict[str, Any]] = {
         "params": {"fallback": "random"},
     },
     "pd, 24 instances, short queues": {"ttft": None, "pd": True, "instances": 24, "queued": 6},
+    "pd, 40 instances, mixed SLOs": {"ttft": None, "pd": True, "instances": 40, "queued": 30},
     "pd, mixed SLOs, free-kv decode": {
         "ttft": None,
         "pd": True,

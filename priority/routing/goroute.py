@@ -105,7 +105,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import compress, count, repeat
 from operator import attrgetter, getitem, is_, is_not, ne
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -248,6 +248,12 @@ class _Estimates:
     exec_with_s: np.ndarray
     gain_before: np.ndarray
     gain_after: np.ndarray
+    cut_before: list[int] = dataclasses.field(default_factory=list)
+    """Per instance: how many queued deadlines fall at or before ``now + exec_s``."""
+    cut_after: list[int] = dataclasses.field(default_factory=list)
+    """The same at ``now + exec_with_s``."""
+    decoding: np.ndarray | None = None
+    """Per instance: its decoding requests, as read for this decision."""
 
     @property
     def delta(self) -> np.ndarray:
@@ -301,7 +307,8 @@ class _Columns:
         self.coefficients: list[LatencyCoefficients | None] = [None] * n
         self.profiles: list[Profile | None] = [None] * n
         self.roles: list[InstanceRole | None] = [None] * n
-        self.beta = self.t_c = self.b_d = np.zeros(n)
+        self.beta = self.t_c = self.two_t_c = self.b_d = self.a_d = np.zeros(n)
+        self.max_seqs = self.kv_blocks = self.block_size = np.zeros(n)
         self.prefill = np.zeros(n, dtype=bool)
         self.any_prefill = self.any_colocated = False
         self.groups: list[tuple[LatencyCoefficients, int]] = []
@@ -318,6 +325,9 @@ class _Columns:
         self.padded: list[list[float]] = [[math.inf] for _ in range(n)]
         self.sizes: list[int] = [0] * n
         self.suffixes: list[Any] = [np.zeros(1) for _ in range(n)]
+        self.summaries: list[_QueueSummary | None] = [None] * n
+        self.decode_weighted = np.zeros(n)
+        """Per position: its queue's weighted expected decode tokens."""
         """Each position's value suffix sums (numpy arrays, read by ``map(getitem)``)."""
 
     def price(self, estimators: list[BatchLatencyEstimator]) -> None:
@@ -331,7 +341,13 @@ class _Columns:
         self.roles = [v.role for v in views]
         self.beta = np.array(self.betas)
         self.t_c = self.beta * np.array([c.t_c for c in coefficients])
+        self.two_t_c = 2.0 * self.t_c
         self.b_d = np.array([c.b_d for c in coefficients])
+        self.a_d = np.array([c.a_d for c in coefficients])
+        engines = [v.profile.engine for v in views]
+        self.max_seqs = np.array([e.max_num_seqs for e in engines], dtype=np.float64)
+        self.kv_blocks = np.array([e.num_kv_blocks for e in engines], dtype=np.float64)
+        self.block_size = np.array([e.block_size for e in engines], dtype=np.float64)
         self.prefill = np.array([r is InstanceRole.PREFILL for r in self.roles])
         self.any_prefill = bool(self.prefill.any())
         self.any_colocated = not bool(self.prefill.all())
@@ -356,6 +372,8 @@ class _Columns:
         self.padded[k] = summary.padded
         self.sizes[k] = summary.n
         self.suffixes[k] = summary.value_suffix
+        self.summaries[k] = summary
+        self.decode_weighted[k] = summary.decode_tokens_weighted
 
 
 _UNSEEN = object()
@@ -432,9 +450,12 @@ class GoRouter(Router):
         else:
             arrays = self._estimate_arrays(candidates, request, now)
             no_gain = arrays.delta.max() <= 0.0
-        if self.fallback == "expected-gain" and no_gain:
-            if arrays is not None:
-                estimates = arrays.objects()
+        if self.fallback == "expected-gain" and no_gain and arrays is not None:
+            gains_array = self._fallback_gains_arrays(arrays, request, now, decode)
+            best_gain = float(gains_array.max())
+            tie = _RELATIVE_TIE * max(1.0, abs(best_gain))
+            chosen = arrays.one(_first_min(arrays.exec_with_s, gains_array >= best_gain - tie))
+        elif self.fallback == "expected-gain" and no_gain:
             gains = self.fallback_gains(estimates, request, now, decode)
             best = max(gains)
             tie = _RELATIVE_TIE * max(1.0, abs(best))
@@ -610,12 +631,13 @@ class GoRouter(Router):
             pd_after = pd_before + beta * req_raw + t_c * req_chunks[cols.group_of]
         if cols.any_colocated:  # Eq. 8's t_b / (t_b - t_c), before and with the request
             min_tpot = cols.min_tpot
-            factor = _batch_factors(np.minimum(remain, min_tpot), min_tpot, t_c, eta)
-            co_before = factor * beta * raw
             tpot_after = np.minimum(min_tpot, req_tpot)
-            budget = np.minimum(np.minimum(remain, req_remain), tpot_after)
-            factor = _batch_factors(budget, tpot_after, t_c, eta)
-            co_after = factor * beta * (raw + req_raw)
+            # row 0 without the request, row 1 with it: one pass of _batch_factors for both
+            budget = np.minimum(remain, np.stack((min_tpot, np.minimum(tpot_after, req_remain))))
+            factor = _batch_factors(budget, np.stack((min_tpot, tpot_after)), cols, eta)
+            factor *= beta
+            co_before = factor[0] * raw
+            co_after = factor[1] * (raw + req_raw)
         if not cols.any_prefill:
             phi_before, phi_after = co_before, co_after
         elif not cols.any_colocated:
@@ -631,13 +653,22 @@ class GoRouter(Router):
         exec_s = np.maximum(left, 0.0) + decoding * beta * cols.b_d
         exec_with_s = exec_s + (phi_after - phi_before)
         suffixes = cols.suffixes
-        at = map(bisect.bisect_right, padded, (now + exec_s).tolist(), zeros, sizes)
-        gain_before = first * np.array(list(map(getitem, suffixes, at)))
+        cut_before = list(map(bisect.bisect_right, padded, (now + exec_s).tolist(), zeros, sizes))
+        gain_before = first * np.array(list(map(getitem, suffixes, cut_before)))
         end_s = now + exec_with_s
-        at = map(bisect.bisect_right, padded, end_s.tolist(), zeros, sizes)
-        gain_after = first * np.array(list(map(getitem, suffixes, at)))
+        cut_after = list(map(bisect.bisect_right, padded, end_s.tolist(), zeros, sizes))
+        gain_after = first * np.array(list(map(getitem, suffixes, cut_after)))
         np.add(gain_after, req_value, out=gain_after, where=end_s < req_deadline)
-        return _Estimates(cols.indices, exec_s, exec_with_s, gain_before, gain_after)
+        return _Estimates(
+            cols.indices,
+            exec_s,
+            exec_with_s,
+            gain_before,
+            gain_after,
+            cut_before,
+            cut_after,
+            decoding,
+        )
 
     def _columns(self, instances: Sequence[InstanceView]) -> _Columns:
         """The per-instance inputs of :meth:`_estimate_arrays` as arrays, kept between decisions:
@@ -754,6 +785,78 @@ class GoRouter(Router):
                 loss += mean_weight * n_d * late_rate * tokens * step
             gains.append(own - unit_value * loss)
         return gains
+
+    def _fallback_gains_arrays(
+        self, arrays: _Estimates, request: Request, now: float, decode: int | None
+    ) -> np.ndarray:
+        """:meth:`fallback_gains` across the instances of ``arrays`` (the candidates the kept
+        columns describe): the same operations element by element, each branch of the scalar
+        form a mask (where a value is computed only where the scalar form computes it)."""
+        cols = self._cols
+        assert cols is not None and arrays.decoding is not None
+        weights, slo = self.weights, request.slo
+        due_first = request.arrival_s + slo.token_due_s(1)
+        deadline_at = None if slo.deadline_s is None else request.arrival_s + slo.deadline_s
+        tokens = max(0, request.expected_output_tokens - 1)
+        extra_kv = request.prompt_tokens + tokens / 2
+        decode_value = weights.token_value(request.weight, 2)
+        unit_value = weights.token_value(1.0, 2)
+        tpot = slo.tpot_s
+        n = len(arrays.indices)
+        beta, t_c = cols.beta, cols.t_c
+        # running_decodes_s and decode_step_s (priority.routing.decode), per instance
+        n_d = np.minimum(arrays.decoding, cols.max_seqs)
+        free = [v.num_free_kv_blocks for v in cols.views]
+        reported = np.array([f is not None for f in free])
+        free_blocks = np.array([0 if f is None else f for f in free], dtype=np.float64)
+        kv = np.where(
+            reported, np.maximum(cols.kv_blocks - free_blocks, 0.0) * cols.block_size, 0.0
+        )
+        a_d, b_d = cols.a_d, cols.b_d
+        dt_kv = beta * (a_d * kv + b_d)
+        dt_0 = beta * (a_d * 0.0 + b_d)
+        running = np.where(n_d > 0, dt_kv + (n_d - 1.0) * dt_0, 0.0)
+        before = t_c + running
+        if decode is None:
+            step = before + beta * (a_d * extra_kv + b_d)
+        else:
+            step = np.full(n, decode_step_s(self.instances[decode], extra_kv))
+        exec_s, exec_with_s = arrays.exec_s, arrays.exec_with_s
+        first_s = now + exec_with_s
+        own_decode = _on_time_decode_tokens(
+            due_first - first_s,
+            tpot,
+            step,
+            tokens,
+            None if deadline_at is None else deadline_at - first_s,
+        )
+        gains = arrays.delta + decode_value * own_decode
+        # decode tokens the queued requests lose by the delay (|TPOT - s| floored, capped)
+        delay = exec_with_s - exec_s
+        loss = np.zeros(n)
+        weighted = cols.decode_weighted
+        summaries = cast(list[_QueueSummary], cols.summaries)
+        for k in np.flatnonzero((delay > 0.0) & (weighted > 0.0)).tolist():
+            summary = summaries[k]
+            stream = summary.stream_weight_suffix
+            tpot_q = summary.min_tpot_s
+            gap = tpot_q - float(step[k])
+            if gap > 0.0:
+                exposed = stream[0] - stream[arrays.cut_after[k]]
+            else:
+                exposed = stream[arrays.cut_before[k]]
+            rate = 1.0 / max(abs(gap), GAP_FLOOR * tpot_q)
+            loss[k] = min(exposed * float(delay[k]) * rate, float(weighted[k]))
+        if decode is None and tpot is not None:
+            hurt = np.flatnonzero((arrays.decoding > 0.0) & (step > tpot))
+            if hurt.size:
+                late_rate = 1.0 / np.maximum(before[hurt], tpot) - 1.0 / step[hurt]
+                mean_weight = np.array(
+                    [_mean_weight(summaries[k], cols.lengths[k], request) for k in hurt.tolist()]
+                )
+                loss[hurt] += mean_weight * n_d[hurt] * late_rate * tokens * step[hurt]
+        result: np.ndarray = gains - unit_value * loss
+        return result
 
     def decode_at_handoff(
         self, request: Request, decision: RouteDecision, now: float
@@ -887,18 +990,59 @@ def _suffix_sums(values: np.ndarray) -> np.ndarray:
 
 
 def _batch_factors(
-    budget: np.ndarray, min_tpot_s: np.ndarray, t_c: np.ndarray, eta: float
+    budget: np.ndarray, min_tpot_s: np.ndarray, cols: _Columns, eta: float
 ) -> np.ndarray:
-    """:meth:`GoRouter._batch_factor` across instances, ``budget`` being ``min(remaining,
-    min_tpot_s)`` before the floor; the same operations element by element (each computed only
-    where the scalar form computes it)."""
-    floor = 2.0 * t_c
-    finite = min_tpot_s < math.inf
-    scaled = np.multiply(eta, min_tpot_s, out=np.zeros_like(floor), where=finite)
-    np.copyto(floor, scaled, where=finite & (scaled > floor))
-    np.copyto(budget, floor, where=~(budget > floor))
+    """:meth:`GoRouter._batch_factor` across instances (rows of ``budget`` and ``min_tpot_s``
+    broadcast against the instances), ``budget`` being ``min(remaining, min_tpot_s)`` before the
+    floor: the floor ``max(2 t_c, eta * TPOT)`` (TPOT finite), the budget at least the floor,
+    then ``budget / (budget - t_c)`` where it is finite and above ``t_c``, else 1. The same
+    values element by element as the scalar form (max of two floats is one of them)."""
+    t_c = cols.t_c
+    scaled = np.multiply(eta, min_tpot_s, out=np.zeros_like(budget), where=min_tpot_s < math.inf)
+    np.maximum(budget, np.maximum(scaled, cols.two_t_c, out=scaled), out=budget)
     usable = (budget < math.inf) & (budget > t_c)
     return np.divide(budget, budget - t_c, out=np.ones_like(budget), where=usable)
+
+
+def _on_time_decode_tokens(
+    slack_s: np.ndarray,
+    tpot_s: float | None,
+    step_s: np.ndarray,
+    tokens: float,
+    deadline_slack_s: np.ndarray | None,
+) -> np.ndarray:
+    """:func:`on_time_decode_tokens` across instances (``deadline_slack_s`` None: no end-to-end
+    deadline); each branch a mask, each value computed only where the scalar form does."""
+    n = len(slack_s)
+    if tokens <= 0:
+        return np.zeros(n)
+    live = step_s > 0.0
+    if deadline_slack_s is None:
+        upper = np.full(n, float(tokens))
+    else:
+        ratio = np.divide(deadline_slack_s, step_s, out=np.zeros(n), where=live)
+        upper = np.minimum(float(tokens), np.maximum(0.0, ratio))
+    if tpot_s is None:
+        return np.where(live, upper, 0.0)
+    gap = tpot_s - step_s
+    ahead = gap > 0.0
+    catch_up = ahead & (slack_s < 0.0)
+    lower = np.divide(-slack_s, gap, out=np.zeros(n), where=catch_up)
+    out = np.maximum(0.0, upper - lower)
+    behind = ~ahead & (slack_s > 0.0)
+    capped = behind & (gap != 0.0)
+    cap = np.divide(slack_s, -gap, out=np.zeros(n), where=capped)
+    np.copyto(out, 0.0, where=~ahead & ~(slack_s > 0.0))
+    np.copyto(out, upper, where=behind & (gap == 0.0))
+    np.copyto(out, np.minimum(upper, cap), where=capped)
+    np.copyto(out, 0.0, where=~live)
+    return out
+
+
+def _mean_weight(summary: _QueueSummary, queued: int, request: Request) -> float:
+    """The queued requests' mean weight (the request's own where none is known)."""
+    queued_weight = float(summary.stream_weight_suffix[0])
+    return queued_weight / queued if queued and queued_weight else request.weight
 
 
 def _first_min(values: np.ndarray, mask: np.ndarray) -> int:
