@@ -833,20 +833,20 @@ class GoRouter(Router):
         gains = arrays.delta + decode_value * own_decode
         # decode tokens the queued requests lose by the delay (|TPOT - s| floored, capped)
         delay = exec_with_s - exec_s
-        loss = np.zeros(n)
         weighted = cols.decode_weighted
         summaries = cast(list[_QueueSummary], cols.summaries)
-        for k in np.flatnonzero((delay > 0.0) & (weighted > 0.0)).tolist():
-            summary = summaries[k]
-            stream = summary.stream_weight_suffix
-            tpot_q = summary.min_tpot_s
-            gap = tpot_q - float(step[k])
-            if gap > 0.0:
-                exposed = stream[0] - stream[arrays.cut_after[k]]
-            else:
-                exposed = stream[arrays.cut_before[k]]
-            rate = 1.0 / max(abs(gap), GAP_FLOOR * tpot_q)
-            loss[k] = min(exposed * float(delay[k]) * rate, float(weighted[k]))
+        loss = np.zeros(n)
+        queued = (delay > 0.0) & (weighted > 0.0)
+        if queued.any():
+            streams: list[Any] = [s.stream_weight_suffix for s in summaries]
+            tpot_q = cols.min_tpot
+            gap = tpot_q - step
+            late = np.array(list(map(getitem, streams, repeat(0)))) - np.array(
+                list(map(getitem, streams, arrays.cut_after))
+            )
+            exposed = np.where(gap > 0.0, late, list(map(getitem, streams, arrays.cut_before)))
+            rate = 1.0 / np.maximum(np.abs(gap), GAP_FLOOR * tpot_q)
+            np.copyto(loss, np.minimum(exposed * delay * rate, weighted), where=queued)
         if decode is None and tpot is not None:
             hurt = np.flatnonzero((arrays.decoding > 0.0) & (step > tpot))
             if hurt.size:
