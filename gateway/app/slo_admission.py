@@ -70,7 +70,7 @@ TPOT_SHARE = 0.95
 """A step lasts this share of the tightest TPOT (the policy's default)."""
 DEFAULT_STEP_S = 0.1
 """Decode period assumed of a request without a TPOT objective (the policy's)."""
-UNSEEN_GRACE_S = 2.0
+UNSEEN_GRACE_S = 0.5
 """A placed request not yet seen in its engine's prefill queue counts as prefilling this long
 (placement comes a few milliseconds before the router is told of the dispatch)."""
 
