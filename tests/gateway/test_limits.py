@@ -497,6 +497,7 @@ def test_reject_reasons_map_to_status_codes() -> None:
         "queue_ttl": 503,
         "slo_infeasible": 503,
         "slo_unattainable": 503,
+        "slo_declined": 503,
     }
     assert LimitExceeded(RejectReason.RATE_LIMIT_RPM, 0.2, "x").headers()[RETRY_AFTER_HEADER] == "1"
     assert (
