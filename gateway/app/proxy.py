@@ -77,6 +77,7 @@ from gateway.app.schemas import ChatBody, CompletionBody
 from gateway.app.shedding import Action, decode_s, judge, shed_message
 from gateway.app.slo import RequestSLO, engine_priority, engine_xargs, resolve_slo
 from gateway.app.slo_admission import PlanOutcome
+from gateway.app.stages import mark_stage
 from gateway.app.state import GatewayState
 from gateway.app.upstream import UpstreamError, UpstreamResponse
 from gateway.app.watchdog import StreamWatch
@@ -244,6 +245,10 @@ class Job:
             http.headers, self.slo, policy, tier=self.tier, tenant_key=str(self.identity.tenant_id)
         )
         assert self.model is not None
+        # a tool response sent back for a new turn: a new prefill stage of its conversation
+        self.slo = mark_stage(
+            self.slo, self.body, tenant=str(self.identity.tenant_id), model=self.model
+        )
         group = state.pool.group(self.model)
         if group is None:
             raise ApiError(
