@@ -92,8 +92,12 @@ and memoizes each queue's summary (sorted deadlines, value suffix sums, total wo
 ``on_*`` callbacks drop when that queue changes. Per decision the cost is then O(log |Q|) per
 instance; prompt work is cached per (profile coefficients, chunk size, prompt length), and the
 queue's total work, chunks and smallest TPOT SLO come from its running totals
-(:class:`~priority.routing.prefill_queue.PrefillQueue`), so a rebuilt summary walks the queue
-only for the per-request deadlines and values it sorts.
+(:class:`~priority.routing.prefill_queue.PrefillQueue`), so a rebuilt summary is a copy of the
+queue's deadline order and numpy running sums over its weights, with no Python work per queued
+request. From :data:`ARRAY_MIN_INSTANCES` candidates on, the estimates, Algorithm 2's choice and
+the expected-gain fallback are numpy operations across instances (the scalar form's operations,
+element by element in the same order: the same decisions, bit for bit), on per-instance inputs
+kept between decisions and read again only for the queues that changed.
 """
 
 from __future__ import annotations
