@@ -283,6 +283,27 @@ class GatewayMetrics:
             buckets=OVERHEAD_BUCKETS,
             registry=reg,
         )
+        # multi-stage requests (gateway.app.stages): a conversation attains its SLO only if
+        # every stage does; attainment = 1 - missed / conversations (per worker)
+        self.multistage_stages = Counter(
+            "tiergate_multistage_stages",
+            "Served stages of tool-calling conversations (each with its own TTFT), by tier and "
+            "whether the stage met its SLO.",
+            ("tier", "attained"),
+            registry=reg,
+        )
+        self.multistage_conversations = Counter(
+            "tiergate_multistage_conversations",
+            "Tool-calling conversations seen (at their first served stage), by tier.",
+            ("tier",),
+            registry=reg,
+        )
+        self.multistage_missed = Counter(
+            "tiergate_multistage_missed",
+            "Tool-calling conversations with a stage that missed its SLO (counted once), by tier.",
+            ("tier",),
+            registry=reg,
+        )
         self.queue_service_rate = gauge(
             "tiergate_queue_service_rate",
             "Dispatch slots released per second while requests waited (the admission queue's "
@@ -386,6 +407,13 @@ class GatewayMetrics:
             "Upstream attempts abandoned for time: phase first_token, response (non-streamed) "
             "or stall (after the first token).",
             ("backend", "phase"),
+            registry=reg,
+        )
+        self.slow_probes = Counter(
+            "tiergate_slow_probes",
+            "Liveness probes that timed out while the backend's streams kept delivering: busy, "
+            "not dead, so the breaker stays as it is.",
+            ("backend",),
             registry=reg,
         )
         self.breaker_opens = Counter(

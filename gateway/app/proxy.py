@@ -77,7 +77,7 @@ from gateway.app.schemas import ChatBody, CompletionBody
 from gateway.app.shedding import Action, decode_s, judge, shed_message
 from gateway.app.slo import RequestSLO, engine_priority, engine_xargs, resolve_slo
 from gateway.app.slo_admission import PlanOutcome
-from gateway.app.stages import mark_stage
+from gateway.app.stages import mark_stage, record_stage
 from gateway.app.state import GatewayState
 from gateway.app.upstream import UpstreamError, UpstreamResponse
 from gateway.app.watchdog import StreamWatch
@@ -1065,6 +1065,8 @@ class Job:
             if result.slo_met is not None and self.core is not None:
                 met = objectives_met(self.arrival, self.core.slo, token_times)
             metrics.record_served(tenant, tier, result.prompt_tokens, result.completion_tokens, met)
+            if self.slo is not None and self.slo.workflow_id is not None:  # a conversation's stage
+                record_stage(state.stages, metrics, self.slo, tier, met=bool(result.slo_met))
         if reason is not None:
             metrics.rejections.labels(tenant, tier, reason).inc()
         samples = state.length_samples

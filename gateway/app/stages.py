@@ -10,8 +10,9 @@ stage is (:func:`priority.sim.metrics.multistage_attainment` groups by ``workflo
 
 A request is a **tool continuation** when its last message is a tool result (``role`` ``tool``,
 or the older ``function``) answering an assistant turn. Its **stage** is the number of
-assistant turns before it (stage 0 is the conversation's first prompt), and its conversation
-id is derived from what every turn of the conversation repeats: the tenant, the model and the
+assistant turns before it. A request that offers ``tools`` and has no assistant turn yet is
+**stage 0** of a conversation that may continue so. The conversation id is derived from what
+every turn of the conversation repeats: the tenant, the model and the
 messages up to the first assistant turn, hashed (``conv-`` and 24 hex digits). Stateless, so
 every gateway worker marks the same request the same way, with nothing stored. A plain
 follow-up question (last message from the user) is a new request, not a stage; a request that
@@ -28,23 +29,27 @@ import dataclasses
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gateway.app.slo import RequestSLO
+
+if TYPE_CHECKING:
+    from gateway.app.metrics import GatewayMetrics
 
 CONVERSATION_PREFIX = "conv-"
 TOOL_ROLES = ("tool", "function")
 
 
-def tool_stage(messages: Sequence[Any]) -> int | None:
+def tool_stage(messages: Sequence[Any], *, offers_tools: bool = False) -> int | None:
     """The stage of a chat request whose last message is a tool result (the number of
-    assistant turns before it), else None."""
+    assistant turns before it); 0 for one that offers tools and has no assistant turn yet;
+    else None."""
     if not messages or not isinstance(messages[-1], Mapping):
         return None
-    if messages[-1].get("role") not in TOOL_ROLES:
-        return None
     turns = sum(1 for m in messages if isinstance(m, Mapping) and m.get("role") == "assistant")
-    return turns if turns > 0 else None
+    if messages[-1].get("role") in TOOL_ROLES:
+        return turns if turns > 0 else None
+    return 0 if offers_tools and turns == 0 else None
 
 
 def conversation_id(messages: Sequence[Any], *, tenant: str, model: str) -> str:
@@ -67,9 +72,49 @@ def mark_stage(slo: RequestSLO, body: Mapping[str, Any], *, tenant: str, model: 
     messages = body.get("messages")
     if not isinstance(messages, list):
         return slo  # a completions request: no turns to continue
-    stage = tool_stage(messages)
+    stage = tool_stage(messages, offers_tools=bool(body.get("tools")))
     if stage is None:
         return slo
     return dataclasses.replace(
         slo, workflow_id=conversation_id(messages, tenant=tenant, model=model), stage=stage
     )
+
+
+class StageAttainment:
+    """Multi-stage attainment in the gateway: a conversation is attained only if every stage
+    is (SLOs-Serve's rule). Counted per worker (``tiergate_multistage_*``): each conversation
+    once at the first stage seen, once more at its first missed stage; attainment =
+    1 - missed / conversations. The conversations remembered are bounded (oldest forgotten:
+    a stage of a forgotten one counts it again)."""
+
+    def __init__(self, max_conversations: int = 100_000) -> None:
+        self.max_conversations = max_conversations
+        self._seen: dict[str, bool] = {}
+        """Conversation id -> every stage so far met its SLO (insertion order: oldest first)."""
+
+    def stage_ended(self, conversation: str, *, met: bool) -> tuple[bool, bool]:
+        """A served stage ended; returns (first stage seen of it, its first missed stage)."""
+        known = self._seen.get(conversation)
+        if known is None:
+            if len(self._seen) >= self.max_conversations:
+                self._seen.pop(next(iter(self._seen)))
+            self._seen[conversation] = met
+            return True, not met
+        if known and not met:
+            self._seen[conversation] = False
+            return False, True
+        return False, False
+
+
+def record_stage(
+    tracker: StageAttainment, metrics: GatewayMetrics, slo: RequestSLO, tier: str, *, met: bool
+) -> None:
+    """Count a served request that is a stage of a conversation (:func:`mark_stage`)."""
+    if slo.workflow_id is None or not slo.workflow_id.startswith(CONVERSATION_PREFIX):
+        return
+    first, missed = tracker.stage_ended(slo.workflow_id, met=met)
+    metrics.multistage_stages.labels(tier, "true" if met else "false").inc()
+    if first:
+        metrics.multistage_conversations.labels(tier).inc()
+    if missed:
+        metrics.multistage_missed.labels(tier).inc()

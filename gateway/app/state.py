@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gateway.app.kinds import RequestKinds
 from gateway.app.slo_admission import SloAdmission
+from gateway.app.stages import StageAttainment
 from gateway.db.usage import UsageWriter
 from gateway.limits import AdmissionQueue, RateLimiter
 from gateway.settings import Settings
@@ -51,6 +52,9 @@ class GatewayState:
     slo_admission: SloAdmission = field(default_factory=SloAdmission)
     """What this worker placed on engines that run SLOs-Serve's planner
     (:mod:`gateway.app.slo_admission`)."""
+    stages: StageAttainment = field(default_factory=StageAttainment)
+    """Tool-calling conversations and whether every stage so far met its SLO
+    (:mod:`gateway.app.stages`)."""
 
 
 def get_state(request: Request) -> GatewayState:

@@ -15,13 +15,22 @@ from sqlalchemy.orm import Session, sessionmaker
 from gateway.app import create_app
 from gateway.app.server import GatewayThread
 from gateway.app.slo import RequestSLO
-from gateway.app.stages import conversation_id, mark_stage, tool_stage
+from gateway.app.stages import StageAttainment, conversation_id, mark_stage, tool_stage
 from gateway.db import crud
 from gateway.settings import Settings
 from tests.gateway.engine_spy import spied_engine
 
 MODEL = "stages-model"
 SECRET = "stages-test-secret"
+TOOLS: list[dict[str, Any]] = [
+    {
+        "type": "function",
+        "function": {
+            "name": "weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+]
 OPENING: list[dict[str, Any]] = [
     {"role": "system", "content": "You are an agent."},
     {"role": "user", "content": "What is the weather in Paris?"},
@@ -55,7 +64,8 @@ def _turns(n: int) -> list[dict[str, Any]]:
 
 
 def test_a_tool_result_after_an_assistant_turn_is_the_next_stage() -> None:
-    assert tool_stage(OPENING) is None  # the first prompt: stage 0, nothing to mark
+    assert tool_stage(OPENING) is None  # a prompt offering no tools: nothing to mark
+    assert tool_stage(OPENING, offers_tools=True) == 0  # the opening of a tool loop
     assert tool_stage(_turns(1)) == 1
     assert tool_stage(_turns(3)) == 3
     follow_up = [*_turns(1), {"role": "assistant", "content": "18 C."}]
@@ -82,6 +92,19 @@ def test_only_latency_requests_outside_a_workflow_are_marked() -> None:
     assert mark_stage(workflow, {"messages": _turns(2)}, tenant="1", model="m") is workflow
     assert mark_stage(slo, {"prompt": "text"}, tenant="1", model="m") is slo
     assert mark_stage(slo, {"messages": OPENING}, tenant="1", model="m") is slo
+    opening = mark_stage(slo, {"messages": OPENING, "tools": TOOLS}, tenant="1", model="m")
+    assert (opening.stage, opening.workflow_id) == (0, marked.workflow_id)
+
+
+def test_a_conversation_is_attained_only_if_every_stage_is() -> None:
+    tracker = StageAttainment(max_conversations=2)
+    assert tracker.stage_ended("a", met=True) == (True, False)
+    assert tracker.stage_ended("a", met=True) == (False, False)
+    assert tracker.stage_ended("a", met=False) == (False, True)  # its first miss: counted
+    assert tracker.stage_ended("a", met=False) == (False, False)  # once
+    assert tracker.stage_ended("b", met=False) == (True, True)
+    tracker.stage_ended("c", met=True)  # a third: the oldest is forgotten
+    assert tracker.stage_ended("a", met=True) == (True, False)
 
 
 @pytest.mark.slow
@@ -105,13 +128,24 @@ def test_the_engine_gets_each_stage_with_its_conversation_and_own_ttft(
     ):
         client = openai.OpenAI(base_url=gateway.base_url, api_key=key, max_retries=0)
         for n in range(3):
-            client.chat.completions.create(model=MODEL, messages=_turns(n), max_tokens=2)  # type: ignore[arg-type]
-    assert [r.stage for r in submitted] == [0, 1, 2]
-    first, *continuations = submitted
-    assert first.workflow_id is None  # the opening prompt is a request like any other
-    assert len({r.workflow_id for r in continuations}) == 1
-    assert continuations[0].workflow_id is not None
-    assert continuations[0].workflow_id.startswith("conv-")
-    for r in submitted:  # each stage judged by its own TTFT and TPOT, from its own arrival
+            client.chat.completions.create(
+                model=MODEL,
+                messages=_turns(n),  # type: ignore[arg-type]
+                tools=TOOLS,  # type: ignore[arg-type]
+                max_tokens=2,
+            )
+        client.chat.completions.create(model=MODEL, messages=OPENING, max_tokens=2)  # type: ignore[arg-type]
+        metrics = gateway.state.metrics.render().decode()
+    *stages, plain = submitted
+    assert [r.stage for r in stages] == [0, 1, 2]
+    assert len({r.workflow_id for r in stages}) == 1  # one conversation, three stages
+    assert stages[0].workflow_id is not None and stages[0].workflow_id.startswith("conv-")
+    assert plain.workflow_id is None  # no tools offered: a request like any other
+    assert 'tiergate_multistage_conversations_total{tier="agents"} 1.0' in metrics
+    stage_lines = [
+        x for x in metrics.splitlines() if x.startswith("tiergate_multistage_stages_total")
+    ]
+    assert sum(float(x.rsplit(" ", 1)[1]) for x in stage_lines) == 3.0
+    for r in stages:  # each stage judged by its own TTFT and TPOT, from its own arrival
         assert r.kind == "latency"
         assert (r.slo.ttft_s, r.slo.tpot_s) == pytest.approx((2.0, 0.2))
