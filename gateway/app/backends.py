@@ -13,7 +13,8 @@ Health is judged apart from that scrape, by a loop a few times a second
 * a **liveness probe** per backend every ``probe_interval_s``: ``GET /health`` within
   ``probe_timeout_s`` (any answer below 500 counts: an engine without the route is alive), so
   a frozen or dead engine is out of routing within about ``probe_interval_s +
-  probe_timeout_s`` (0.75 s by default);
+  probe_timeout_s`` (0.75 s by default); a probe that times out while the backend's streams
+  kept delivering is a busy engine, not a dead one (``tiergate_slow_probes_total``);
 * the **watchdog** (:mod:`gateway.app.watchdog`): streams stalled past their stall timeout are
   ended, and an engine on which every stream waits with no event is taken out (a hung engine
   core still answers ``/health``);
@@ -556,6 +557,7 @@ class BackendPool:
     async def _check(self, backend: Backend) -> None:
         """One liveness probe, and a trial request if the breaker is open for unresponsiveness."""
         try:
+            started = time.monotonic()
             try:
                 status = await self.upstream.status(
                     backend.health_url, self.settings.probe_timeout_s
@@ -563,6 +565,13 @@ class BackendPool:
             except UpstreamTimeout as exc:
                 if time.monotonic() - self.lagged_at < 2 * self.settings.probe_timeout_s:
                     backend.next_probe = 0.0  # our own loop was late, maybe not the engine
+                    return
+                if backend.last_event >= started:
+                    # its streams delivered while /health waited: the server that answers both
+                    # is alive and busy (a loaded engine answers /health behind its tokens);
+                    # a frozen or dead one sends nothing, and a hung engine core is the
+                    # watchdog's to find
+                    self.metrics.slow_probes.labels(backend.name).inc()
                     return
                 self._checked(backend, ok=False)
                 self.trip(backend, OpenReason.UNREACHABLE, f"liveness probe: {exc}")

@@ -550,6 +550,42 @@ def test_liveness_probe_verdicts() -> None:
     assert backend.breaker.reason is OpenReason.UNREACHABLE
 
 
+class _SlowHealth(_Probed):
+    """``/health`` times out; ``on_probe`` runs while it waits (a stream's read stamping the
+    backend's ``last_event``, as the proxy does on every read)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.answer = UpstreamTimeout("TimeoutError")
+        self.on_probe: Callable[[], None] | None = None
+
+    async def status(self, url: str, timeout_s: float) -> int:
+        if self.on_probe is not None:
+            self.on_probe()
+        return await super().status(url, timeout_s)
+
+
+def test_a_slow_health_answer_from_an_engine_still_streaming_is_busy_not_dead() -> None:
+    """A loaded engine answers ``/health`` behind its tokens: a probe that times out while its
+    streams deliver leaves the breaker closed (counted as a slow probe); one with nothing
+    delivered meanwhile opens it (a frozen or dead engine sends nothing)."""
+    for streaming in (True, False):
+        upstream = _SlowHealth()
+        metrics = GatewayMetrics()
+        pool = BackendPool(Settings(), upstream, metrics)
+        pool.configure([BackendSpec("a", "http://a:8000", MODEL, "a100-qwen2-7b")])
+        backend = pool.backends[0]
+        pool.lagged_at = -1e9
+        if streaming:
+            upstream.on_probe = lambda b=backend: setattr(b, "last_event", time.monotonic())
+        asyncio.run(pool._check(backend))
+        slow = metrics.registry.get_sample_value("tiergate_slow_probes_total", {"backend": "a"})
+        if streaming:
+            assert backend.breaker.reason is None and backend.view.healthy and slow == 1
+        else:
+            assert backend.breaker.reason is OpenReason.UNREACHABLE and not slow
+
+
 class _Timeout:
     def __init__(self) -> None:
         self.when: float | None = None
