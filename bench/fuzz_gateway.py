@@ -63,6 +63,7 @@ import argparse
 import copy
 import json
 import math
+import re
 import sys
 import tempfile
 import time
@@ -949,10 +950,9 @@ class Fuzzer:
         :func:`hostile_parameters`), with valid credentials, under the same checks."""
         for op in self.operations:
             definition = self.raw["paths"][op.path][op.method.lower()]
-            base = {
+            base = {  # every path parameter (``ref``, ``prefix``, an operator's ``name``…)
                 name: self.target.refs.get(op.path.split("/")[3], "x")
-                for name in ("ref", "prefix")
-                if "{" + name + "}" in op.path
+                for name in re.findall(r"\{(\w+)\}", op.path)
             }
             variants: list[tuple[dict[str, Any], dict[str, Any], Any]] = []
             template = HOSTILE_TEMPLATES.get(op.label, {})
