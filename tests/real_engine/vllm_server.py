@@ -53,6 +53,8 @@ class VllmServer:
     seats: int = SEATS
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
+    settings: dict[str, str] = field(default_factory=dict)
+    """``TIERGATE_*`` settings for the plugin (the test's own environment's are never passed)."""
 
     @property
     def url(self) -> str:
@@ -97,6 +99,7 @@ class VllmServer:
         )
         if self.policy is not None:
             env["TIERGATE_POLICY"] = self.policy
+        env.update(self.settings)
         return env
 
     def start(self) -> VllmServer:
