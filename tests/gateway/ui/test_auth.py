@@ -186,7 +186,9 @@ def test_every_post_refuses_a_missing_or_wrong_csrf_token_and_changes_nothing(
     before = len(sqlite_ui.audit())
     for route in guarded:
         path = "/ui" + route.path.replace("{name}", "acme").replace("{prefix}", "tg-abc")
-        for token in (None, "wrong", sqlite_ui.csrf()[:-1] + "0"):
+        right = sqlite_ui.csrf()
+        off_by_one = right[:-1] + ("1" if right.endswith("0") else "0")  # never the right one
+        for token in (None, "wrong", off_by_one):
             data = {"name": "x", "weight": "1", "ttft_ms": "1", "tpot_ms": "1", "tenant": "acme"}
             if token is not None:
                 data["csrf_token"] = token
