@@ -81,8 +81,19 @@ def vllm_verdict(prompt: int, max_tokens: int, max_model_len: int) -> int | None
     return cap
 
 
+def _vllm_release() -> tuple[int, ...]:
+    import vllm
+
+    return tuple(int(part) for part in vllm.__version__.split(".")[:2] if part.isdigit())
+
+
 @pytest.mark.parametrize("max_model_len", [64, 8192])
 def test_the_api_rule_is_vllms(max_model_len: int) -> None:
+    if _vllm_release() < (0, 33):
+        pytest.skip(
+            "the rule is vLLM 0.33's (it cuts max_tokens to the room left; 0.23's server refused "
+            "such a request): the replays follow 0.33"
+        )
     lengths = sorted({1, 2, max_model_len // 2, max_model_len - 1, max_model_len})
     lengths += [max_model_len + 1, 2 * max_model_len]
     for prompt in lengths:
