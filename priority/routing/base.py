@@ -137,12 +137,24 @@ class Router(ABC):
                 )
         self.instances = list(instances)
 
-    def candidates(self, role: InstanceRole) -> list[InstanceView]:
-        return [i for i in self.instances if i.healthy and i.role is role]
+    def candidates(
+        self, role: InstanceRole, exclude: frozenset[int] = frozenset()
+    ) -> list[InstanceView]:
+        """Healthy instances of ``role``, less those whose index is in ``exclude``."""
+        return [
+            i for i in self.instances if i.healthy and i.role is role and i.index not in exclude
+        ]
 
     @abstractmethod
-    def route(self, request: Request, now: float) -> RouteDecision:
-        """Choose where ``request`` runs. Must not mutate state (see :meth:`on_dispatch`)."""
+    def route(
+        self, request: Request, now: float, *, exclude: frozenset[int] = frozenset()
+    ) -> RouteDecision:
+        """Choose where ``request`` runs. Must not mutate state (see :meth:`on_dispatch`).
+
+        ``exclude``: instance indices that sit this decision out, as if unhealthy, for the
+        prefill and the decode instance alike (a caller retrying a request elsewhere after those
+        failed it, without touching :attr:`InstanceView.healthy`, which other requests read).
+        With every eligible instance excluded, :class:`NoHealthyInstanceError` is raised."""
 
     # ---- state updates reported by the caller -----------------------------------------------
 

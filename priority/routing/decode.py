@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from priority.request import Request
-from priority.routing.base import InstanceRole, InstanceView
-from priority.routing.simple import NoHealthyInstanceError
+from priority.routing.base import InstanceView
+from priority.routing.simple import healthy_decode
 
 
 def decode_kv_tokens(instance: InstanceView) -> float:
@@ -39,7 +39,9 @@ def decode_step_s(instance: InstanceView, extra_kv_tokens: float) -> float:
     return est.t_c + running_decodes_s(instance) + est.decode_time(extra_kv_tokens)
 
 
-def pick_decode_by_capacity(instances: Sequence[InstanceView], request: Request) -> int | None:
+def pick_decode_by_capacity(
+    instances: Sequence[InstanceView], request: Request, exclude: frozenset[int] = frozenset()
+) -> int | None:
     """The decode instance for a PD-disaggregated request by decode capacity; None when there are
     no DECODE roles.
 
@@ -48,14 +50,12 @@ def pick_decode_by_capacity(instances: Sequence[InstanceView], request: Request)
     TPOT SLO (the step is shared, so this also keeps the running decodes on time); then the
     shortest such step — the instance that decodes the request fastest, heterogeneous hardware
     compared in each one's own estimator; full instances by their share of sequence slots
-    taken. Ties go to the lower index.
+    taken. Ties go to the lower index. Instances in ``exclude`` are passed over, as if
+    unhealthy.
     """
-    decode = [i for i in instances if i.role is InstanceRole.DECODE]
-    if not decode:
+    healthy = healthy_decode(instances, exclude)
+    if healthy is None:
         return None
-    healthy = [i for i in decode if i.healthy]
-    if not healthy:
-        raise NoHealthyInstanceError("no healthy decode instance")
     output = request.expected_output_tokens
     need = request.prompt_tokens + output
     tpot = request.slo.tpot_s

@@ -439,13 +439,16 @@ class GoRouter(Router):
 
     # ---- Algorithm 2 ----------------------------------------------------------------------
 
-    def route(self, request: Request, now: float) -> RouteDecision:
-        """Algorithm 2. Pure apart from the random draw of the fallback branch."""
-        candidates = prefill_candidates(self.instances)
+    def route(
+        self, request: Request, now: float, *, exclude: frozenset[int] = frozenset()
+    ) -> RouteDecision:
+        """Algorithm 2. Pure apart from the random draw of the fallback branch. ``exclude``:
+        instances passed over as if unhealthy (:meth:`Router.route`)."""
+        candidates = prefill_candidates(self.instances, exclude)
         decode = (
-            pick_decode_by_capacity(self.instances, request)
+            pick_decode_by_capacity(self.instances, request, exclude)
             if self.decode_choice == "capacity"
-            else pick_decode_instance(self.instances)
+            else pick_decode_instance(self.instances, exclude)
         )
         arrays = None
         if len(candidates) < ARRAY_MIN_INSTANCES:

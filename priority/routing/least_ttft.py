@@ -84,14 +84,16 @@ class LeastTtftRouter(Router):
         super().__init__(instances)
         self.params = params if params is not None else LeastTtftParams()
 
-    def route(self, request: Request, now: float) -> RouteDecision:
-        candidates = prefill_candidates(self.instances)
+    def route(
+        self, request: Request, now: float, *, exclude: frozenset[int] = frozenset()
+    ) -> RouteDecision:
+        candidates = prefill_candidates(self.instances, exclude)
         keep = 1.0 - self.params.headroom
         ttft_due = keep * request.slo.token_due_s(1)
         tpot_due = math.inf if request.slo.tpot_s is None else keep * request.slo.tpot_s
         predictions = [predict(i, request, now) for i in candidates]
         fits = [p for p in predictions if p.ttft_s <= ttft_due and p.tpot_s <= tpot_due]
-        decode = pick_decode_by_capacity(self.instances, request)
+        decode = pick_decode_by_capacity(self.instances, request, exclude)
         if fits:
             best = min(fits, key=lambda p: (p.ttft_s, p.index))
             return RouteDecision(best.index, decode, predicted_ttft_s=best.ttft_s)

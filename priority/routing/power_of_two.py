@@ -39,13 +39,15 @@ class PowerOfTwoRouter(Router):
         self.params = params if params is not None else PowerOfTwoParams()
         self.rng = np.random.default_rng(self.params.seed)
 
-    def route(self, request: Request, now: float) -> RouteDecision:
-        candidates = prefill_candidates(self.instances)
+    def route(
+        self, request: Request, now: float, *, exclude: frozenset[int] = frozenset()
+    ) -> RouteDecision:
+        candidates = prefill_candidates(self.instances, exclude)
         if len(candidates) > 2:
             first, second = self.rng.choice(len(candidates), size=2, replace=False).tolist()
             candidates = [candidates[first], candidates[second]]
         chosen = min(candidates, key=lambda i: (i.num_outstanding, i.index))
-        return RouteDecision(chosen.index, pick_decode_instance(self.instances))
+        return RouteDecision(chosen.index, pick_decode_instance(self.instances, exclude))
 
 
 def power_of_two(instances: Sequence[InstanceView], **params: Any) -> PowerOfTwoRouter:

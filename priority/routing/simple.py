@@ -24,26 +24,45 @@ class NoHealthyInstanceError(RuntimeError):
     """No healthy instance can take the request (the caller should reject or retry it)."""
 
 
-def prefill_candidates(instances: Sequence[InstanceView]) -> list[InstanceView]:
-    """Healthy instances that can run a prefill (co-located or PD prefill), in index order."""
+def prefill_candidates(
+    instances: Sequence[InstanceView], exclude: frozenset[int] = frozenset()
+) -> list[InstanceView]:
+    """Healthy instances that can run a prefill (co-located or PD prefill), in index order,
+    less those whose index is in ``exclude`` (treated as unhealthy)."""
     found = [i for i in instances if i.healthy and i.role in PREFILL_ROLES]
+    if exclude:
+        found = [i for i in found if i.index not in exclude]
     if not found:
         raise NoHealthyInstanceError("no healthy co-located or prefill instance")
     return found
 
 
-def pick_decode_instance(instances: Sequence[InstanceView]) -> int | None:
-    """The decode instance for a PD-disaggregated request; None when there are no DECODE roles.
-
-    Most free KV tokens first (free blocks x block size; an instance that has not reported
-    counts as fewest), then fewest decoding requests, then lowest index.
-    """
+def healthy_decode(
+    instances: Sequence[InstanceView], exclude: frozenset[int] = frozenset()
+) -> list[InstanceView] | None:
+    """The healthy DECODE instances not in ``exclude``; None when there are no DECODE roles at
+    all (co-located), :class:`NoHealthyInstanceError` when there are but none is left."""
     decode = [i for i in instances if i.role is InstanceRole.DECODE]
     if not decode:
         return None
-    healthy = [i for i in decode if i.healthy]
+    healthy = [i for i in decode if i.healthy and i.index not in exclude]
     if not healthy:
         raise NoHealthyInstanceError("no healthy decode instance")
+    return healthy
+
+
+def pick_decode_instance(
+    instances: Sequence[InstanceView], exclude: frozenset[int] = frozenset()
+) -> int | None:
+    """The decode instance for a PD-disaggregated request; None when there are no DECODE roles.
+
+    Most free KV tokens first (free blocks x block size; an instance that has not reported
+    counts as fewest), then fewest decoding requests, then lowest index. Instances in
+    ``exclude`` are passed over, as if unhealthy.
+    """
+    healthy = healthy_decode(instances, exclude)
+    if healthy is None:
+        return None
     best = min(
         healthy,
         key=lambda i: (
@@ -74,10 +93,12 @@ class RoundRobinRouter(Router):
         super().__init__(instances)
         self._cursor = 0
 
-    def route(self, request: Request, now: float) -> RouteDecision:
-        candidates = prefill_candidates(self.instances)
+    def route(
+        self, request: Request, now: float, *, exclude: frozenset[int] = frozenset()
+    ) -> RouteDecision:
+        candidates = prefill_candidates(self.instances, exclude)
         chosen = next((i for i in candidates if i.index >= self._cursor), candidates[0])
-        return RouteDecision(chosen.index, pick_decode_instance(self.instances))
+        return RouteDecision(chosen.index, pick_decode_instance(self.instances, exclude))
 
     def on_dispatch(self, request: Request, decision: RouteDecision, now: float) -> None:
         super().on_dispatch(request, decision, now)
@@ -89,7 +110,9 @@ class MinLoadRouter(Router):
 
     name = "min-load"
 
-    def route(self, request: Request, now: float) -> RouteDecision:
-        candidates = prefill_candidates(self.instances)
+    def route(
+        self, request: Request, now: float, *, exclude: frozenset[int] = frozenset()
+    ) -> RouteDecision:
+        candidates = prefill_candidates(self.instances, exclude)
         chosen = min(candidates, key=lambda i: (i.num_outstanding, i.index))
-        return RouteDecision(chosen.index, pick_decode_instance(self.instances))
+        return RouteDecision(chosen.index, pick_decode_instance(self.instances, exclude))
