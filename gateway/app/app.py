@@ -56,7 +56,7 @@ from gateway.app.kinds import (
 from gateway.app.metrics import GatewayMetrics
 from gateway.app.operator import metrics_listener
 from gateway.app.patterns import WorkflowPatterns
-from gateway.app.proxy import Kind, serve
+from gateway.app.proxy import Kind
 from gateway.app.schemas import (
     ChatBody,
     ChatCompletion,
@@ -495,33 +495,28 @@ def _install_openapi(app: FastAPI) -> None:
 
 
 def _add_routes(app: GatewayApp) -> None:
-    # the data plane, answered ahead of the middleware stack (gateway.app.data_plane); the
-    # APIRoutes below document it in OpenAPI
+    # the data plane, answered ahead of the middleware stack (gateway.app.data_plane)
+    generation: tuple[tuple[str, Kind, str, str, dict[str, Any]], ...] = (
+        (
+            "/v1/chat/completions",
+            "chat",
+            "chat_completions",
+            "Chat completion (SSE or JSON)",
+            _generation_docs("ChatBody", "ChatCompletion", "ChatCompletionChunk", CHAT_EXAMPLE),
+        ),
+        (
+            "/v1/completions",
+            "completions",
+            "completions",
+            "Text completion (SSE or JSON)",
+            _generation_docs("CompletionBody", "Completion", "Completion", COMPLETION_EXAMPLE),
+        ),
+    )
     drain, limit = app.state.drain, app.state.settings.max_body_bytes
-    routes: tuple[tuple[str, Kind], ...] = (
-        ("/v1/chat/completions", "chat"),
-        ("/v1/completions", "completions"),
-    )
-    for path, kind in routes:
-        app.data_plane[path] = DataPlaneEndpoint(app, kind, drain, limit)
-
-    @app.post(
-        "/v1/chat/completions",
-        tags=["openai"],
-        summary="Chat completion (SSE or JSON)",
-        **_generation_docs("ChatBody", "ChatCompletion", "ChatCompletionChunk", CHAT_EXAMPLE),
-    )
-    async def chat_completions(request: Request, state: StateDep) -> Response:
-        return await serve(state, request, "chat")
-
-    @app.post(
-        "/v1/completions",
-        tags=["openai"],
-        summary="Text completion (SSE or JSON)",
-        **_generation_docs("CompletionBody", "Completion", "Completion", COMPLETION_EXAMPLE),
-    )
-    async def completions(request: Request, state: StateDep) -> Response:
-        return await serve(state, request, "completions")
+    for path, kind, name, summary, docs in generation:
+        endpoint = DataPlaneEndpoint(app, kind, drain, limit)
+        app.serve_data_plane(path, endpoint)
+        app.document(path, name=name, tags=["openai"], summary=summary, **docs)
 
     @app.get(
         "/v1/models",

@@ -14,8 +14,10 @@ answers ``POST /v1/chat/completions`` and ``POST /v1/completions`` before any of
 * turns an exception into the gateway's error dialect through the app's own exception
   handlers — and one nobody handles into a 500 in the same dialect, never a plain-text one.
 
-The FastAPI routes of the same paths stay: they document the endpoints in OpenAPI, and answer
-what the exact match here does not take (another method: 405).
+Each endpoint is the one handler of its path. It is also in the app's router, so that what the
+exact match here does not take (another method) is answered there — a 405 through the app's
+exception handlers; and it is described in the OpenAPI document by a route kept out of the
+router (:meth:`GatewayApp.document`), since FastAPI documents only its own routes.
 """
 
 from __future__ import annotations
@@ -25,7 +27,10 @@ import logging
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import Response
+from fastapi.routing import APIRoute
+from starlette.routing import BaseRoute, Route
 from starlette.types import Message, Receive, Scope, Send
 
 from gateway.app.drain import Drain, InFlight
@@ -39,10 +44,46 @@ class GatewayApp(FastAPI):
     """FastAPI, with the data plane's two routes matched before the middleware stack."""
 
     data_plane: dict[str, DataPlaneEndpoint]
+    documented: list[BaseRoute]
+    """Routes that only describe, in OpenAPI, a path the data plane serves."""
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.data_plane = {}
+        self.documented = []
+
+    def serve_data_plane(self, path: str, endpoint: DataPlaneEndpoint) -> None:
+        """Answer ``POST path`` with ``endpoint`` ahead of the middleware stack; other methods
+        reach the router, which answers 405."""
+        self.data_plane[path] = endpoint
+        self.router.routes.append(Route(path, endpoint, methods=["POST"], include_in_schema=False))
+
+    def document(self, path: str, **operation: Any) -> None:
+        """Describe ``POST path`` in OpenAPI (``operation``: :class:`APIRoute`'s keywords)."""
+        self.documented.append(APIRoute(path, _documented_only, methods=["POST"], **operation))
+
+    def openapi(self) -> dict[str, Any]:
+        """FastAPI's document, with the :attr:`documented` operations first."""
+        if not self.documented:
+            return super().openapi()
+        if self.openapi_schema is None:
+            self.openapi_schema = get_openapi(
+                title=self.title,
+                version=self.version,
+                openapi_version=self.openapi_version,
+                summary=self.summary,
+                description=self.description,
+                terms_of_service=self.terms_of_service,
+                contact=self.contact,
+                license_info=self.license_info,
+                routes=[*self.documented, *self.routes],
+                webhooks=self.webhooks.routes,
+                tags=self.openapi_tags,
+                servers=self.servers,
+                separate_input_output_schemas=self.separate_input_output_schemas,
+                external_docs=self.openapi_external_docs,
+            )
+        return self.openapi_schema
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
@@ -102,6 +143,12 @@ class DataPlaneEndpoint:
         log.error("unhandled error on %s", http.url.path, exc_info=exc)
         error = ApiError(500, "The gateway failed to handle this request.", code="internal_error")
         return error.response()
+
+
+async def _documented_only() -> Response:
+    # the endpoint of a GatewayApp.document route, which is never in the router (no docstring:
+    # FastAPI would publish it as the operation's description)
+    raise RuntimeError("a documentation-only route was served")
 
 
 def too_large(max_bytes: int) -> ApiError:
