@@ -34,7 +34,7 @@ from gateway.db.models import Base, UsageRecord
 from gateway.db.seed import seed_defaults
 from gateway.db.session import make_engine, make_session_factory
 from gateway.settings import Settings
-from tests.real_engine.vllm_server import MODEL, SEATS, VllmServer
+from tests.real_engine.vllm_server import MODEL, SEATS, VllmServer, serving
 
 SECRET = "real-engine-secret"
 ADMIN_KEY = "real-engine-admin-key-0123456789abcdef"
@@ -51,12 +51,33 @@ LINE = "    return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)\n"
 PROMPT = "def fibonacci(n):\n" + LINE * 8
 
 
-def _wait_for(condition: Callable[[], bool], timeout_s: float = 120.0, what: str = "") -> None:
+def _wait_for(
+    condition: Callable[[], bool],
+    timeout_s: float = 120.0,
+    what: str = "",
+    state: Callable[[], object] | None = None,
+) -> None:
+    """Wait on a state; ``state`` says what was seen instead when it does not come."""
     deadline = time.monotonic() + timeout_s
     while not condition():
         if time.monotonic() > deadline:
-            raise AssertionError(f"not in time: {what}")
+            seen = f"; seen: {state()}" if state is not None else ""
+            raise AssertionError(f"not in time: {what}{seen}")
         time.sleep(0.05)
+
+
+def _load_of(gateway: GatewayThread) -> dict[str, dict[str, Any]]:
+    """Each backend's load as the gateway sees it (for a failing wait's message)."""
+    return {
+        b.name: {
+            "healthy": b.view.healthy,
+            "prefills": len(b.view.prefill_queue),
+            "decoding": b.own_decoding,
+            "scraped_running": b.running,
+            "scraped_waiting": b.waiting,
+        }
+        for b in gateway.state.pool.backends
+    }
 
 
 @pytest.fixture(scope="module")
@@ -66,15 +87,8 @@ def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Vllm
         "vllm-slide": VllmServer("vllm-slide", "slide", core=0, log_dir=logs),
         "vllm-stock": VllmServer("vllm-stock", None, core=1, log_dir=logs),
     }
-    try:
-        for server in servers.values():
-            server.start()
-        for server in servers.values():
-            server.wait_ready()
+    with serving(servers):
         yield servers
-    finally:
-        for server in servers.values():
-            server.stop()
 
 
 @pytest.fixture(scope="module")
@@ -377,7 +391,14 @@ def test_kill_9_under_load_fails_only_what_was_on_the_dead_engine(
 
     with ThreadPoolExecutor(32) as pool:
         futures = [pool.submit(one, i) for i in range(32)]
-        _wait_for(lambda: (backend.running or 0) >= 4, what="load on the victim")
+        # the gateway's own count of what it has on the victim, not the engine's scraped one:
+        # a /metrics scrape of a core busy with 16 streams may time out, and the router's
+        # count is exact
+        _wait_for(
+            lambda: backend.own_decoding + len(backend.view.prefill_queue) >= 4,
+            what="load on the victim",
+            state=lambda: _load_of(gateway),
+        )
         victim.kill()
         # more arrive after the kill: all of them must be served by the survivor
         futures += [pool.submit(one, i) for i in range(16)]

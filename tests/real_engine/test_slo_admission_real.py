@@ -40,7 +40,7 @@ from gateway.settings import Settings
 from priority.estimator import LatencyCoefficients
 from priority.policies.slos_batch import prefill_capacity
 from priority.profiles import Profile, load_profile
-from tests.real_engine.vllm_server import MODEL, VllmServer
+from tests.real_engine.vllm_server import MODEL, VllmServer, serving
 
 SECRET = "slo-admission-real-secret"
 SLOWDOWN = 20.0
@@ -81,15 +81,8 @@ def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Vllm
         f"slos-{i}": VllmServer(f"slos-{i}", "slos-serve", core=i, log_dir=logs, settings=settings)
         for i in (0, 1)
     }
-    try:
-        for server in servers.values():
-            server.start()
-        for server in servers.values():
-            server.wait_ready()
+    with serving(servers):
         yield servers
-    finally:
-        for server in servers.values():
-            server.stop()
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -161,3 +162,18 @@ class VllmServer:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return "(no log)"
+
+
+@contextlib.contextmanager
+def serving(servers: dict[str, VllmServer]) -> Iterator[dict[str, VllmServer]]:
+    """Start every server, then wait for all (their cold starts overlap); stop them all after,
+    whatever the test did to them (a server replaced in the dict is the one stopped)."""
+    try:
+        for server in servers.values():
+            server.start()
+        for server in servers.values():
+            server.wait_ready()
+        yield servers
+    finally:
+        for server in servers.values():
+            server.stop()
