@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from decimal import Decimal
 from enum import StrEnum
 from typing import Any
 from weakref import WeakKeyDictionary
@@ -184,3 +185,10 @@ def record_gain(metrics: GatewayMetrics, tier: str, result: Account) -> None:
     series.ideal_gain.inc(result.ideal_gain)
     if result.slo_met is not None:
         (series.slo_met if result.slo_met else series.slo_missed).inc()
+
+
+def record_spend(metrics: GatewayMetrics, tier: str | None, cost: Decimal) -> None:
+    """Add a charged request's cost to its tier's ``tiergate_spend_total`` (a float counter:
+    the usage records keep the exact amounts)."""
+    if cost > 0:
+        metrics.spend.labels(tier or "").inc(float(cost))

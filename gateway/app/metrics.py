@@ -244,6 +244,27 @@ class GatewayMetrics:
             ("tier",),
             registry=reg,
         )
+        self.spend = Counter(
+            "tiergate_spend",
+            "What requests cost at their model's price (the currency of the prices), by tier: "
+            "counted when each usage record is charged.",
+            ("tier",),
+            registry=reg,
+        )
+        self.budget_rejections = Counter(
+            "tiergate_budget_rejections",
+            "Requests refused because a budget was spent (429 budget_exceeded), by scope "
+            "(tenant, key) and period.",
+            ("scope", "period"),
+            registry=reg,
+        )
+        self.budget_soft = Counter(
+            "tiergate_budget_soft_crossings",
+            "Budgets whose spend crossed their soft threshold in a period, by scope and period "
+            "(once per budget and period, per process that saw it).",
+            ("scope", "period"),
+            registry=reg,
+        )
         self.slo = Counter(
             "tiergate_slo_requests",
             "Finished requests by tier and whether they met their SLO.",

@@ -8,14 +8,17 @@ changes; the data plane needs the rest.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Annotated
 
 from fastapi import Depends, Request
 from sqlalchemy.orm import Session, sessionmaker
 
+from gateway.app.accounting import record_spend
 from gateway.app.kinds import RequestKinds
 from gateway.app.slo_admission import SloAdmission
 from gateway.app.stages import StageAttainment
+from gateway.db.prices import PriceBook
 from gateway.db.usage import UsageWriter
 from gateway.limits import AdmissionQueue, RateLimiter
 from gateway.settings import Settings
@@ -55,6 +58,16 @@ class GatewayState:
     stages: StageAttainment = field(default_factory=StageAttainment)
     """Tool-calling conversations and whether every stage so far met its SLO
     (:mod:`gateway.app.stages`)."""
+
+    def __post_init__(self) -> None:
+        if self.usage_writer.on_priced is None:  # each charged record adds to the spend metric
+            self.usage_writer.on_priced = partial(record_spend, self.metrics)
+
+    @property
+    def prices(self) -> PriceBook:
+        """The model prices in force (:mod:`gateway.db.prices`), the usage writer's copy: a
+        record is charged at what a budget reserved against."""
+        return self.usage_writer.prices
 
 
 def get_state(request: Request) -> GatewayState:

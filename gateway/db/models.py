@@ -1,5 +1,5 @@
-"""ORM models: tiers, tenants, API keys, backends, latency profiles, usage records, operator
-credentials and sessions (the dashboard's), audit log.
+"""ORM models: tiers, tenants, API keys, backends, latency profiles, usage records, model prices,
+budgets, operator credentials and sessions (the dashboard's), audit log.
 
 Enumerations are plain strings with CHECK constraints rather than native enums, so that adding a
 value is a one-line migration on both SQLite and PostgreSQL. Times are timezone-aware UTC
@@ -9,6 +9,7 @@ value is a one-line migration on both SQLite and PostgreSQL. Times are timezone-
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any, ClassVar
 
 from sqlalchemy import (
@@ -24,6 +25,7 @@ from sqlalchemy import (
     Integer,
     LargeBinary,
     MetaData,
+    Numeric,
     String,
     Text,
     TypeDecorator,
@@ -40,6 +42,15 @@ USAGE_STATUSES = ("ok", "error", "rejected", "cancelled")
 OPERATOR_ROLES = ("owner", "operator", "viewer", "tenant_admin")
 """What a named operator may do (:mod:`gateway.app.admin.roles`); ``tenant_admin`` is bound to
 one tenant (``operator_credentials.tenant_id``), the others to none."""
+BUDGET_PERIODS = ("day", "month")
+"""A budget's period: a UTC calendar day or a UTC calendar month (:mod:`gateway.limits.budget`)."""
+PRICE = Numeric(12, 6)
+"""A price per million tokens: exact to a millionth of the currency unit, up to 999,999.999999
+(a Decimal, never a float: a price is money)."""
+MONEY = Numeric(18, 9)
+"""A cost or a budget: exact to 1e-9 of the currency unit on PostgreSQL. SQLite keeps NUMERIC
+as a double (about 15 significant digits), so its sums are exact to well under a millionth for
+any amount a report shows."""
 LENGTH_FINISHES = ("stop", "length")
 """How a length sample's request ended: ``stop`` (its true length) or ``length`` (it reached its
 ``max_tokens``: censored at that cap; :mod:`gateway.app.length_learning`)."""
@@ -299,6 +310,63 @@ class UsageRecord(Base):
     status: Mapped[str] = mapped_column(String(16))
     reject_reason: Mapped[str | None] = mapped_column(String(128))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    cost: Mapped[Decimal | None] = mapped_column(MONEY)
+    """What the request cost at the model's price when the record was written (migration
+    0013): prompt and completion tokens times their prices; NULL when its model had no price.
+    Kept on the record, so a later price change never rewrites history."""
+
+
+class ModelPrice(Timestamped, Base):
+    """What a model's tokens cost, per million (migration 0013): the price a usage record is
+    charged at when it is written, and a budget's reservation at admission."""
+
+    __tablename__ = "model_prices"
+    __table_args__ = (
+        CheckConstraint(
+            "prompt_per_mtok >= 0 AND completion_per_mtok >= 0", name="price_not_negative"
+        ),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    model: Mapped[str] = mapped_column(String(256), unique=True)
+    """The model name clients ask for (the usage records' ``model``)."""
+    prompt_per_mtok: Mapped[Decimal] = mapped_column(PRICE)
+    completion_per_mtok: Mapped[Decimal] = mapped_column(PRICE)
+
+
+class Budget(Timestamped, Base):
+    """A spend budget of a tenant, or of one of its keys, over a UTC day or month (migration
+    0013). Past ``soft_fraction`` of ``amount`` the gateway warns (metric, dashboard, webhook);
+    at ``amount`` it refuses (429 ``budget_exceeded``) until the period ends.
+
+    ``target`` is ``tenant:<id>`` or ``key:<id>``: one budget per target and period, unique in
+    the database whichever of the two it is."""
+
+    __tablename__ = "budgets"
+    __table_args__ = (
+        CheckConstraint(_check_in("period", BUDGET_PERIODS), name="period"),
+        CheckConstraint("amount > 0", name="amount_positive"),
+        CheckConstraint(
+            "soft_fraction IS NULL OR (soft_fraction > 0 AND soft_fraction <= 1)",
+            name="soft_fraction_range",
+        ),
+        Index("uq_budgets_target_period", "target", "period", unique=True),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    target: Mapped[str] = mapped_column(String(32))
+    tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
+    api_key_id: Mapped[int | None] = mapped_column(
+        ForeignKey("api_keys.id", ondelete="CASCADE"), index=True
+    )
+    period: Mapped[str] = mapped_column(String(8))
+    amount: Mapped[Decimal] = mapped_column(MONEY)
+    soft_fraction: Mapped[float | None] = mapped_column(Float)
+    webhook_url: Mapped[str | None] = mapped_column(String(512))
+    """Where a soft-threshold crossing is posted (JSON), or NULL."""
+
+    tenant: Mapped[Tenant] = relationship()
+    api_key: Mapped[ApiKey | None] = relationship()
 
 
 class LengthSample(Base):

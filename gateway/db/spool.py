@@ -28,6 +28,7 @@ import time
 import uuid
 from collections.abc import Iterator, Sequence
 from datetime import datetime
+from decimal import Decimal
 from pathlib import Path
 from typing import IO, Any
 
@@ -38,11 +39,21 @@ SEGMENT_MAX_BYTES = 64 << 20
 """An active segment past this is closed and a new one started: replay reads one at a time."""
 DATETIME_FIELDS = frozenset({"created_at"})
 """Row fields stored as ISO 8601 text and read back as timezone-aware datetimes."""
+DECIMAL_FIELDS = frozenset({"cost"})
+"""Row fields stored as decimal text (exact) and read back as Decimals."""
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, Decimal):
+        return format(value, "f")
+    return value
 
 
 def encode(row: dict[str, Any]) -> bytes:
     """One JSON line for ``row`` (a usage record's column values)."""
-    plain = {k: v.isoformat() if isinstance(v, datetime) else v for k, v in row.items()}
+    plain = {k: _plain(v) for k, v in row.items()}
     return json.dumps(plain, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
 
 
@@ -54,6 +65,9 @@ def decode(line: bytes) -> dict[str, Any]:
     for name in DATETIME_FIELDS & row.keys():
         if row[name] is not None:
             row[name] = datetime.fromisoformat(row[name])
+    for name in DECIMAL_FIELDS & row.keys():
+        if row[name] is not None:
+            row[name] = Decimal(row[name])
     return row
 
 

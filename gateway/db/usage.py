@@ -36,6 +36,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from datetime import datetime
+from decimal import Decimal
 from pathlib import Path
 from typing import Any, Final, Literal
 
@@ -46,6 +47,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gateway.db.errors import DatabaseFailure, classify, describe
 from gateway.db.models import USAGE_STATUSES, UsageRecord, utcnow
+from gateway.db.prices import PriceBook
 from gateway.db.spool import UsageSpool
 
 log = logging.getLogger(__name__)
@@ -93,6 +95,9 @@ class UsageEvent:
     slo_met: bool = False
     reject_reason: str | None = None
     created_at: datetime = field(default_factory=utcnow)
+    cost: Decimal | None = None
+    """What the request cost; None: the writer charges it at its model's price when it writes
+    the record (:class:`~gateway.db.prices.PriceBook`)."""
 
     def __post_init__(self) -> None:
         if self.status not in USAGE_STATUSES:
@@ -109,6 +114,8 @@ class UsageEvent:
             value = getattr(self, name)
             if not 0 <= value <= MAX_TOKENS:
                 raise ValueError(f"{name} must be within [0, {MAX_TOKENS}], got {value!r}")
+        if self.cost is not None and not (self.cost.is_finite() and self.cost >= 0):
+            raise ValueError(f"cost must be a finite amount >= 0, got {self.cost!r}")
         self._make_text_storable()
 
     def _make_text_storable(self) -> None:
@@ -189,6 +196,10 @@ class UsageWriter:
     records buffer in memory (``buffer_records``), then in the spool under ``spool_dir``
     (``spool_max_bytes``; None: no spool). Dropped rows are counted in ``dropped`` and logged
     (never their content). ``clock`` is injectable for tests (monotonic seconds).
+
+    Each record without a ``cost`` is charged when it is written, at its model's price in
+    ``prices`` (read from the database every few seconds, in this thread), and ``on_priced``
+    is told each charge (tier, cost): the spend counter.
     """
 
     def __init__(
@@ -204,6 +215,8 @@ class UsageWriter:
         spool_dir: Path | None = None,
         spool_max_bytes: int = DEFAULT_SPOOL_MAX_BYTES,
         clock: Callable[[], float] = time.monotonic,
+        prices: PriceBook | None = None,
+        on_priced: Callable[[str | None, Decimal], None] | None = None,
     ) -> None:
         if batch_size < 1:
             raise ValueError("batch_size must be >= 1")
@@ -219,6 +232,8 @@ class UsageWriter:
         self._max_backoff = max(max_backoff_s, retry_backoff_s)
         self._buffer_records = buffer_records
         self._clock = clock
+        self.prices = prices if prices is not None else PriceBook(session_factory)
+        self.on_priced = on_priced
         self._spool = UsageSpool(spool_dir, spool_max_bytes) if spool_dir is not None else None
         self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._lock = threading.Lock()  # orders submit() against close(): nothing lands after STOP
@@ -488,6 +503,7 @@ class UsageWriter:
         """Insert ``rows`` in one transaction, isolating refused values (and, after
         ``max_retries`` failures, unrecognised errors); returns the rows a state failure left
         unwritten (empty when all are written or dropped)."""
+        self._price(rows)
         try:
             inserted = self._insert(rows, recount=recount)
         except Exception as exc:  # the DB is down or refuses: never kill the thread
@@ -502,6 +518,25 @@ class UsageWriter:
         self._written += inserted
         self._duplicates += len(rows) - inserted
         return []
+
+    def _price(self, rows: list[Row]) -> None:
+        """Charge each row that has no cost yet at its model's price now (a row whose model
+        has no price stays NULL; one written while the prices could not be read yet is charged
+        when it is retried)."""
+        book = self.prices
+        book.refresh_if_stale()
+        for row in rows:
+            if row.setdefault("cost", None) is not None or not book.loaded:
+                continue  # (a row spooled before costs existed has no "cost" at all)
+            cost = book.cost(row.get("model"), row["prompt_tokens"], row["completion_tokens"])
+            if cost is None:
+                continue
+            row["cost"] = cost
+            if self.on_priced is not None and cost > 0:
+                try:
+                    self.on_priced(row.get("tier"), cost)
+                except Exception:  # a metric must never cost a record
+                    log.exception("spend hook failed")
 
     def _isolate(self, rows: list[Row], exc: Exception, *, recount: bool) -> list[Row]:
         """Write ``rows``, which the database refused for a value in one of them, in halves:

@@ -20,7 +20,13 @@ from priority.profiles import load_profile
 
 INITIAL_TABLES = {"tiers", "tenants", "api_keys", "backends", "usage_records", "audit_log"}
 TABLES_0002 = INITIAL_TABLES | {"latency_profiles"}
-TABLES = TABLES_0002 | {"operator_credentials", "operator_sessions", "length_samples"}  # head
+TABLES = TABLES_0002 | {
+    "operator_credentials",
+    "operator_sessions",
+    "length_samples",
+    "model_prices",
+    "budgets",
+}  # head
 
 
 def _schema_diff(url: str) -> list[object]:

@@ -1,5 +1,5 @@
 """The admin REST API (mounted at ``/admin/v1``): tiers, tenants, keys, backends, profiles,
-usage, audit, operators — one router module each, assembled here. Who may call each route is
+prices, usage, audit, operators — one router module each, assembled here. Who may call each route is
 :mod:`.rules` (roles: :mod:`.roles`).
 
 Every route is a thin shell over :mod:`gateway.db.crud`, so the API, the CLI and the data layer
@@ -21,6 +21,7 @@ from gateway.app.admin import (
     backends,
     keys,
     operators,
+    prices,
     profiles,
     tenants,
     tiers,
@@ -31,7 +32,7 @@ from gateway.errors import error_responses
 
 __all__ = ["build_admin_router"]
 
-RESOURCES = (tiers, tenants, keys, backends, profiles, usage, audit, operators)
+RESOURCES = (tiers, tenants, keys, backends, profiles, prices, usage, audit, operators)
 """In the order OpenAPI lists them."""
 
 ERRORS = error_responses(

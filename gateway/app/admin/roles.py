@@ -73,7 +73,7 @@ ALLOWED: Mapping[Access, frozenset[Role]] = {
 _WHAT = {
     Access.ANY: "this",
     Access.READ: "the gateway's configuration, usage and audit log",
-    Access.WRITE: "changes to tiers, tenants, keys, backends and profiles",
+    Access.WRITE: "changes to tiers, tenants, keys, backends, profiles, prices and budgets",
     Access.OWNER: "managing operators and their roles",
     Access.TENANT_READ: "keys and usage",
     Access.TENANT_WRITE: "changes to keys",

@@ -57,6 +57,12 @@ API_RULES: Mapping[str, Access] = {
     "POST /profiles": W,
     "GET /profiles/{ref}": R,
     "DELETE /profiles/{ref}": W,
+    # prices: configuration, like backends
+    "GET /prices": R,
+    "POST /prices": W,
+    "GET /prices/{ref}": R,
+    "PATCH /prices/{ref}": W,
+    "DELETE /prices/{ref}": W,
     # usage: per tenant and over time, a tenant admin its own; per tier sums every tenant
     "GET /usage/tenants": TR,
     "GET /usage/tiers": R,
