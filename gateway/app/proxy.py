@@ -56,7 +56,7 @@ import math
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
@@ -98,6 +98,22 @@ log = logging.getLogger(__name__)
 Kind = Literal["chat", "completions"]
 _DONE = b"data: [DONE]\n\n"
 _SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+
+
+class End(NamedTuple):
+    """How a request ended, as :meth:`Job.finish` records it."""
+
+    outcome: Outcome
+    http_status: int
+    reason: str | None = None
+    """The usage record's ``reject_reason`` and the rejections metric's label."""
+
+
+CLIENT_GONE = End(Outcome.CANCELLED, 499)
+"""The client left (or its task was cancelled) before its answer was complete."""
+
+UPSTREAM_REJECTED = "upstream_rejected"
+"""``reason`` of a request an engine refused (a 4xx answer)."""
 
 
 class UpstreamFailed(Exception):
@@ -982,7 +998,7 @@ class Job:
 
     # ---- the end ------------------------------------------------------------------------
 
-    async def finish(self, status: str, http_status: int, reason: str | None = None) -> None:
+    async def finish(self, outcome: Outcome, http_status: int, reason: str | None = None) -> None:
         """Release what the job holds and account for it (idempotent)."""
         if self.finished:
             return
@@ -999,7 +1015,6 @@ class Job:
             self.slot = False
             state.queue.release()
         state.slo_admission.release(self.request_id)
-        outcome = Outcome(status)
         # what reached the client: a non-streamed answer only when it is returned
         times = self.chunk_times if self.stream else ([now] if outcome is Outcome.OK else [])
         delivered = self.completion_tokens if self.completion_tokens is not None else len(times)
@@ -1207,13 +1222,13 @@ class RelayStream(Response):
         self.upstream = upstream
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        outcome: tuple[str, int] = ("cancelled", 499)
+        outcome = CLIENT_GONE
         pump = asyncio.ensure_future(self._pump(send))
         gone = asyncio.ensure_future(_disconnected(receive))
         try:
             await asyncio.wait((pump, gone), return_when=asyncio.FIRST_COMPLETED)
             if not pump.done() and self.job.done:  # it left having been sent [DONE]: served
-                outcome = ("error", 502) if self.job.upstream_error else ("ok", 200)
+                outcome = _relayed(self.job)
             elif pump.done() and not pump.cancelled():
                 error = pump.exception()
                 if error is None:
@@ -1228,11 +1243,11 @@ class RelayStream(Response):
                     await task
             await asyncio.shield(self._close(outcome))
 
-    async def _close(self, outcome: tuple[str, int]) -> None:
+    async def _close(self, outcome: End) -> None:
         self.upstream.close()
         await self.job.finish(*outcome)
 
-    async def _pump(self, send: Send) -> tuple[str, int]:
+    async def _pump(self, send: Send) -> End:
         await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
         job = self.job
 
@@ -1257,7 +1272,7 @@ class RelayStream(Response):
             tail = await job.relay(write)
         except ClientStalled as exc:  # nothing more can be written to it: the connection closes
             log.warning("stream %s ended: %s", job.request_id, exc)
-            return "cancelled", 499
+            return CLIENT_GONE
         except (UpstreamFailed, UpstreamError) as exc:
             recorded = isinstance(exc, UpstreamFailed) and exc.recorded  # a stall timeout
             if job.backend is not None and not recorded:
@@ -1268,10 +1283,15 @@ class RelayStream(Response):
                 code="upstream_error",
             )
             await end(error.sse_event())
-            return "error", 502
+            return End(Outcome.FAILED, 502)
         if not await end(tail):
-            return "cancelled", 499
-        return ("error", 502) if job.upstream_error else ("ok", 200)
+            return CLIENT_GONE
+        return _relayed(job)
+
+
+def _relayed(job: Job) -> End:
+    """How a stream relayed to its end ended: failed if the engine sent an error event."""
+    return End(Outcome.FAILED, 502) if job.upstream_error else End(Outcome.OK, 200)
 
 
 async def _disconnected(receive: Receive) -> None:
@@ -1282,46 +1302,48 @@ async def _disconnected(receive: Receive) -> None:
 
 
 async def serve(state: GatewayState, http: Request, kind: Kind) -> Response:
-    """Handle one ``/v1/chat/completions`` or ``/v1/completions`` request end to end."""
+    """Handle one ``/v1/chat/completions`` or ``/v1/completions`` request end to end.
+
+    The request ends (:meth:`Job.finish`) in the one ``finally`` here, as ``end`` last says —
+    or, once a stream is relayed, when :class:`RelayStream` ends it."""
     arrival = time.monotonic()
     identity = await authenticate_request(state, http.headers.get("authorization"))  # counted
     job = Job(state, identity, kind, arrival)
+    end: End | None = CLIENT_GONE  # what nothing below names: the client gone, the task cancelled
     try:
-        await job.admit(http)
-    except AdmissionRejected as exc:
-        await job.finish("rejected", exc.status_code, exc.reason.value)
-        raise ApiError.from_rejection(exc) from None
-    except ApiError as exc:
-        await job.finish("rejected", exc.status, exc.code)
-        raise
-    except ClientDisconnect:  # gone while sending its body: nothing to answer, nothing to log
-        await job.finish("cancelled", 499)
-        return Response(status_code=499)
-    except BaseException:
-        await job.finish("cancelled", 499)
-        raise
-    if job.stream:
-        return await _serve_stream(job)
-    return await _serve_unary(job, http)
+        try:
+            await job.admit(http)
+        except AdmissionRejected as exc:
+            end = End(Outcome.REJECTED, exc.status_code, exc.reason.value)
+            raise ApiError.from_rejection(exc) from None
+        except ApiError as exc:
+            end = End(Outcome.REJECTED, exc.status, exc.code)
+            raise
+        except ClientDisconnect:  # gone while sending its body: nothing to answer, nothing to log
+            return Response(status_code=499)
+        if not job.stream:
+            end, answer = await _serve_unary(job, http)
+            if isinstance(answer, BaseException):
+                raise answer
+            return answer
+        try:
+            upstream = await job.dispatch()
+        except ApiError as exc:
+            end = End(Outcome.FAILED, exc.status, exc.code)
+            raise
+        if isinstance(upstream, Response):  # the engine refused it (4xx): pass it on
+            end = End(Outcome.REJECTED, upstream.status_code, UPSTREAM_REJECTED)
+            return upstream
+        end = None  # the relay ends it
+        return RelayStream(job, upstream)
+    finally:
+        if end is not None:
+            await job.finish(*end)
 
 
-async def _serve_stream(job: Job) -> Response:
-    try:
-        upstream = await job.dispatch()
-    except ApiError as exc:
-        await job.finish("error", exc.status, exc.code)
-        raise
-    except BaseException:
-        await job.finish("cancelled", 499)
-        raise
-    if isinstance(upstream, Response):  # the engine refused it (4xx): pass it on
-        await job.finish("rejected", upstream.status_code, "upstream_rejected")
-        return upstream
-    return RelayStream(job, upstream)
-
-
-async def _serve_unary(job: Job, http: Request) -> Response:
-    """Non-streaming: wait for the engine, or for the client to leave (then abort upstream)."""
+async def _serve_unary(job: Job, http: Request) -> tuple[End, Response | BaseException]:
+    """Non-streaming: wait for the engine, or for the client to leave (then abort upstream).
+    How the request ended, and the answer or what failed it."""
     work = asyncio.ensure_future(job.dispatch())
     gone = asyncio.ensure_future(_disconnected(http.receive))
     try:
@@ -1334,19 +1356,14 @@ async def _serve_unary(job: Job, http: Request) -> Response:
             with contextlib.suppress(BaseException):
                 await task
     if work.cancelled() or not work.done():
-        await job.finish("cancelled", 499)
-        return JSONResponse({}, status_code=499)
+        return CLIENT_GONE, JSONResponse({}, status_code=499)
     exc = work.exception()
     if isinstance(exc, ApiError):
-        await job.finish("error", exc.status, exc.code)
-        raise exc
+        return End(Outcome.FAILED, exc.status, exc.code), exc
     if exc is not None:
-        await job.finish("error", 500)
-        raise exc
+        return End(Outcome.FAILED, 500), exc
     response = work.result()
     assert isinstance(response, Response)
-    ok = response.status_code == 200  # else the engine refused it (4xx)
-    await job.finish(
-        "ok" if ok else "rejected", response.status_code, None if ok else "upstream_rejected"
-    )
-    return response
+    if response.status_code != 200:  # the engine refused it (4xx)
+        return End(Outcome.REJECTED, response.status_code, UPSTREAM_REJECTED), response
+    return End(Outcome.OK, 200), response
