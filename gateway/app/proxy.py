@@ -74,7 +74,7 @@ from gateway.app.kinds import LengthPrediction, single_sequence
 from gateway.app.metrics import objectives_met
 from gateway.app.patterns import CallEnd
 from gateway.app.schemas import ChatBody, CompletionBody
-from gateway.app.shedding import Action, decode_s, judge, shed_message
+from gateway.app.shedding import Action, decode_s, judge, lone_prefill_s, shed_message
 from gateway.app.slo import RequestSLO, engine_priority, engine_xargs, resolve_slo
 from gateway.app.slo_admission import PlanOutcome
 from gateway.app.stages import mark_stage, record_stage
@@ -91,7 +91,6 @@ from priority.gain import kind_slo
 from priority.lengths.features import RequestFeatures
 from priority.request import Request as CoreRequest
 from priority.routing import NoHealthyInstanceError, RouteDecision
-from priority.routing.goroute import raw_prefill_work
 
 log = logging.getLogger(__name__)
 
@@ -449,14 +448,7 @@ class Job:
         if not idle and decision.predicted_ttft_s is not None:
             return decision.predicted_ttft_s
         assert self.group is not None
-        backend = self.group.backends[decision.instance]
-        estimator = backend.view.estimator
-        raw, chunks = raw_prefill_work(
-            estimator.coefficients,
-            backend.profile.engine.max_num_batched_tokens,
-            self.prompt_tokens,
-        )
-        return estimator.beta * raw + estimator.t_c * chunks
+        return lone_prefill_s(self.group.backends[decision.instance], self.prompt_tokens)
 
     def _engine_decode(self, decision: RouteDecision) -> float:
         """Predicted first-to-last-token time of the expected output on the decision's backend,
@@ -773,13 +765,7 @@ class Job:
         """A non-streaming response shows no first token, so the router is told it came after
         the backend's estimated zero-load prefill time (the next scrape corrects the rest):
         otherwise the request would count as queued prefill work for its whole life."""
-        estimator = backend.view.estimator
-        raw, chunks = raw_prefill_work(
-            estimator.coefficients,
-            backend.profile.engine.max_num_batched_tokens,
-            self.prompt_tokens,
-        )
-        delay = estimator.beta * raw + estimator.t_c * chunks
+        delay = lone_prefill_s(backend, self.prompt_tokens)
         return asyncio.get_running_loop().call_later(delay, self._mark_first_token, backend)
 
     def _mark_first_token(self, backend: Backend) -> None:

@@ -66,6 +66,7 @@ from typing import TYPE_CHECKING
 from gateway.limits import RejectReason
 from gateway.limits.backlog import Ready
 from priority.routing.goroute import GoRouter
+from priority.routing.prefill_queue import raw_prefill_work
 
 if TYPE_CHECKING:
     from gateway.app.backends import Backend, BackendPool
@@ -241,6 +242,24 @@ def _idle(backend: Backend, now: float) -> bool:
     return view.num_decoding * estimator.decode_time(0) < BEST_EFFORT_LOAD * estimator.t_c
 
 
+def prefill_s(estimator: BatchLatencyEstimator, raw_work: float, chunks: int) -> float:
+    """Seconds of chunked prefill work on ``estimator``'s backend: the uncorrected (beta = 1)
+    work of :func:`~priority.routing.prefill_queue.raw_prefill_work`, corrected, and each
+    chunk's step fixed cost ``t_c``."""
+    return estimator.beta * raw_work + estimator.t_c * chunks
+
+
+def lone_prefill_s(backend: Backend, prompt_tokens: int) -> float:
+    """A prompt's prefill time on ``backend`` alone — its zero-load TTFT, as
+    :meth:`~priority.profiles.Profile.zero_load_ttft_s`, in the estimator the backend is routed
+    with (the engine's refit and correction included): chunked at the engine's token budget."""
+    estimator = backend.view.estimator
+    raw, chunks = raw_prefill_work(
+        estimator.coefficients, backend.profile.engine.max_num_batched_tokens, prompt_tokens
+    )
+    return prefill_s(estimator, raw, chunks)
+
+
 def pending_prefill_s(backend: Backend, now: float) -> float:
     """For routers that estimate no drain time: prefill work dispatched to ``backend`` and not
     yet through its first token (seconds of its profile's estimator), this worker's and the
@@ -255,10 +274,10 @@ def pending_prefill_s(backend: Backend, now: float) -> float:
     estimator = view.estimator
     total = 0.0
     if external is not None:
-        total += estimator.beta * external.raw_work + estimator.t_c * external.chunks
+        total += prefill_s(estimator, external.raw_work, external.chunks)
     if view.prefill_queue:
         own = view.prefill_totals
-        total += estimator.beta * own.raw_work + estimator.t_c * own.chunks
+        total += prefill_s(estimator, own.raw_work, own.chunks)
     return max(0.0, total - (now - _queue_changed_s(view)))
 
 
