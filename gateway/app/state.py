@@ -21,6 +21,7 @@ from gateway.app.stages import StageAttainment
 from gateway.db.prices import PriceBook
 from gateway.db.usage import UsageWriter
 from gateway.limits import AdmissionQueue, RateLimiter
+from gateway.limits.budget import BudgetGuard, BudgetRule, make_budget_guard
 from gateway.settings import Settings
 
 if TYPE_CHECKING:
@@ -59,9 +60,31 @@ class GatewayState:
     """Tool-calling conversations and whether every stage so far met its SLO
     (:mod:`gateway.app.stages`)."""
 
+    budgets: BudgetGuard | None = None
+    """Spend budgets at admission (:mod:`gateway.limits.budget`): ``reserve`` the request's
+    maximum cost, ``settle`` to what it cost; built from the settings when not given (Redis
+    when configured)."""
+
     def __post_init__(self) -> None:
         if self.usage_writer.on_priced is None:  # each charged record adds to the spend metric
             self.usage_writer.on_priced = partial(record_spend, self.metrics)
+        if self.budgets is None:
+            config = self.settings
+            self.budgets = make_budget_guard(
+                self.session_factory,
+                redis_url=config.redis_url,
+                prefix=config.redis_prefix,
+                share=config.limits_share or config.workers or 1,
+                timeout_s=config.redis_timeout_s,
+                on_refused=self._budget_refused,
+                on_soft=self._budget_soft,
+            )
+
+    def _budget_refused(self, rule: BudgetRule) -> None:
+        self.metrics.budget_rejections.labels(rule.scope, rule.period).inc()
+
+    def _budget_soft(self, rule: BudgetRule, spent: object) -> None:
+        self.metrics.budget_soft.labels(rule.scope, rule.period).inc()
 
     @property
     def prices(self) -> PriceBook:

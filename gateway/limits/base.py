@@ -51,6 +51,9 @@ class RejectReason(StrEnum):
     RATE_LIMIT_TPM = "rate_limit_tpm"
     CONCURRENCY = "concurrency"
     QUEUE_FULL = "queue_full"
+    BUDGET_EXCEEDED = "budget_exceeded"
+    """The tenant's or the key's spend budget for the period would be exceeded (429 with
+    ``retry-after`` until the period ends: :mod:`gateway.limits.budget`)."""
     QUEUE_TTL = "queue_ttl"
     SLO_INFEASIBLE = "slo_infeasible"
     SLO_UNATTAINABLE = "slo_unattainable"

@@ -494,6 +494,7 @@ def test_reject_reasons_map_to_status_codes() -> None:
         "rate_limit_tpm": 429,
         "concurrency": 429,
         "queue_full": 429,
+        "budget_exceeded": 429,
         "queue_ttl": 503,
         "slo_infeasible": 503,
         "slo_unattainable": 503,
