@@ -64,7 +64,6 @@ import json
 import math
 import os
 import secrets
-import signal
 import subprocess
 import sys
 import tempfile
@@ -81,6 +80,7 @@ import numpy as np
 sys.path.append(str(Path(__file__).resolve().parent))  # not first: bench/litellm/ is no package
 import alternating as alt  # paths side by side in alternating blocks
 import gateway_overhead as go  # the sibling bench: servers, load, statistics
+import peer_process as peer  # the peer proxy as a child process
 
 LITELLM_VERSION = "1.108.0"
 REPO = Path(__file__).resolve().parents[1]
@@ -218,20 +218,10 @@ async def user_api_key_auth(request, api_key):
 '''
 
 
-@dataclass
-class LiteLLMServer:
-    url: str
-    process: subprocess.Popen[bytes]
-
-    def cpu_seconds(self) -> float:
-        """CPU time of the proxy and its workers (the whole process tree)."""
-        return go._tree_cpu_seconds(self.process.pid)
-
-
 @contextlib.contextmanager
 def running_litellm(
     venv: Path, config: LiteLLMConfig, *, workers: int = 1, cpus: set[int] | None = None
-) -> Iterator[LiteLLMServer]:
+) -> Iterator[peer.PeerProcess]:
     """The LiteLLM proxy on a free port until the block ends (its whole process group)."""
     with tempfile.TemporaryDirectory(prefix="tiergate-litellm-") as tmp:
         config_path = write_litellm_config(Path(tmp), config)
@@ -243,69 +233,28 @@ def running_litellm(
             NO_PROXY="127.0.0.1,localhost",
             PYTHONPATH=tmp,  # the custom_auth module, in every worker
         )
-        log_path = Path(tmp) / "litellm.log"
-        with log_path.open("wb") as log:
-            proc = subprocess.Popen(
-                [
-                    str(venv / "bin" / "litellm"),
-                    "--config",
-                    str(config_path),
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    str(port),
-                    "--num_workers",
-                    str(workers),
-                ],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env,
-                cwd=tmp,
-                start_new_session=True,
-            )
-            try:
-                url = f"http://127.0.0.1:{port}"
-                _wait_litellm(url, proc, next(iter(config.keys)), config.model)
-                if cpus:
-                    for pid in go._process_tree(proc.pid):
-                        go._pin(pid, cpus)
-                yield LiteLLMServer(url, proc)
-            finally:
-                _stop_group(proc)
-                log.close()
-                go._report_server_log(log_path, tail=6)
-
-
-def _wait_litellm(url: str, proc: subprocess.Popen[bytes], key: str, model: str) -> None:
-    """Until a chat completion goes through (liveness alone comes before the router is set)."""
-    deadline = time.monotonic() + LITELLM_STARTUP_TIMEOUT_S
-    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"LiteLLM exited with code {proc.returncode} while starting")
-        with contextlib.suppress(httpx.HTTPError):
-            answer = httpx.post(
-                f"{url}/v1/chat/completions",
-                json=body,
-                headers={"authorization": f"Bearer {key}"},
-                timeout=10,
-            )
-            if answer.status_code == 200:
-                return
-        time.sleep(0.5)
-    raise RuntimeError("LiteLLM did not serve a request within the start-up timeout")
-
-
-def _stop_group(proc: subprocess.Popen[bytes]) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        command = [
+            str(venv / "bin" / "litellm"),
+            *("--config", str(config_path), "--host", "127.0.0.1", "--port", str(port)),
+            *("--num_workers", str(workers)),
+        ]
+        ready = peer.ReadyCheck(
+            "LiteLLM",
+            config.model,
+            LITELLM_STARTUP_TIMEOUT_S,
+            headers={"authorization": f"Bearer {next(iter(config.keys))}"},
+            poll_s=0.5,
+        )
+        with peer.running_peer(
+            command,
+            port=port,
+            ready=ready,
+            log_path=Path(tmp) / "litellm.log",
+            cpus=cpus,
+            env=env,
+            cwd=Path(tmp),
+        ) as server:
+            yield server
 
 
 # ---- tiergate beside it: seeding, extra gateway processes -----------------------------------

@@ -37,16 +37,15 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 
 sys.path.append(str(Path(__file__).resolve().parent))  # bench/ is no package
 import alternating as alt  # paths side by side in alternating blocks
 import gateway_overhead as go  # servers, load client, statistics
+import peer_process as peer  # the peer proxy as a child process
 
 ROUTER_VERSION = "0.1.17"
 REPO = Path(__file__).resolve().parents[1]
@@ -99,73 +98,26 @@ def ensure_router(build: bool = True) -> Path:
     return ROUTER_VENV
 
 
-@dataclass
-class RouterServer:
-    url: str
-    process: subprocess.Popen[bytes]
-
-    def cpu_seconds(self) -> float:
-        """CPU time of the router (all its threads; any children too)."""
-        return go._tree_cpu_seconds(self.process.pid)
-
-
 @contextlib.contextmanager
 def running_router(
     venv: Path, engine_url: str, *, policy: str, cpus: set[int] | None = None
-) -> Iterator[RouterServer]:
-    """vLLM's router on a free port, routing to ``engine_url``, until the block ends."""
+) -> Iterator[peer.PeerProcess]:
+    """vLLM's router on a free port, routing to ``engine_url``, until the block ends (it
+    health-checks its worker before it serves)."""
     port, prometheus_port = go._free_port(), go._free_port()
+    command = [
+        str(venv / "bin" / "vllm-router"),
+        *("--host", "127.0.0.1", "--port", str(port), "--worker-urls", engine_url),
+        *("--policy", policy, "--prometheus-host", "127.0.0.1"),
+        *("--prometheus-port", str(prometheus_port), "--log-level", "warning"),
+    ]
+    ready = peer.ReadyCheck("vllm-router", go.MODEL, ROUTER_STARTUP_TIMEOUT_S)
     with tempfile.TemporaryDirectory(prefix="tiergate-vllm-router-") as tmp:
         log_path = Path(tmp) / "router.log"
-        with log_path.open("wb") as log:
-            proc = subprocess.Popen(
-                [
-                    str(venv / "bin" / "vllm-router"),
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    str(port),
-                    "--worker-urls",
-                    engine_url,
-                    "--policy",
-                    policy,
-                    "--prometheus-host",
-                    "127.0.0.1",
-                    "--prometheus-port",
-                    str(prometheus_port),
-                    "--log-level",
-                    "warning",
-                ],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-            try:
-                url = f"http://127.0.0.1:{port}"
-                _wait_router(url, proc)
-                if cpus:
-                    for pid in go._process_tree(proc.pid):
-                        go._pin(pid, cpus)
-                yield RouterServer(url, proc)
-            finally:
-                go._stop(proc)
-                log.close()
-                go._report_server_log(log_path, tail=6)
-
-
-def _wait_router(url: str, proc: subprocess.Popen[bytes]) -> None:
-    """Until a chat completion goes through the router (it health-checks its worker first)."""
-    deadline = time.monotonic() + ROUTER_STARTUP_TIMEOUT_S
-    body = {"model": go.MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"vllm-router exited with code {proc.returncode} while starting")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.post(f"{url}/v1/chat/completions", json=body, timeout=10).status_code == 200:
-                return
-        time.sleep(0.3)
-    raise RuntimeError("vllm-router did not serve a request within the start-up timeout")
+        with peer.running_peer(
+            command, port=port, ready=ready, log_path=log_path, cpus=cpus
+        ) as server:
+            yield server
 
 
 def _chat_body(max_tokens: int) -> bytes:
