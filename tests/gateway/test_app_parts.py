@@ -19,7 +19,8 @@ from engine_emulated import RunningEngine
 from engine_emulated.mapping import weight_from_priority
 from engine_emulated.schemas import ChatCompletionRequest, describe_validation_error
 from gateway.app.auth import AuthCache
-from gateway.app.backends import BackendPool, BackendSpec, parse_vllm_gauges
+from gateway.app.backend_scrapes import parse_vllm_gauges
+from gateway.app.backends import BackendPool, BackendSpec
 from gateway.app.metrics import OTHER_TENANT, GatewayMetrics, TenantLabels
 from gateway.app.proxy import _token_times
 from gateway.app.schemas import ChatBody

@@ -537,16 +537,16 @@ def test_liveness_probe_verdicts() -> None:
     ]
     for answer, reason in verdicts:
         upstream.answer = answer
-        asyncio.run(pool._check(backend))
+        asyncio.run(pool.health.check(backend))
         assert backend.breaker.reason is reason
         assert backend.view.healthy is (reason is None)
     upstream.answer = UpstreamTimeout("TimeoutError")
-    pool.lagged_at = time.monotonic()
+    pool.health.lagged_at = time.monotonic()
     backend.next_probe = 1e9
-    asyncio.run(pool._check(backend))
+    asyncio.run(pool.health.check(backend))
     assert backend.breaker.reason is None and backend.next_probe == 0.0
-    pool.lagged_at = -1e9
-    asyncio.run(pool._check(backend))
+    pool.health.lagged_at = -1e9
+    asyncio.run(pool.health.check(backend))
     assert backend.breaker.reason is OpenReason.UNREACHABLE
 
 
@@ -575,10 +575,10 @@ def test_a_slow_health_answer_from_an_engine_still_streaming_is_busy_not_dead() 
         pool = BackendPool(Settings(), upstream, metrics)
         pool.configure([BackendSpec("a", "http://a:8000", MODEL, "a100-qwen2-7b")])
         backend = pool.backends[0]
-        pool.lagged_at = -1e9
+        pool.health.lagged_at = -1e9
         if streaming:
             upstream.on_probe = lambda b=backend: setattr(b, "last_event", time.monotonic())
-        asyncio.run(pool._check(backend))
+        asyncio.run(pool.health.check(backend))
         slow = metrics.registry.get_sample_value("tiergate_slow_probes_total", {"backend": "a"})
         if streaming:
             assert backend.breaker.reason is None and backend.view.healthy and slow == 1
