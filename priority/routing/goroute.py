@@ -97,7 +97,13 @@ queue's deadline order and numpy running sums over its weights, with no Python w
 request. From :data:`ARRAY_MIN_INSTANCES` candidates on, the estimates, Algorithm 2's choice and
 the expected-gain fallback are numpy operations across instances (the scalar form's operations,
 element by element in the same order: the same decisions, bit for bit), on per-instance inputs
-kept between decisions and read again only for the queues that changed.
+kept between decisions and read again only for the queues that changed; the deadline searches
+that depend on the time only (the first deadline after now, the deadlines met before the
+request joins) are kept too, searched again only where the time left the deadlines around the
+last answer, and so is each instance's decode state (searched or recomputed where it changed).
+A queue's summary holds the queue's own sorted deadline list, not a copy: a copied list of W
+floats per changed queue is what made the garbage collector's passes, and so the decisions'
+tail, slow.
 """
 
 from __future__ import annotations
@@ -108,7 +114,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import compress, count, repeat
-from operator import attrgetter, getitem, is_, is_not, ne
+from operator import attrgetter, getitem, is_, is_not, ne, or_
 from typing import Any, cast
 
 import numpy as np
@@ -205,7 +211,9 @@ class _QueueSummary:
         self.padded = padded
         """First-token deadlines, ascending, then an infinite one: searches stop at :attr:`n`
         (``bisect(padded, t, 0, n)``), and ``padded[i]`` is the first deadline after ``t``
-        (inf if none)."""
+        (inf if none). Usually the queue's own list (:attr:`DeadlineOrder.padded`), valid
+        until the queue changes, when the summary is dropped: a queue changed behind the
+        router's back keeping its length and update time is not seen, as before."""
         self.n = len(padded) - 1
         """How many deadlines."""
         self.value_suffix = _suffix_sums(weights)
@@ -232,7 +240,7 @@ class _QueueSummary:
     @property
     def deadlines(self) -> list[float]:
         """The first-token deadlines, ascending (a copy)."""
-        return self.padded[:-1]
+        return self.padded[: self.n]
 
     def after(self, t: float) -> int:
         """How many deadlines are at or before ``t``."""
@@ -258,6 +266,8 @@ class _Estimates:
     """The same at ``now + exec_with_s``."""
     decoding: np.ndarray | None = None
     """Per instance: its decoding requests, as read for this decision."""
+    decoding_list: list[int] = dataclasses.field(default_factory=list)
+    """The same as a list."""
 
     @property
     def delta(self) -> np.ndarray:
@@ -295,6 +305,7 @@ _QUEUE = attrgetter("prefill_queue")
 _UPDATED = attrgetter("queue_updated_s")
 _EXTERNAL = attrgetter("external_prefills")
 _NUM_DECODING = attrgetter("num_decoding")
+_FREE_KV = attrgetter("num_free_kv_blocks")
 
 
 class _Columns:
@@ -314,6 +325,8 @@ class _Columns:
         self.beta = self.t_c = self.two_t_c = self.b_d = self.a_d = np.zeros(n)
         self.max_seqs = self.kv_blocks = self.block_size = np.zeros(n)
         self.prefill = np.zeros(n, dtype=bool)
+        self.pair = np.zeros((2, n))
+        """Scratch rows for the batch factors before and with the request."""
         self.any_prefill = self.any_colocated = False
         self.groups: list[tuple[LatencyCoefficients, int]] = []
         self.group_of = np.zeros(n, dtype=np.intp)
@@ -332,7 +345,34 @@ class _Columns:
         self.summaries: list[_QueueSummary | None] = [None] * n
         self.decode_weighted = np.zeros(n)
         """Per position: its queue's weighted expected decode tokens."""
-        """Each position's value suffix sums (numpy arrays, read by ``map(getitem)``)."""
+        # searches kept between decisions: position k's last answer stands while the time
+        # searched for stays within [lo[k], hi[k]) (the deadlines around it); NaN: search again
+        self.live_lo = np.full(n, math.nan)
+        self.live_hi = np.zeros(n)
+        """The first deadline after the last ``now`` (inf if none), and the one before it."""
+        self.cut_lo = np.full(n, math.nan)
+        self.cut_hi = np.zeros(n)
+        self.cut: list[int] = [0] * n
+        """How many deadlines fall at or before ``now + Exec(p)`` (gain_before's search)."""
+        self.cut_value = np.zeros(n)
+        """``value_suffix[cut]`` per position."""
+        self.streams: list[np.ndarray | None] = [None] * n
+        """Each position's streaming-weight suffix sums, once the fallback asked (None: not yet
+        read since its queue changed)."""
+        self.stream_total = np.zeros(n)
+        """``streams[k][0]``: the queue's total streaming weight."""
+        self.stream_cut = np.zeros(n)
+        """``streams[k][cut[k]]``."""
+        self.streams_stale: set[int] = set(range(n))
+        """Positions whose :attr:`streams` must be read again."""
+        self.stream_cut_stale: set[int] = set(range(n))
+        """Positions whose :attr:`stream_cut` must be read again."""
+        # decode state (the fallback's running decodes), per position, as last read
+        self.decoding_seen: Sequence[int | None] = [None] * n
+        self.free_seen: list[object] = [_UNSEEN] * n
+        self.n_d = np.zeros(n)
+        self.before = np.zeros(n)
+        """``t_c + running_decodes_s``: a decode step before the request's own decode joins."""
 
     def price(self, estimators: list[BatchLatencyEstimator]) -> None:
         """Read the estimators, profiles and roles again (all instances)."""
@@ -366,6 +406,72 @@ class _Columns:
                 self.groups.append((c, chunk))
             of.append(groups[key])
         self.group_of = np.array(of, dtype=np.intp)
+        self.decoding_seen = [None] * len(views)  # the decode state is priced anew
+
+    def searched(
+        self, t: np.ndarray | float, lo: np.ndarray, hi: np.ndarray, cut: list[int] | None
+    ) -> list[int]:
+        """Refresh the kept searches ``bisect_right(padded[k], t[k], 0, sizes[k])`` where
+        ``t[k]`` left ``[lo[k], hi[k])``; returns the positions refreshed. ``cut`` (if given)
+        receives the new answers; ``lo``/``hi`` the deadlines around them."""
+        kept = (lo <= t) & (t < hi)  # False where lo is NaN
+        if kept.all():
+            return []
+        stale: list[int] = np.flatnonzero(~kept).tolist()
+        padded, sizes = self.padded, self.sizes
+        for k in stale:
+            deadlines = padded[k]
+            at = bisect.bisect_right(
+                deadlines, t if isinstance(t, float) else float(t[k]), 0, sizes[k]
+            )
+            hi[k] = deadlines[at]
+            lo[k] = deadlines[at - 1] if at else -math.inf
+            if cut is not None:
+                cut[k] = at
+        return stale
+
+    def decode_state(self, decoding: list[int]) -> None:
+        """Refresh :attr:`n_d` and :attr:`before` where the decoding count or the free KV
+        changed: running_decodes_s and decode_step_s (:mod:`priority.routing.decode`) per
+        instance, the same float operations as their numpy form."""
+        free = list(map(_FREE_KV, self.views))
+        if decoding == self.decoding_seen and free == self.free_seen:
+            return
+        for k in compress(
+            count(),
+            map(or_, map(ne, decoding, self.decoding_seen), map(ne, free, self.free_seen)),
+        ):
+            beta, a_d, b_d = self.betas[k], float(self.a_d[k]), float(self.b_d[k])
+            n_d = min(float(decoding[k]), float(self.max_seqs[k]))
+            f = free[k]
+            kv = 0.0
+            if f is not None:
+                kv = max(float(self.kv_blocks[k]) - float(f), 0.0) * float(self.block_size[k])
+            running = 0.0
+            if n_d > 0:
+                running = beta * (a_d * kv + b_d) + (n_d - 1.0) * (beta * (a_d * 0.0 + b_d))
+            self.n_d[k] = n_d
+            self.before[k] = float(self.t_c[k]) + running
+        self.decoding_seen, self.free_seen = decoding, free
+
+    def stream_suffixes(self) -> list[np.ndarray]:
+        """Each position's streaming-weight suffix sums, with :attr:`stream_total` and
+        :attr:`stream_cut` (read again where the queue or the cut changed)."""
+        streams = self.streams
+        if self.streams_stale:
+            for k in self.streams_stale:
+                summary = self.summaries[k]
+                assert summary is not None
+                suffix = streams[k] = summary.stream_weight_suffix
+                self.stream_total[k] = suffix[0]
+            self.stream_cut_stale |= self.streams_stale
+            self.streams_stale.clear()
+        if self.stream_cut_stale:
+            cut = self.cut
+            for k in self.stream_cut_stale:
+                self.stream_cut[k] = cast(np.ndarray, streams[k])[cut[k]]
+            self.stream_cut_stale.clear()
+        return cast(list[np.ndarray], streams)
 
     def set_queue(self, k: int, summary: _QueueSummary, updated_s: float) -> None:
         """Position ``k``'s queue summary."""
@@ -378,6 +484,9 @@ class _Columns:
         self.suffixes[k] = summary.value_suffix
         self.summaries[k] = summary
         self.decode_weighted[k] = summary.decode_tokens_weighted
+        self.live_lo[k] = self.cut_lo[k] = math.nan
+        self.streams[k] = None
+        self.streams_stale.add(k)
 
 
 _UNSEEN = object()
@@ -630,8 +739,8 @@ class GoRouter(Router):
         group_work = [raw_prefill_work(c, chunk, prompt) for c, chunk in cols.groups]
         req_raw = np.array([w for w, _ in group_work])[cols.group_of]
         padded, zeros, sizes = cols.padded, repeat(0), cols.sizes
-        live = map(bisect.bisect_right, padded, repeat(now), zeros, sizes)
-        remain = np.array(list(map(getitem, padded, live))) - now
+        cols.searched(float(now), cols.live_lo, cols.live_hi, None)
+        remain = cols.live_hi - now  # the first deadline after now, less now
         if cols.any_prefill:  # PD prefill instances: one request per batch, a chunk each
             req_chunks = np.array([k for _, k in group_work], dtype=np.float64)
             pd_before = beta * raw + t_c * cols.chunks
@@ -640,8 +749,13 @@ class GoRouter(Router):
             min_tpot = cols.min_tpot
             tpot_after = np.minimum(min_tpot, req_tpot)
             # row 0 without the request, row 1 with it: one pass of _batch_factors for both
-            budget = np.minimum(remain, np.stack((min_tpot, np.minimum(tpot_after, req_remain))))
-            factor = _batch_factors(budget, np.stack((min_tpot, tpot_after)), cols, eta)
+            tpots = cols.pair  # rows: min_tpot, tpot_after (a kept buffer: no np.stack)
+            tpots[0] = min_tpot
+            tpots[1] = tpot_after
+            budget = np.empty_like(tpots)
+            np.minimum(remain, min_tpot, out=budget[0])
+            np.minimum(remain, np.minimum(tpot_after, req_remain), out=budget[1])
+            factor = _batch_factors(budget, tpots, cols, eta)
             factor *= beta
             co_before = factor[0] * raw
             co_after = factor[1] * (raw + req_raw)
@@ -656,12 +770,17 @@ class GoRouter(Router):
         # max(x, 0) may keep a -0.0 where the scalar form gives 0.0: x - (-0.0) and -0.0 + y
         # are then what x - 0.0 and 0.0 + y are, for the non-negative x and y here
         left = phi_before - np.maximum(now - updated, 0.0)
-        decoding = np.array(list(map(_NUM_DECODING, instances)), dtype=np.float64)
+        decoding_list = list(map(_NUM_DECODING, instances))
+        decoding = np.array(decoding_list, dtype=np.float64)
         exec_s = np.maximum(left, 0.0) + decoding * beta * cols.b_d
         exec_with_s = exec_s + (phi_after - phi_before)
         suffixes = cols.suffixes
-        cut_before = list(map(bisect.bisect_right, padded, (now + exec_s).tolist(), zeros, sizes))
-        gain_before = first * np.array(list(map(getitem, suffixes, cut_before)))
+        cut_before = cols.cut
+        moved = cols.searched(now + exec_s, cols.cut_lo, cols.cut_hi, cut_before)
+        for k in moved:
+            cols.cut_value[k] = suffixes[k][cut_before[k]]
+        cols.stream_cut_stale.update(moved)
+        gain_before = first * cols.cut_value
         end_s = now + exec_with_s
         cut_after = list(map(bisect.bisect_right, padded, end_s.tolist(), zeros, sizes))
         gain_after = first * np.array(list(map(getitem, suffixes, cut_after)))
@@ -672,9 +791,10 @@ class GoRouter(Router):
             exec_with_s,
             gain_before,
             gain_after,
-            cut_before,
+            list(cut_before),
             cut_after,
             decoding,
+            decoding_list,
         )
 
     def _columns(self, instances: Sequence[InstanceView]) -> _Columns:
@@ -810,22 +930,12 @@ class GoRouter(Router):
         unit_value = weights.token_value(1.0, 2)
         tpot = slo.tpot_s
         n = len(arrays.indices)
-        beta, t_c = cols.beta, cols.t_c
+        beta = cols.beta
         # running_decodes_s and decode_step_s (priority.routing.decode), per instance
-        n_d = np.minimum(arrays.decoding, cols.max_seqs)
-        free = [v.num_free_kv_blocks for v in cols.views]
-        reported = np.array([f is not None for f in free])
-        free_blocks = np.array([0 if f is None else f for f in free], dtype=np.float64)
-        kv = np.where(
-            reported, np.maximum(cols.kv_blocks - free_blocks, 0.0) * cols.block_size, 0.0
-        )
-        a_d, b_d = cols.a_d, cols.b_d
-        dt_kv = beta * (a_d * kv + b_d)
-        dt_0 = beta * (a_d * 0.0 + b_d)
-        running = np.where(n_d > 0, dt_kv + (n_d - 1.0) * dt_0, 0.0)
-        before = t_c + running
+        cols.decode_state(arrays.decoding_list)
+        n_d, before = cols.n_d, cols.before
         if decode is None:
-            step = before + beta * (a_d * extra_kv + b_d)
+            step = before + beta * (cols.a_d * extra_kv + cols.b_d)
         else:
             step = np.full(n, decode_step_s(self.instances[decode], extra_kv))
         exec_s, exec_with_s = arrays.exec_s, arrays.exec_with_s
@@ -841,25 +951,27 @@ class GoRouter(Router):
         # decode tokens the queued requests lose by the delay (|TPOT - s| floored, capped)
         delay = exec_with_s - exec_s
         weighted = cols.decode_weighted
-        summaries = cast(list[_QueueSummary], cols.summaries)
         loss = np.zeros(n)
         queued = (delay > 0.0) & (weighted > 0.0)
         if queued.any():
-            streams: list[Any] = [s.stream_weight_suffix for s in summaries]
+            streams: list[Any] = cols.stream_suffixes()
             tpot_q = cols.min_tpot
             gap = tpot_q - step
-            late = np.array(list(map(getitem, streams, repeat(0)))) - np.array(
-                list(map(getitem, streams, arrays.cut_after))
-            )
-            exposed = np.where(gap > 0.0, late, list(map(getitem, streams, arrays.cut_before)))
+            late = cols.stream_total - np.array(list(map(getitem, streams, arrays.cut_after)))
+            exposed = np.where(gap > 0.0, late, cols.stream_cut)  # stream suffix at cut_before
             rate = 1.0 / np.maximum(np.abs(gap), GAP_FLOOR * tpot_q)
             np.copyto(loss, np.minimum(exposed * delay * rate, weighted), where=queued)
         if decode is None and tpot is not None:
             hurt = np.flatnonzero((arrays.decoding > 0.0) & (step > tpot))
             if hurt.size:
                 late_rate = 1.0 / np.maximum(before[hurt], tpot) - 1.0 / step[hurt]
-                mean_weight = np.array(
-                    [_mean_weight(summaries[k], cols.lengths[k], request) for k in hurt.tolist()]
+                # the queued requests' mean weight (as in fallback_gains), else the request's
+                cols.stream_suffixes()
+                total = cols.stream_total[hurt]
+                queued_n = np.array(cols.lengths, dtype=np.float64)[hurt]
+                known = (queued_n > 0.0) & (total != 0.0)
+                mean_weight = np.divide(
+                    total, queued_n, out=np.full(hurt.size, request.weight), where=known
                 )
                 loss[hurt] += mean_weight * n_d[hurt] * late_rate * tokens * step[hurt]
         result: np.ndarray = gains - unit_value * loss
@@ -922,7 +1034,11 @@ class GoRouter(Router):
         if not isinstance(queue, PrefillQueue):  # a plain dict assigned after construction
             queue = PrefillQueue(queue)
         order = queue.deadline_order()  # kept sorted by the queue: no walk, no sort here
-        padded = [*order.deadlines, math.inf]  # a snapshot: the queue's list changes with it
+        # the queue's own list, not a copy: a copy per changed queue is a young list of W floats
+        # that the garbage collector's next pass walks (most of a decision's tail); the queue
+        # changes it in place, and every change is seen (length, update time, callbacks) before
+        # this summary is read again
+        padded = order.padded
         # the weights read in place (summed at once: the queue's buffers must stay resizable);
         # the streaming ones copied (summed only if the fallback asks)
         weights = np.frombuffer(order.weights, dtype=np.float64)
@@ -933,6 +1049,7 @@ class GoRouter(Router):
             min_tpot = min(min_tpot, external.min_tpot_s)
             if math.isfinite(external.earliest_deadline_s):
                 at = bisect.bisect_right(padded, external.earliest_deadline_s, 0, len(padded) - 1)
+                padded = padded.copy()  # the queue's own list stays the queue's
                 padded.insert(at, external.earliest_deadline_s)
                 weights = np.insert(weights, at, 0.0)
                 stream = np.insert(stream, at, 0.0)
@@ -992,7 +1109,8 @@ def _suffix_sums(values: np.ndarray) -> np.ndarray:
     n = len(values)
     out = np.empty(n + 1)
     out[n] = 0.0
-    out[:n] = np.cumsum(values[::-1])[::-1]
+    if n:  # accumulated straight into out[:n], back to front
+        np.add.accumulate(values[::-1], out=out[n - 1 :: -1])
     return out
 
 
@@ -1036,20 +1154,18 @@ def _on_time_decode_tokens(
     catch_up = ahead & (slack_s < 0.0)
     lower = np.divide(-slack_s, gap, out=np.zeros(n), where=catch_up)
     out = np.maximum(0.0, upper - lower)
-    behind = ~ahead & (slack_s > 0.0)
-    capped = behind & (gap != 0.0)
-    cap = np.divide(slack_s, -gap, out=np.zeros(n), where=capped)
-    np.copyto(out, 0.0, where=~ahead & ~(slack_s > 0.0))
-    np.copyto(out, upper, where=behind & (gap == 0.0))
-    np.copyto(out, np.minimum(upper, cap), where=capped)
-    np.copyto(out, 0.0, where=~live)
+    if not ahead.all():  # the masks below are disjoint, and empty where every decoder is ahead
+        not_ahead, early = ~ahead, slack_s > 0.0
+        np.copyto(out, 0.0, where=not_ahead & ~early)
+        behind = not_ahead & early
+        if behind.any():
+            capped = behind & (gap != 0.0)
+            cap = np.divide(slack_s, -gap, out=np.zeros(n), where=capped)
+            np.copyto(out, upper, where=behind & (gap == 0.0))
+            np.copyto(out, np.minimum(upper, cap), where=capped)
+    if not live.all():
+        np.copyto(out, 0.0, where=~live)
     return out
-
-
-def _mean_weight(summary: _QueueSummary, queued: int, request: Request) -> float:
-    """The queued requests' mean weight (the request's own where none is known)."""
-    queued_weight = float(summary.stream_weight_suffix[0])
-    return queued_weight / queued if queued and queued_weight else request.weight
 
 
 def _first_min(values: np.ndarray, mask: np.ndarray) -> int:

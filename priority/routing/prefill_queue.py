@@ -123,11 +123,16 @@ class DeadlineOrder:
     of the queue on every change. The weights are ``array('d')`` buffers, which numpy reads
     without a copy (:func:`numpy.frombuffer`)."""
 
-    __slots__ = ("deadlines", "decode_tokens_weighted", "entries", "stream_weights", "weights")
+    __slots__ = ("decode_tokens_weighted", "entries", "padded", "stream_weights", "weights")
 
     def __init__(self, entries: Iterable[_Entry]) -> None:
         ordered = sorted(entries, key=lambda e: e.deadline_s)
-        self.deadlines = [e.deadline_s for e in ordered]
+        self.padded = [e.deadline_s for e in ordered]
+        self.padded.append(math.inf)
+        """The deadlines, ascending, then an infinite one that stays last: a router searches
+        ``bisect(padded, t, 0, len(entries))`` and reads ``padded[i]`` as the first deadline
+        after ``t``. Changed in place by every mutation, so a router may hold on to it (and
+        to no copy of it) between the queue's changes."""
         self.entries = ordered
         self.weights = array("d", [e.request.weight for e in ordered])
         """Tier weights, in deadline order."""
@@ -137,19 +142,24 @@ class DeadlineOrder:
         """Sum over streaming requests of tier weight x expected decode tokens (after the
         first), as they were when they entered."""
 
+    @property
+    def deadlines(self) -> list[float]:
+        """The deadlines, ascending (a copy)."""
+        return self.padded[:-1]
+
     def add(self, entry: _Entry) -> None:
-        at = bisect.bisect_right(self.deadlines, entry.deadline_s)
-        self.deadlines.insert(at, entry.deadline_s)
+        at = bisect.bisect_right(self.padded, entry.deadline_s, 0, len(self.entries))
+        self.padded.insert(at, entry.deadline_s)
         self.entries.insert(at, entry)
         self.weights.insert(at, entry.request.weight)
         self.stream_weights.insert(at, entry.stream_weight)
         self.decode_tokens_weighted += _decode_tokens(entry)
 
     def remove(self, entry: _Entry) -> None:
-        at = bisect.bisect_left(self.deadlines, entry.deadline_s)
+        at = bisect.bisect_left(self.padded, entry.deadline_s, 0, len(self.entries))
         while self.entries[at] is not entry:
             at += 1
-        del self.deadlines[at], self.entries[at], self.weights[at], self.stream_weights[at]
+        del self.padded[at], self.entries[at], self.weights[at], self.stream_weights[at]
         if self.entries:
             self.decode_tokens_weighted -= _decode_tokens(entry)
         else:  # no drift left behind by a long run of adds and removals
