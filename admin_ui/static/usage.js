@@ -14,6 +14,9 @@
     if (unit === "ratio") {
       return (value * 100).toFixed(1) + "%";
     }
+    if (unit === "cost") {
+      return value >= 100 ? value.toFixed(0) : value.toPrecision(3);
+    }
     if (unit === "ms") {
       return value >= 100 ? value.toFixed(0) + " ms" : value.toPrecision(3) + " ms";
     }

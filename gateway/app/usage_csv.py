@@ -1,11 +1,11 @@
 """Usage series as CSV: one row per bucket and group, the admin API's and the dashboard's
 export (``/admin/v1/usage/series?format=csv``, ``/ui/usage.csv``).
 
-Plain numbers (no thousands separators, ``.`` decimals), empty cells for "none" (a ratio with
-nothing to divide, a percentile with no finished request), times in ISO 8601 UTC. A cell that
-a spreadsheet would read as a formula (``=``, ``+``, ``-``, ``@`` first) is quoted with ``'``:
-tier and tenant names cannot start so today, but the file must stay inert whatever a name
-becomes.
+Plain numbers (no thousands separators, ``.`` decimals; ``cost`` exact, fixed-point), empty
+cells for "none" (a ratio with nothing to divide, a percentile with no finished request),
+times in ISO 8601 UTC. A cell that a spreadsheet would read as a formula (``=``, ``+``, ``-``,
+``@`` first) is quoted with ``'``: tier and tenant names cannot start so today, but the file
+must stay inert whatever a name becomes.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import io
 from collections.abc import Iterable
 
 from gateway.db.crud.usage_series import PERCENTILES, SeriesPoint
+from gateway.db.money import plain
 
 MEDIA_TYPE = "text/csv; charset=utf-8"
 
@@ -42,6 +43,7 @@ COLUMNS: tuple[str, ...] = (
     "gain",
     "ideal_gain",
     "tdg_ratio",
+    "cost",
     *(f"ttft_{_pct_name(p)}_ms" for p in PERCENTILES),
     *(f"tpot_{_pct_name(p)}_ms" for p in PERCENTILES),
 )
@@ -80,6 +82,7 @@ def point_values(point: SeriesPoint) -> list[object]:
         s.gain,
         s.ideal_gain,
         s.tdg_ratio,
+        plain(s.cost),
         *point.ttft_ms,
         *point.tpot_ms,
     ]

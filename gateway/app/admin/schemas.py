@@ -50,6 +50,7 @@ from gateway.db.crud.keys import DEFAULT_GRACE_S, MAX_GRACE_S
 from gateway.db.crud.tiers import TIER_KINDS
 from gateway.db.identity import EffectivePolicy, effective_policy
 from gateway.db.models import BACKEND_KINDS, TENANT_STATUSES, ApiKey, Tenant, utcnow
+from gateway.db.money import plain
 from gateway.db.security import display_prefix
 
 INT32_MAX = 2**31 - 1  # integer columns (ids, limits) are 32-bit on PostgreSQL
@@ -509,6 +510,8 @@ class UsageOut(BaseModel):
     gain: float
     ideal_gain: float
     tdg_ratio: float | None
+    cost: str
+    """What the records were charged at their models' prices, exact decimal text."""
 
     @staticmethod
     def fields_of(summary: crud.UsageSummary) -> dict[str, Any]:
@@ -528,6 +531,7 @@ class UsageOut(BaseModel):
             "gain": summary.gain,
             "ideal_gain": summary.ideal_gain,
             "tdg_ratio": summary.tdg_ratio,
+            "cost": plain(summary.cost) or "0",
         }
 
 
@@ -548,8 +552,8 @@ class UsageReportOut(BaseModel, Generic[ItemT]):
 
 
 class SeriesGroupOut(BaseModel):
-    group: str | None  # tenant or tier name; None: deleted tenants, or ungrouped
-    group_id: int | None  # the tenant's id when grouped by tenant
+    group: str | None  # tenant or tier name, a key's tg-prefix; None: deleted, or ungrouped
+    group_id: int | None  # the tenant's (or key's) id when grouped by tenant (or key)
 
 
 class SeriesPointOut(UsageOut, SeriesGroupOut):
@@ -592,7 +596,7 @@ class UsageSeriesOut(BaseModel):
     until: datetime
     bucket: Literal["minute", "hour", "day"]
     bucket_seconds: int
-    group_by: Literal["none", "tenant", "tier"]
+    group_by: Literal["none", "tenant", "key", "tier"]
     groups: list[SeriesGroupOut]
     data: list[SeriesPointOut]
 

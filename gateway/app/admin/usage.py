@@ -100,7 +100,10 @@ def usage_series(
         Literal["auto", "minute", "hour", "day"],
         Query(description="bucket width; auto: minutes up to 6 h, hours up to 31 days, days"),
     ] = "auto",
-    group_by: Annotated[Literal["none", "tenant", "tier"], Query()] = "none",
+    group_by: Annotated[
+        Literal["none", "tenant", "key", "tier"],
+        Query(description="key: per API key (a tenant admin's: its tenant's keys)"),
+    ] = "none",
     tenant: Annotated[str | None, Query(description="tenant name or id")] = None,
     tier: Annotated[str | None, Query(description="tier name as recorded")] = None,
     top: Annotated[
@@ -108,8 +111,8 @@ def usage_series(
     ] = DEFAULT_TOP,
     fmt: Annotated[Literal["json", "csv"] | None, Query(alias="format")] = None,
 ) -> Any:
-    """Usage per time bucket (UTC-aligned) and per tenant or tier (default: last 24 h):
-    requests by outcome, tokens, SLO attainment, TDG ratio and TTFT/TPOT p50/p95/p99 of
+    """Usage and spend per time bucket (UTC-aligned) and per tenant, key or tier (default: last
+    24 h): requests by outcome, tokens, cost, SLO attainment, TDG ratio and TTFT/TPOT p50/p95/p99 of
     finished requests, aggregated by the database (a tenant admin's: its tenant only)."""
     start, end = usage_window(since, until, hours)
     tenant_id = who.tenant_filter(tenant, tenant_resolver(session))

@@ -17,6 +17,7 @@ import hmac
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
+from decimal import Decimal
 from typing import Any
 from urllib.parse import urlencode
 
@@ -111,6 +112,13 @@ def percent(value: float | None) -> str:
     return "—" if value is None else f"{value * 100:.1f}%"
 
 
+def money(value: Decimal | None) -> str:
+    """An amount to six decimals, grouped (a millionth is the finest a price is set in)."""
+    if value is None:
+        return "—"
+    return f"{value.quantize(Decimal('0.000001')):,f}"
+
+
 def _environment() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(TEMPLATES_DIR)),
@@ -120,6 +128,7 @@ def _environment() -> jinja2.Environment:
     )
     env.filters["fmt"] = fmt
     env.filters["percent"] = percent
+    env.filters["money"] = money
     return env
 
 

@@ -59,7 +59,7 @@ DEFAULT_PRESET = "24h"
 DEFAULT_GROUP = "tier"
 MAX_POINTS = 5_000
 """Most buckets a chart draws: a wider bucket is asked for beyond it (the API allows more)."""
-GROUP_LABELS = {"none": "Everything", "tenant": "Tenant", "tier": "Tier"}
+GROUP_LABELS = {"none": "Everything", "tenant": "Tenant", "key": "API key", "tier": "Tier"}
 _FIELDS = ("range", "from", "to", "tenant", "tier", "group_by", "bucket", "top")
 _ALIASES = {"window": "range"}
 """Other names of a filter: ``window`` is what the page calls the range."""
@@ -271,7 +271,7 @@ def _group_label(group_by: str, name: str | None) -> str:
     if group_by == "none":
         return "all"
     if name is None:
-        return "deleted tenants" if group_by == "tenant" else "no tier"
+        return {"tenant": "deleted tenants", "key": "deleted keys"}.get(group_by, "no tier")
     return name
 
 
@@ -315,6 +315,7 @@ def chart_data(series: UsageSeries) -> dict[str, Any]:
             "tokens",
             per_group(lambda p: p.summary.total_tokens, 0),
         ),
+        ("spend", "Spend", "cost", per_group(lambda p: float(p.summary.cost), 0)),
         ("tdg", "TDG ratio", "ratio", per_group(lambda p: p.summary.tdg_ratio, None)),
         ("slo", "SLO attainment", "ratio", per_group(lambda p: p.summary.slo_attainment, None)),
         ("rejections", "Rejections", "requests", per_group(lambda p: p.summary.rejected, 0)),

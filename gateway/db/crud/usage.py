@@ -9,6 +9,8 @@ Each outcome is reported on its own and never mixed into another's numbers:
   ``failed_tokens``. A rejected request consumed nothing and has no tokens.
 * SLO attainment is ``slo_met / ok``: only a finished request is a sample. A tenant's own 429s
   and 4xx, a shed request, a failure or a cancellation are not misses; they are counted above.
+* ``cost`` is what the records were charged (``usage_records.cost``, exact decimals; records of
+  models without a price, and those before prices existed, add nothing).
 * The TDG ratio is Σgain / Σideal gain over work an engine accepted (PROSERVE's normalised
   token-level deadline-aware gain), so a tier's ratio weighs long requests by their tokens.
   Rejected rows are left out of the sums even if an old row carries an ideal gain.
@@ -16,8 +18,9 @@ Each outcome is reported on its own and never mixed into another's numbers:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
+from decimal import Decimal
 from typing import Any
 
 from sqlalchemy import ColumnElement, Select, case, func, select
@@ -26,6 +29,7 @@ from sqlalchemy.orm import Session
 from gateway.db.crud.tenants import get_tenant
 from gateway.db.errors import InvalidInput
 from gateway.db.models import Tenant, UsageRecord
+from gateway.db.money import MONEY_PLACES
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +50,8 @@ class UsageSummary:
     slo_met: int
     gain: float
     ideal_gain: float
+    cost: Decimal = field(default_factory=Decimal)
+    """What the group's records were charged (9 decimals)."""
 
     @property
     def slo_attainment(self) -> float | None:
@@ -87,6 +93,7 @@ _AGGREGATES = (
     _sum_where(_OK & UsageRecord.slo_met.is_(True), 1),
     _sum_where(_ACCOUNTED, UsageRecord.gain, 0.0),
     _sum_where(_ACCOUNTED, UsageRecord.ideal_gain, 0.0),
+    func.coalesce(func.sum(UsageRecord.cost), 0),
 )
 
 
@@ -102,7 +109,7 @@ def _window(query: Select[Any], since: datetime | None, until: datetime | None) 
 
 
 def _summary(group: str | None, group_id: int | None, values: Any) -> UsageSummary:
-    n, ok, err, rej, canc, p_tok, c_tok, canc_tok, err_tok, met, gain, ideal = values
+    n, ok, err, rej, canc, p_tok, c_tok, canc_tok, err_tok, met, gain, ideal, cost = values
     return UsageSummary(
         group=group,
         group_id=group_id,
@@ -118,7 +125,16 @@ def _summary(group: str | None, group_id: int | None, values: Any) -> UsageSumma
         slo_met=int(met),
         gain=float(gain),
         ideal_gain=float(ideal),
+        cost=money(cost),
     )
+
+
+def money(value: object) -> Decimal:
+    """A summed cost as the database answers it (PostgreSQL: an exact NUMERIC; SQLite: a
+    double) to nine decimals, so both read alike."""
+    if value is None:
+        return Decimal(0).quantize(MONEY_PLACES)
+    return Decimal(str(value)).quantize(MONEY_PLACES)
 
 
 def usage_by_tenant(

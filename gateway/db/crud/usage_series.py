@@ -22,7 +22,7 @@ in its bucket (``row_number``) and the bucket's size (``count() over``) pick the
 around ``p·(n−1)``, and the interpolation is done in the same query. Both give the same numbers
 on the same rows (``tests/gateway/test_usage_series.py``).
 
-Grouped by tenant or tier, only the ``top`` groups with the most requests in the window are
+Grouped by tenant, key or tier, only the ``top`` groups with the most requests in the window are
 returned (10,000 tenants do not fit on a chart); records of deleted tenants form one group with
 no name.
 """
@@ -56,13 +56,14 @@ from sqlalchemy.orm import Session
 from gateway.db.crud.tenants import get_tenant
 from gateway.db.crud.usage import _AGGREGATES, UsageSummary, _summary
 from gateway.db.errors import InvalidInput
-from gateway.db.models import Tenant, UsageRecord, utcnow
+from gateway.db.models import ApiKey, Tenant, UsageRecord, utcnow
+from gateway.db.security import display_prefix
 
 BUCKETS: dict[str, int] = {"minute": 60, "hour": 3600, "day": 86400}
 """Bucket widths in seconds, by name."""
 BucketName = Literal["auto", "minute", "hour", "day"]
-GroupBy = Literal["none", "tenant", "tier"]
-GROUPINGS: tuple[str, ...] = ("none", "tenant", "tier")
+GroupBy = Literal["none", "tenant", "key", "tier"]
+GROUPINGS: tuple[str, ...] = ("none", "tenant", "key", "tier")
 PERCENTILES: tuple[float, ...] = (0.5, 0.95, 0.99)
 MAX_BUCKETS = 50_000
 """Most buckets one window may span: a century of days, or five weeks of minutes."""
@@ -159,6 +160,8 @@ def _group_expr(group_by: str) -> ColumnElement[Any] | None:
     instead of sorting it (NULL: no tier)."""
     if group_by == "tenant":
         return func.coalesce(UsageRecord.tenant_id, _sql("0"))
+    if group_by == "key":
+        return func.coalesce(UsageRecord.api_key_id, _sql("0"))
     if group_by == "tier":
         return UsageRecord.tier.expression
     return None
@@ -479,6 +482,8 @@ def _ranking(filters: _Filters, group_by: str) -> str | None:
     (ungrouped, or filtered to one group)."""
     if group_by == "tenant" and filters.tenant_id is None:
         return "first"
+    if group_by == "key":  # a tenant's keys, or every key: many small groups
+        return "first"
     if group_by == "tier" and filters.tier is None:
         return "after"
     return None
@@ -559,6 +564,12 @@ def _group_names(
             session.execute(select(Tenant.id, Tenant.name).where(Tenant.id.in_(ids))).all()
         )
         return lambda k: (found.get(k), k or None) if k else (None, None)
+    if group_by == "key":
+        ids = [k for k in keys if k]
+        prefixes = dict(
+            session.execute(select(ApiKey.id, ApiKey.prefix).where(ApiKey.id.in_(ids))).all()
+        )
+        return lambda k: (display_prefix(prefixes[k]) if k in prefixes else None, k or None)
     if group_by == "tier":
         return lambda k: (k or None, None)
     return lambda k: (None, None)
