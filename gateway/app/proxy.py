@@ -97,6 +97,7 @@ log = logging.getLogger(__name__)
 Kind = Literal["chat", "completions"]
 _DONE = b"data: [DONE]\n\n"
 _SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+_NONE: frozenset[int] = frozenset()
 
 
 class End(NamedTuple):
@@ -470,13 +471,13 @@ class Job:
     def _route(self, now: float, exclude: frozenset[str] = frozenset()) -> RouteDecision:
         """Ask the group's router; ``exclude`` (backends that failed this request) sit out."""
         assert self.group is not None and self.core is not None
-        hidden = [b for b in self.group.backends if b.name in exclude and b.view.healthy]
-        for b in hidden:  # no await until restored: other requests never see this
-            b.view.healthy = False
+        skipped: frozenset[int] = _NONE
+        if exclude:
+            skipped = frozenset(b.view.index for b in self.group.backends if b.name in exclude)
         started = time.perf_counter()
         self.state.pool.see_others(self.group.backends)  # the other workers' queued prefills
         try:
-            return self.group.router.route(self.core, now)
+            return self.group.router.route(self.core, now, exclude=skipped)
         except NoHealthyInstanceError:
             raise ApiError(
                 503,
@@ -485,8 +486,6 @@ class Job:
                 headers={"retry-after": NO_BACKEND_RETRY_AFTER},
             ) from None
         finally:
-            for b in hidden:
-                b.view.healthy = True
             self.state.metrics.routing_time.observe(time.perf_counter() - started)
 
     # ---- dispatch -----------------------------------------------------------------------
