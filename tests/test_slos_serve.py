@@ -339,6 +339,54 @@ def test_policy_never_admits_beyond_kv_at_the_length_bound() -> None:
     assert len(policy.admitted) == 1 and len(policy.declined) == 2
 
 
+class _Drafting(Request):
+    """A decode whose step also verifies ``drafts`` speculative tokens (as an engine shows it)."""
+
+    drafts = 0
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return self.prompt_tokens + self.num_output_tokens - self.num_computed_tokens + self.drafts
+
+
+def test_a_decode_is_granted_its_draft_tokens() -> None:
+    policy = _policy()  # min_chunk_tokens 32: the token alone is no finished chunk of 4
+    base = _running("spec", prompt=200, outputs=5)
+    r = _Drafting(
+        "spec",
+        arrival_s=base.arrival_s,
+        prompt_tokens=base.prompt_tokens,
+        slo=base.slo,
+        max_output_tokens=base.max_output_tokens,
+        length=base.length,
+    )
+    r.status, r.num_output_tokens = base.status, base.num_output_tokens
+    r.num_computed_tokens, r.num_kv_blocks = base.num_computed_tokens, base.num_kv_blocks
+    r.token_times, r.drafts = base.token_times, 3
+    policy.admitted.add("spec")
+    limits = EngineLimits(token_budget=8192, max_num_seqs=64, block_size=16, num_free_blocks=100)
+    plan = _run(policy, SchedulerInput(1.0, [r], [], limits))  # its token is due: urgent
+    assert [(x.request_id, tokens) for x, tokens in plan.scheduled] == [("spec", 4)]
+
+
+def test_an_admitted_request_is_evicted_only_for_one_admitted_before_it() -> None:
+    policy = _policy()
+    # both decode and need a new block (208 tokens = 13 full blocks), none is free; "old" was
+    # admitted first, "resumed" (an earlier arrival, preempted and resumed) after it, and its
+    # token is due first
+    old = _running("old", prompt=200, outputs=9)
+    old.arrival_s = 0.5
+    resumed = _running("resumed", prompt=200, outputs=9)
+    resumed.token_times = [t - 0.1 for t in resumed.token_times]
+    for r in (old, resumed):
+        policy.admitted.add(r.request_id)
+    limits = EngineLimits(token_budget=8192, max_num_seqs=64, block_size=16, num_free_blocks=0)
+    plan = _run(policy, SchedulerInput(1.0, [old, resumed], [], limits))
+    # the later admitted one gives way, not the stream that kept running
+    assert [r.request_id for r in plan.preempted] == ["resumed"]
+    assert [(r.request_id, tokens) for r, tokens in plan.scheduled] == [("old", 1)]
+
+
 def test_time2bs_is_the_estimators_inverse() -> None:
     est = _estimator()
     decodes = [500] * 10

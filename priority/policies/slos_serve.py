@@ -31,8 +31,10 @@ until the last safe step misses its TTFT whenever that step runs long
 req/s on chat / summary / tools with it, 11.21 / 3.82 / 4.31 without; without noise neither
 setting was consistently ahead).
 
-Not modelled: speculative decoding (the paper's SLO-adaptive speculation) and routing a declined
-request to another replica (the gateway's job; the reason is in ``hopeless``).
+A decode is granted everything it has to compute this step: its token and, under speculative
+decoding, the draft tokens the engine verifies with it. Not modelled: the paper's SLO-adaptive
+speculation (the draft length is the engine's) and routing a declined request to another replica
+(the gateway's job; the reason is in ``hopeless``).
 """
 
 from __future__ import annotations
@@ -444,20 +446,31 @@ class SlosServePolicy(SchedulingPolicy):
                 continue  # nothing to compute this step (tokens in flight)
             (be_run if self.is_best_effort(r) else guaranteed_run).append(r)
         # best effort is evicted first (latest arrival first); an admitted request only when KV
-        # runs out for the running ones (their length bound was too short), latest first
+        # runs out for the running ones (their length bound was too short): the latest admitted
+        # first, and only by one admitted before it (``running`` is in admission order, a resumed
+        # request last), as vLLM's own scheduler evicts from the tail of its running queue — the
+        # least progress lost, and never the older stream for a newer one
         latest_first = sorted(inp.running, key=lambda r: -r.arrival_s)
         be_list = [r for r in latest_first if self.is_best_effort(r) and r.num_kv_blocks > 0]
-        admitted_list = [
-            r for r in latest_first if not self.is_best_effort(r) and r.num_kv_blocks > 0
-        ]
+        admitted_rank = {
+            r.request_id: i
+            for i, r in enumerate(inp.running)
+            if not self.is_best_effort(r) and r.num_kv_blocks > 0
+        }
+        admitted_list = [r for r in reversed(inp.running) if r.request_id in admitted_rank]
 
         def victims() -> Iterator[Request]:  # fresh each time: the builder skips the taken ones
             return iter(be_list)
 
-        def last_resort() -> Iterator[Request]:
-            return chain(be_list, admitted_list)
+        def last_resort(request: Request | None) -> Iterator[Request]:
+            """Victims for a running ``request``; None: any admitted one, from the tail."""
+            if request is None:
+                return chain(be_list, admitted_list)
+            rank = admitted_rank.get(request.request_id, len(inp.running))
+            later = (r for r in admitted_list if admitted_rank[r.request_id] > rank)
+            return chain(be_list, later)
 
-        # a decode (by its sequence: vLLM's speculative drafts ride along with its one token)
+        # a decode (by its sequence: one token to compute, plus any speculative drafts)
         decodes = [r for r in guaranteed_run if is_decoding(r)]
         due = {id(r): self.decode_due(r, ref) for r in decodes}
         prefill_due: dict[int, float] = {}
@@ -489,7 +502,8 @@ class SlosServePolicy(SchedulingPolicy):
         budget_s = None
         if step_s is not None:
             kv = np.fromiter((r.num_computed_tokens for r in urgent), dtype=np.int64)
-            urgent_s = float(est.request_times(np.ones(kv.size, dtype=np.int64), kv).sum())
+            tokens = np.fromiter((r.num_uncomputed_tokens for r in urgent), dtype=np.int64)
+            urgent_s = float(est.request_times(tokens, kv).sum())
             budget_s = max(step_s, est.t_c + urgent_s * 1.001)
         builder = BatchBuilder(
             inp,
@@ -497,8 +511,10 @@ class SlosServePolicy(SchedulingPolicy):
             time_budget_s=budget_s,
             min_prefill_chunk=self.params.min_chunk_tokens,
         )
+        # a decode is granted all it has to compute: its token and the speculative drafts vLLM
+        # verifies with it (one token alone would be a chunk that ends nothing)
         for r in urgent:
-            self._grant(builder, r, 1, last_resort())
+            self._grant(builder, r, r.num_uncomputed_tokens, last_resort(r))
 
         order = sorted(chain(prefills, admitted_waiting), key=lambda r: prefill_due[id(r)])
         for r in order:
@@ -512,19 +528,20 @@ class SlosServePolicy(SchedulingPolicy):
             ):
                 want -= 1  # hold the last prompt token (see the module docstring)
             if want > 0:
-                self._grant(builder, r, want, last_resort() if r.num_kv_blocks else victims())
+                self._grant(builder, r, want, last_resort(r) if r.num_kv_blocks else victims())
         for r in later:
             if builder.full:
                 break
-            self._grant(builder, r, 1, iter(()))
+            self._grant(builder, r, r.num_uncomputed_tokens, iter(()))
         self._best_effort(builder, inp, be_run, victims)
         if not builder.plan.scheduled:  # nothing else to do: the held tokens, then anything
             builder.time_budget_s = None
-            for r in chain(held, order, later, be_run, inp.waiting):
+            for r in chain(held, urgent, order, later, be_run, inp.waiting):
                 if builder.is_scheduled(r) or r.num_uncomputed_tokens < 1:
                     continue
-                # only a running request may evict an admitted one (KV its bound missed)
-                evict = last_resort() if r.num_kv_blocks else victims()
+                # only a running request may evict an admitted one (KV its bound missed); the
+                # step is empty otherwise, so, as in vLLM, any of them from the tail
+                evict = last_resort(None) if r.num_kv_blocks else victims()
                 if self._grant(builder, r, r.num_uncomputed_tokens, evict):
                     break
         plan = builder.plan
