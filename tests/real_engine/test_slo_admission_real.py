@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -158,7 +159,8 @@ def _ttft_ms(gateway: GatewayThread) -> float:
     return math.ceil((ADMITTED_PER_ENGINE + 0.5) * slowest * 1e3)
 
 
-def _one(client: openai.OpenAI, ttft_ms: float) -> dict[str, Any]:
+def _one(client: openai.OpenAI, ttft_ms: float, start: threading.Barrier) -> dict[str, Any]:
+    start.wait()  # every request of the burst leaves at once, however slowly threads start
     try:
         answer = client.chat.completions.create(
             model=MODEL,
@@ -188,8 +190,9 @@ def _burst(gateway: GatewayThread, keys: dict[str, str]) -> dict[str, list[dict[
     for tier, key in keys.items():
         ttft = _ttft_ms(gateway)
         client = openai.OpenAI(base_url=gateway.base_url, api_key=key, max_retries=0, timeout=300)
+        start = threading.Barrier(BURST)
         with ThreadPoolExecutor(BURST) as pool:
-            shots[tier] = list(pool.map(_one, [client] * BURST, [ttft] * BURST))
+            shots[tier] = list(pool.map(_one, [client] * BURST, [ttft] * BURST, [start] * BURST))
     return shots
 
 
