@@ -39,12 +39,13 @@ from decimal import Decimal
 from typing import Any, Literal
 
 import httpx
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
+from gateway.db.crud.budgets import spent_in
 from gateway.db.errors import describe
-from gateway.db.models import Budget, UsageRecord
+from gateway.db.models import Budget
 from gateway.db.money import NANOS, from_nanos, plain, to_nanos
 from gateway.limits.base import AdmissionRejected, RejectReason
 from gateway.limits.budget_store import (
@@ -381,22 +382,10 @@ def load_rules(factory: sessionmaker[Session]) -> Loader:
     return load
 
 
-def spent_in(session: Session, rule: BudgetRule, start: datetime, end: datetime) -> Decimal:
-    """What the usage records charge ``rule``'s target in ``[start, end)``."""
-    query = select(func.coalesce(func.sum(UsageRecord.cost), 0)).where(
-        UsageRecord.created_at >= start, UsageRecord.created_at < end
-    )
-    if rule.key_id is not None:
-        query = query.where(UsageRecord.api_key_id == rule.key_id)
-    else:
-        query = query.where(UsageRecord.tenant_id == rule.tenant_id)
-    return Decimal(str(session.scalar(query) or 0))
-
-
 def seed_from(factory: sessionmaker[Session]) -> Seeder:
     def seed(rule: BudgetRule, start: datetime, end: datetime) -> Decimal:
         with factory() as session:
-            return spent_in(session, rule, start, end)
+            return spent_in(session, rule.tenant_id, rule.key_id, start, end)
 
     return seed
 

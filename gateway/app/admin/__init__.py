@@ -1,6 +1,6 @@
 """The admin REST API (mounted at ``/admin/v1``): tiers, tenants, keys, backends, profiles,
-prices, usage, audit, operators — one router module each, assembled here. Who may call each route is
-:mod:`.rules` (roles: :mod:`.roles`).
+prices, budgets, usage, audit, operators — one router module each, assembled here. Who may call
+each route is :mod:`.rules` (roles: :mod:`.roles`).
 
 Every route is a thin shell over :mod:`gateway.db.crud`, so the API, the CLI and the data layer
 share one set of rules and every change is audited there (actor
@@ -19,6 +19,7 @@ from fastapi import APIRouter, Depends
 from gateway.app.admin import (
     audit,
     backends,
+    budgets,
     keys,
     operators,
     prices,
@@ -32,7 +33,7 @@ from gateway.errors import error_responses
 
 __all__ = ["build_admin_router"]
 
-RESOURCES = (tiers, tenants, keys, backends, profiles, prices, usage, audit, operators)
+RESOURCES = (tiers, tenants, keys, backends, profiles, prices, budgets, usage, audit, operators)
 """In the order OpenAPI lists them."""
 
 ERRORS = error_responses(

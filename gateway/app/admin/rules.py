@@ -63,6 +63,12 @@ API_RULES: Mapping[str, Access] = {
     "GET /prices/{ref}": R,
     "PATCH /prices/{ref}": W,
     "DELETE /prices/{ref}": W,
+    # budgets: staff set them; a tenant admin reads its own tenant's
+    "GET /budgets": TR,
+    "POST /budgets": W,
+    "GET /budgets/{budget_id}": TR,
+    "PATCH /budgets/{budget_id}": W,
+    "DELETE /budgets/{budget_id}": W,
     # usage: per tenant and over time, a tenant admin its own; per tier sums every tenant
     "GET /usage/tenants": TR,
     "GET /usage/tiers": R,

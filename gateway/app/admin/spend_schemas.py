@@ -1,4 +1,4 @@
-"""Request and response models of ``/prices``, ``/budgets`` and ``/spend``: money as exact
+"""Request and response models of ``/prices`` and ``/budgets``: money as exact
 decimal text in every answer (``"0.150000"``), a decimal string or a JSON number in a request
 (a number is read as written: ``0.1`` is one tenth, never a binary float)."""
 
@@ -13,6 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, Stric
 from gateway.app.admin.schemas import ModelName, Ref
 from gateway.db.models import Budget, ModelPrice
 from gateway.db.money import plain
+from gateway.db.security import display_prefix
+from gateway.limits.budget import budget_state
 
 MoneyIn = Annotated[
     StrictStr | StrictInt | StrictFloat,
@@ -33,10 +35,6 @@ class PriceCreate(_Input):
 class PriceUpdate(_Input):
     prompt_per_mtok: MoneyIn | None = None
     completion_per_mtok: MoneyIn | None = None
-
-
-def _text(amount: Decimal | None) -> str | None:
-    return plain(amount)
 
 
 class PriceOut(BaseModel):
@@ -101,13 +99,11 @@ class BudgetOut(BaseModel):
 
     @classmethod
     def of(cls, row: Budget, *, start: datetime, end: datetime, spent: Decimal) -> BudgetOut:
-        from gateway.limits.budget import budget_state
-
         return cls(
             id=row.id,
             tenant=row.tenant.name,
             tenant_id=row.tenant_id,
-            key=row.api_key.prefix if row.api_key is not None else None,
+            key=display_prefix(row.api_key.prefix) if row.api_key is not None else None,
             period=row.period,  # type: ignore[arg-type]
             amount=plain(row.amount) or "0",
             soft_fraction=row.soft_fraction,
@@ -117,26 +113,3 @@ class BudgetOut(BaseModel):
             spent=plain(spent) or "0",
             state=budget_state(spent, row.amount, row.soft_fraction),
         )
-
-
-class SpendPointOut(BaseModel):
-    """Spend of one group in one bucket: cost and the tokens charged."""
-
-    start: datetime
-    group: str | None
-    group_id: int | None
-    requests: int
-    prompt_tokens: int
-    completion_tokens: int
-    cost: str
-
-
-class SpendSeriesOut(BaseModel):
-    object: Literal["spend_series"] = "spend_series"
-    since: datetime
-    until: datetime
-    bucket: Literal["minute", "hour", "day"]
-    bucket_seconds: int
-    group_by: Literal["none", "tenant", "key", "tier"]
-    total: str
-    data: list[SpendPointOut]
