@@ -158,3 +158,38 @@ def test_kept_columns_follow_every_change_of_the_views() -> None:
     views[9].prefill_queue = dataclasses.replace(views[9]).prefill_queue  # another object
     views[9].queue_updated_s = 10.3
     check(7)
+
+
+@pytest.mark.parametrize(
+    ("pd", "queued", "ttft"),
+    [(False, 6, None), (False, 60, None), (False, 60, 1e-3), (True, 30, None)],
+)
+def test_the_array_path_estimates_as_the_loop_does(
+    pd: bool, queued: int, ttft: float | None
+) -> None:
+    """Decision after decision (queues and decode counts changing, the kept searches reused or
+    searched again), the numpy path's estimates and expected-gain fallback gains are the scalar
+    loop's, bit for bit."""
+    from priority.routing import GoRouter
+    from priority.routing.simple import prefill_candidates
+
+    bench = _bench()
+    rng = np.random.default_rng(5)
+    views = bench.build_views(40 if pd else 20, queued, rng, pd=pd)
+    router = GoRouter(views, seed=2, weights=GainWeights.from_lengths(1000.0, 250.0))
+
+    def make(k: int) -> Request:
+        return bench.new_request(f"a{k}", rng, now=10.0, ttft=ttft)
+
+    driver = bench.Driver(router, make, rng)
+    for k in range(120):
+        request = make(10_000 + k)
+        now = driver.now + 0.0005
+        candidates = prefill_candidates(views)
+        arrays = router._estimate_arrays(candidates, request, now)
+        loop = router._estimates_loop(candidates, request, now)
+        assert arrays.objects() == loop, f"decision {k}"
+        decode = router.route(request, now).decode_instance
+        gains = router._fallback_gains_arrays(arrays, request, now, decode).tolist()
+        assert gains == router.fallback_gains(loop, request, now, decode), f"decision {k}"
+        driver.step()

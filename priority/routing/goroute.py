@@ -268,6 +268,8 @@ class _Estimates:
     """Per instance: its decoding requests, as read for this decision."""
     decoding_list: list[int] = dataclasses.field(default_factory=list)
     """The same as a list."""
+    moved: list[int] | None = None
+    """The positions where ``cut_after`` may differ from ``cut_before`` (None: any)."""
 
     @property
     def delta(self) -> np.ndarray:
@@ -776,14 +778,29 @@ class GoRouter(Router):
         exec_with_s = exec_s + (phi_after - phi_before)
         suffixes = cols.suffixes
         cut_before = cols.cut
-        moved = cols.searched(now + exec_s, cols.cut_lo, cols.cut_hi, cut_before)
-        for k in moved:
+        researched = cols.searched(now + exec_s, cols.cut_lo, cols.cut_hi, cut_before)
+        for k in researched:
             cols.cut_value[k] = suffixes[k][cut_before[k]]
-        cols.stream_cut_stale.update(moved)
+        cols.stream_cut_stale.update(researched)
         gain_before = first * cols.cut_value
         end_s = now + exec_with_s
-        cut_after = list(map(bisect.bisect_right, padded, end_s.tolist(), zeros, sizes))
-        gain_after = first * np.array(list(map(getitem, suffixes, cut_after)))
+        # where no queued deadline falls between now + Exec(p) and now + Exec(p, r), the
+        # request's own work pushes no one past theirs: cut_after is cut_before, no search
+        crossed: list[int] = np.flatnonzero(
+            ~((cols.cut_lo <= end_s) & (end_s < cols.cut_hi))
+        ).tolist()
+        moved: list[int] | None = crossed
+        if 4 * len(crossed) > len(padded):  # many: one C-level pass over all of them
+            cut_after = list(map(bisect.bisect_right, padded, end_s.tolist(), zeros, sizes))
+            gain_after = first * np.array(list(map(getitem, suffixes, cut_after)))
+            moved = None
+        else:
+            cut_after = list(cut_before)
+            values = cols.cut_value.copy()
+            for k in crossed:
+                at = cut_after[k] = bisect.bisect_right(padded[k], float(end_s[k]), 0, sizes[k])
+                values[k] = suffixes[k][at]
+            gain_after = first * values
         np.add(gain_after, req_value, out=gain_after, where=end_s < req_deadline)
         return _Estimates(
             cols.indices,
@@ -795,6 +812,7 @@ class GoRouter(Router):
             cut_after,
             decoding,
             decoding_list,
+            moved,
         )
 
     def _columns(self, instances: Sequence[InstanceView]) -> _Columns:
@@ -957,7 +975,13 @@ class GoRouter(Router):
             streams: list[Any] = cols.stream_suffixes()
             tpot_q = cols.min_tpot
             gap = tpot_q - step
-            late = cols.stream_total - np.array(list(map(getitem, streams, arrays.cut_after)))
+            if arrays.moved is None:
+                at_after = np.array(list(map(getitem, streams, arrays.cut_after)))
+            else:  # the stream suffix at cut_before, kept, except where the cut moved
+                at_after = cols.stream_cut.copy()
+                for k in arrays.moved:
+                    at_after[k] = streams[k][arrays.cut_after[k]]
+            late = cols.stream_total - at_after
             exposed = np.where(gap > 0.0, late, cols.stream_cut)  # stream suffix at cut_before
             rate = 1.0 / np.maximum(np.abs(gap), GAP_FLOOR * tpot_q)
             np.copyto(loss, np.minimum(exposed * delay * rate, weighted), where=queued)
