@@ -37,6 +37,7 @@ PAGES: tuple[str, ...] = (
     "gateway.app.ui.keys",
     "gateway.app.ui.backends",
     "gateway.app.ui.profiles",
+    "gateway.app.ui.spend",
     "gateway.app.ui.audit",
     "gateway.app.ui.operators",
 )

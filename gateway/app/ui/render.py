@@ -60,11 +60,13 @@ class NavItem:
 NAV = (
     NavItem("overview", "Overview", f"{UI_PATH}/"),
     NavItem("usage", "Usage", f"{UI_PATH}/usage", Access.TENANT_READ),
+    NavItem("budgets", "Budgets", f"{UI_PATH}/budgets", Access.TENANT_READ),
     NavItem("tiers", "Tiers", f"{UI_PATH}/tiers"),
     NavItem("tenants", "Tenants", f"{UI_PATH}/tenants"),
     NavItem("keys", "Keys", f"{UI_PATH}/keys", Access.TENANT_READ),
     NavItem("backends", "Backends", f"{UI_PATH}/backends"),
     NavItem("profiles", "Profiles", f"{UI_PATH}/profiles"),
+    NavItem("prices", "Prices", f"{UI_PATH}/prices"),
     NavItem("audit", "Audit", f"{UI_PATH}/audit"),
     NavItem("operators", "Operators", f"{UI_PATH}/operators"),
     NavItem("api", "API reference", "/docs", Access.ANY),
