@@ -26,6 +26,7 @@ PACKAGES = (
     "engine_common",
     "engine_cuda",
     "engine_ascend",
+    "engine_emulated",
     "admin_ui",
 )
 TOP_LEVEL = ("tiergate_cli.py",)
