@@ -1,4 +1,5 @@
-"""Admin command line: ``tiergate db|tiers|tenants|keys|backends|profiles|usage|operators``.
+"""Admin command line: ``tiergate db|tiers|tenants|keys|backends|profiles|prices|budgets|usage|
+operators``.
 
 Every command works on ``TIERGATE_DATABASE_URL`` through the same CRUD functions as the admin
 API, so the CLI and the API cannot disagree on rules, and every change is audited with actor
@@ -24,6 +25,7 @@ from gateway.cli.keys import keys_app
 from gateway.cli.lengths import register_lengths
 from gateway.cli.operators import operators_app
 from gateway.cli.profiles import profiles_app
+from gateway.cli.spend import budgets_app, prices_app
 from gateway.cli.tenants import tenants_app
 from gateway.cli.tiers import tiers_app
 from gateway.cli.usage import usage
@@ -39,6 +41,8 @@ def register(app: typer.Typer) -> None:
     app.add_typer(keys_app, name="keys")
     app.add_typer(backends_app, name="backends")
     app.add_typer(profiles_app, name="profiles")
+    app.add_typer(prices_app, name="prices")
+    app.add_typer(budgets_app, name="budgets")
     app.command("usage")(usage)
     app.add_typer(admin_app, name="admin")
     app.add_typer(operators_app, name="operators")
