@@ -60,17 +60,15 @@ class GatewayState:
     """Tool-calling conversations and whether every stage so far met its SLO
     (:mod:`gateway.app.stages`)."""
 
-    budgets: BudgetGuard | None = None
-    """Spend budgets at admission (:mod:`gateway.limits.budget`): ``reserve`` the request's
-    maximum cost, ``settle`` to what it cost; built from the settings when not given (Redis
-    when configured)."""
+    budget_guard: BudgetGuard | None = None
+    """The budgets' guard when given (tests); else built from the settings: :attr:`budgets`."""
 
     def __post_init__(self) -> None:
         if self.usage_writer.on_priced is None:  # each charged record adds to the spend metric
             self.usage_writer.on_priced = partial(record_spend, self.metrics)
-        if self.budgets is None:
+        if self.budget_guard is None:
             config = self.settings
-            self.budgets = make_budget_guard(
+            self.budget_guard = make_budget_guard(
                 self.session_factory,
                 redis_url=config.redis_url,
                 prefix=config.redis_prefix,
@@ -79,6 +77,13 @@ class GatewayState:
                 on_refused=self._budget_refused,
                 on_soft=self._budget_soft,
             )
+
+    @property
+    def budgets(self) -> BudgetGuard:
+        """Spend budgets at admission (:mod:`gateway.limits.budget`): ``reserve`` a request's
+        maximum cost, ``settle`` to what it cost (Redis when configured)."""
+        assert self.budget_guard is not None
+        return self.budget_guard
 
     def _budget_refused(self, rule: BudgetRule) -> None:
         self.metrics.budget_rejections.labels(rule.scope, rule.period).inc()

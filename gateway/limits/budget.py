@@ -12,8 +12,11 @@ gateway's estimate).
 
 With Redis the counters are shared by every worker and replica (one Lua script per
 operation); without it each process counts its own share (``amount / share``, ``share`` being
-its processes), as the rate limits do. A request of a model without a price costs nothing and
-reserves nothing; it is still refused while a budget is exhausted.
+its processes), as the rate limits do. While Redis cannot be reached requests are admitted
+without a budget check (fail open, counted in ``unavailable`` and logged): a cache outage must
+not stop every tenant with a budget; the usage records still charge what they cost. A request
+of a model without a price costs nothing and reserves nothing; it is still refused while a
+budget is exhausted.
 
 Once a settled charge takes a budget past ``soft_fraction`` of it, the first process to see
 it (a flag in the store) counts ``tiergate_budget_soft_crossings_total`` once for the period
@@ -39,6 +42,7 @@ from decimal import Decimal
 from typing import Any, Literal
 
 import httpx
+from redis.exceptions import RedisError
 from sqlalchemy import select
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
@@ -209,6 +213,9 @@ class BudgetGuard:
         self._loading: asyncio.Task[None] | None = None
         self._seeds: dict[str, int] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
+        self.unavailable = 0
+        """Operations the store could not do (Redis away): those requests were admitted."""
+        self._logged_at = -float("inf")
 
     # -- the budgets in force ---------------------------------------------------------------
 
@@ -283,7 +290,11 @@ class BudgetGuard:
         now = self._clock()
         nanos = to_nanos(max_cost) if max_cost is not None and max_cost > 0 else 0
         charges = [(rule, await self._charge(rule, nanos, now)) for rule in rules]
-        result = await self.store.reserve([c for _, c in charges])
+        try:
+            result = await self.store.reserve([c for _, c in charges])
+        except (RedisError, OSError) as exc:  # the store is away: admit, never fail the request
+            self._unavailable("reserve", exc)
+            return None
         if isinstance(result, Refusal):
             rule, charge = charges[result.index]
             if self.on_refused is not None:
@@ -304,9 +315,26 @@ class BudgetGuard:
         if delta == 0 and not watched:
             return
         charges = [(rule, _with_nanos(c, delta)) for rule, c in hold.charges]
-        values = await self.store.add([c for _, c in charges])
+        try:
+            values = await self.store.add([c for _, c in charges])
+        except (RedisError, OSError) as exc:
+            self._unavailable("settle", exc)
+            return
         if actual > 0:
             await self._crossed(charges, values)
+
+    def _unavailable(self, what: str, exc: Exception) -> None:
+        """Count and log (at most every 10 s) an operation the store could not do."""
+        self.unavailable += 1
+        now = self._monotonic()
+        if now - self._logged_at >= 10.0:
+            self._logged_at = now
+            log.warning(
+                "budget store unavailable (%s: %s): admitting without budgets (%d so far)",
+                what,
+                type(exc).__name__,
+                self.unavailable,
+            )
 
     async def spent(self, rule: BudgetRule) -> Decimal | None:
         """What the counter of ``rule``'s current period holds (reservations included), for

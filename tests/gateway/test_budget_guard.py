@@ -214,3 +214,19 @@ def test_a_burst_from_four_processes_never_overspends(redis_url: str) -> None:  
     assert spent_thousandths <= 1000  # never past the budget
     assert admitted >= 100  # the settled refunds let more through than 1.00 / 0.01
     assert admitted < processes * attempts
+
+
+class _Away(MemoryBudgetStore):
+    async def reserve(self, charges: Any) -> Any:
+        raise ConnectionError("redis is away")
+
+    async def add(self, charges: Any) -> Any:
+        raise ConnectionError("redis is away")
+
+
+@pytest.mark.asyncio
+async def test_an_unreachable_store_admits_and_counts_it() -> None:
+    guard = BudgetGuard(_Away(), clock=lambda: NOW)
+    guard.set_rules([TENANT_DAY])
+    assert await guard.reserve(7, None, Decimal("0.5")) is None
+    assert guard.unavailable == 1
