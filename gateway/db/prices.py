@@ -98,6 +98,11 @@ class PriceBook:
             self._loaded_at = self._clock()
             return True
 
+    @property
+    def stale(self) -> bool:
+        loaded = self._loaded_at
+        return loaded is None or self._clock() - loaded >= self._ttl_s
+
     def refresh_if_stale(self) -> None:
         loaded = self._loaded_at
         if loaded is None or self._clock() - loaded >= self._ttl_s:

@@ -51,6 +51,7 @@ from gateway.db.crud.budgets import spent_in
 from gateway.db.errors import describe
 from gateway.db.models import Budget
 from gateway.db.money import NANOS, from_nanos, plain, to_nanos
+from gateway.db.prices import PriceBook
 from gateway.limits.base import AdmissionRejected, RejectReason
 from gateway.limits.budget_store import (
     EXPIRY_MARGIN_S,
@@ -166,6 +167,8 @@ class BudgetHold:
     reserved: int
     """Nano-units reserved on each counter."""
     settled: bool = False
+    model: str | None = None
+    """The model whose price :meth:`BudgetGuard.charge` settles at."""
 
 
 def _period_key(prefix: str, rule: BudgetRule, start: datetime) -> str:
@@ -195,8 +198,11 @@ class BudgetGuard:
         on_refused: Callable[[BudgetRule], None] | None = None,
         on_soft: Callable[[BudgetRule, Decimal], None] | None = None,
         notify: Callable[[BudgetRule, Decimal, datetime], Any] | None = None,
+        prices: PriceBook | None = None,
     ) -> None:
         self.store = store
+        self._price_book = prices
+        self._pricing: asyncio.Task[None] | None = None
         self._load = load
         self._seed = seed
         self._prefix = prefix
@@ -279,6 +285,51 @@ class BudgetGuard:
         expires = end.timestamp() + EXPIRY_MARGIN_S
         return Charge(key=key, nanos=nanos, limit=limit, seed=seed, expires_at=expires)
 
+    async def admit(
+        self,
+        tenant_id: int,
+        key_id: int | None,
+        model: str | None,
+        prompt_tokens: int,
+        max_output_tokens: int,
+    ) -> BudgetHold | None:
+        """The request path's reserve: the request's maximum cost — its prompt and its whole
+        output budget at ``model``'s price now — on every budget of the tenant and the key
+        (None when none applies; nothing is priced then). Raises :class:`BudgetExceeded`."""
+        rules = await self._rules_for(tenant_id, key_id)
+        if not rules:
+            return None
+        book = await self._prices()
+        max_cost = book.cost(model, prompt_tokens, max_output_tokens) if book else None
+        hold = await self._reserve(rules, max_cost)
+        if hold is not None:
+            hold.model = model
+        return hold
+
+    async def charge(
+        self, hold: BudgetHold | None, prompt_tokens: int, completion_tokens: int
+    ) -> None:
+        """The request path's settle: what the request's tokens cost at its model's price (the
+        same price book the usage writer charges the record at)."""
+        if hold is None:
+            return
+        book = self._price_book
+        cost = book.cost(hold.model, prompt_tokens, completion_tokens) if book else None
+        await self.settle(hold, cost)
+
+    async def _prices(self) -> PriceBook | None:
+        """The price book, read first if it never was (then refreshed off the event loop)."""
+        book = self._price_book
+        if book is None:
+            return None
+        if not book.loaded:
+            await asyncio.to_thread(book.refresh)
+        elif book.stale and (self._pricing is None or self._pricing.done()):
+            self._pricing = asyncio.get_running_loop().create_task(
+                asyncio.to_thread(book.refresh_if_stale)
+            )
+        return book
+
     async def reserve(
         self, tenant_id: int, key_id: int | None, max_cost: Decimal | None
     ) -> BudgetHold | None:
@@ -287,6 +338,11 @@ class BudgetGuard:
         rules = await self._rules_for(tenant_id, key_id)
         if not rules:
             return None
+        return await self._reserve(rules, max_cost)
+
+    async def _reserve(
+        self, rules: list[BudgetRule], max_cost: Decimal | None
+    ) -> BudgetHold | None:
         now = self._clock()
         nanos = to_nanos(max_cost) if max_cost is not None and max_cost > 0 else 0
         charges = [(rule, await self._charge(rule, nanos, now)) for rule in rules]

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
+from gateway.db.prices import PriceBook
 from gateway.errors import ApiError
 from gateway.limits.budget import (
     BudgetExceeded,
@@ -230,3 +231,23 @@ async def test_an_unreachable_store_admits_and_counts_it() -> None:
     guard.set_rules([TENANT_DAY])
     assert await guard.reserve(7, None, Decimal("0.5")) is None
     assert guard.unavailable == 1
+
+
+@pytest.mark.asyncio
+async def test_admit_and_charge_price_the_tokens_at_the_models_price(
+    make_guard: Callable[..., BudgetGuard],
+) -> None:
+    book = PriceBook(None)
+    book.set({"m": (Decimal("1000"), Decimal("2000"))})  # 0.001 a prompt token, 0.002 an output
+    guard = make_guard([TENANT_DAY], prices=book)
+    assert await guard.admit(8, None, "m", 10, 10) is None  # no budget: nothing priced
+    hold = await guard.admit(7, None, "m", 100, 300)  # at most 0.1 + 0.6
+    assert hold is not None and hold.reserved == 700_000_000
+    with pytest.raises(BudgetExceeded):
+        await guard.admit(7, None, "m", 100, 300)
+    await guard.charge(hold, 100, 50)  # 0.1 + 0.1
+    assert await guard.spent(TENANT_DAY) == Decimal("0.2")
+    free = await guard.admit(7, None, "unpriced", 10**6, 10**6)
+    assert free is not None and free.reserved == 0
+    await guard.charge(free, 10**6, 10**6)
+    assert await guard.spent(TENANT_DAY) == Decimal("0.2")
