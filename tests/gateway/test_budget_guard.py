@@ -6,6 +6,7 @@ processes sharing Redis never spends past the budget."""
 from __future__ import annotations
 
 import asyncio
+import json
 import multiprocessing
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -24,6 +25,7 @@ from gateway.limits.budget import (
     BudgetRule,
     budget_state,
     period_bounds,
+    post_webhook,
 )
 from gateway.limits.budget_store import MemoryBudgetStore, RedisBudgetStore
 from tests.gateway.test_limits import _delete_prefix, redis_url  # noqa: F401 - the fixture
@@ -251,3 +253,44 @@ async def test_admit_and_charge_price_the_tokens_at_the_models_price(
     assert free is not None and free.reserved == 0
     await guard.charge(free, 10**6, 10**6)
     assert await guard.spent(TENANT_DAY) == Decimal("0.2")
+
+
+@pytest.mark.asyncio
+async def test_the_soft_threshold_posts_one_notice_to_the_webhook(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import httpx
+
+    import gateway.limits.budget as budget_module
+
+    posted: list[tuple[str, dict[str, Any]]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        posted.append((str(request.url), json.loads(request.content)))
+        return httpx.Response(204)
+
+    real = httpx.AsyncClient
+    monkeypatch.setattr(
+        budget_module.httpx,
+        "AsyncClient",
+        lambda **kw: real(transport=httpx.MockTransport(handler), **kw),
+    )
+    rule = BudgetRule(
+        3,
+        tenant_id=7,
+        key_id=None,
+        period="day",
+        amount=Decimal("1"),
+        soft_fraction=0.5,
+        webhook_url="http://hooks.example/budget",
+    )
+    guard = BudgetGuard(MemoryBudgetStore(), clock=lambda: NOW, notify=post_webhook)
+    guard.set_rules([rule])
+    for _ in range(3):  # 0.3, 0.6, 0.9: past half once
+        await guard.settle(await guard.reserve(7, None, Decimal("0.3")), Decimal("0.3"))
+    await asyncio.gather(*guard._tasks)
+    assert len(posted) == 1
+    url, notice = posted[0]
+    assert url == "http://hooks.example/budget"
+    assert notice["event"] == "budget.soft_threshold" and notice["spent"] == "0.600000000"
+    assert notice["resets_at"] == "2030-02-28T00:00:00Z" and notice["scope"] == "tenant"
