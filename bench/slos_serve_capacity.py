@@ -5,7 +5,7 @@ admission planner's time at 1,024 waiting + 256 running.
     python bench/slos_serve_capacity.py [--scenarios chat,coding,summary,tools]
         [--policies slos-serve,vllm-v1,sarathi-fcfs,slide,gmax] [--requests N]
         [--profile a100-qwen2-7b] [--seed S] [--rel-tol 0.05] [--planner-repeats K]
-        [--skip-planner] [--skip-capacity] [--noise SIGMA] [--json]
+        [--skip-planner] [--skip-capacity] [--noise SIGMA] [--bound] [--json]
 
 Scenarios (SLOs after SLOs-Serve Table 1/3: tight = 3x zero-load TTFT / 50 ms TPOT, loose = 5x /
 100 ms; the first ``N`` requests of each trace, arrivals rescaled to each probed rate):
@@ -26,6 +26,10 @@ Lengths reach the policies as the length predictor's distributions (``--lengths 
 the measured error model), never as oracles. Capacity is bisected geometrically per policy
 (doubling from the scenario's near-idle rate, then to ``rel_tol``); every probe replays the
 same requests. Ratios are ``slos-serve`` over each other policy, then their geometric mean.
+
+``--bound`` adds what no scheduler can beat on one instance (:func:`throughput_bound`): the rate
+at which the engine, saturated, finishes the cheapest 90% of a scenario's requests — latency SLOs
+ignored, so an upper bound on any policy's capacity (up to the tail after the last arrival).
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ import math
 import statistics
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -209,6 +213,55 @@ def capacity(
     return lo, probes
 
 
+def cheapest_share(trace: Trace, profile: Profile, share: float) -> Trace:
+    """The trace without its costliest requests, whole workflows at a time, keeping at most
+    ``share`` of the rows: cost is a request's isolated engine time (its prefill, and its decode
+    tokens at their marginal cost in a batch), a workflow's the sum of its calls'."""
+    est = profile.estimator()
+    c = est.coefficients
+    prompt = trace.prompt_tokens.astype(np.float64)
+    output = trace.output_tokens.astype(np.float64)
+    cost = est.request_times(trace.prompt_tokens, np.zeros_like(trace.prompt_tokens))
+    cost = cost + output * (c.b_d + c.a_d * (prompt + output / 2))
+    groups: dict[str, list[int]] = {}
+    wids = trace.workflow_id or [None] * len(trace)
+    for k, wid in enumerate(wids):
+        groups.setdefault(wid if wid is not None else f"row{k}", []).append(k)
+    kept: list[int] = []
+    for rows in sorted(groups.values(), key=lambda rows: float(cost[rows].sum())):
+        if len(kept) + len(rows) > share * len(trace):
+            break
+        kept += rows
+    index = np.sort(np.asarray(kept, dtype=np.int64))
+
+    def pick(column: Any) -> Any:
+        if column is None or isinstance(column, str):
+            return column
+        if isinstance(column, np.ndarray):
+            return column[index]
+        return [column[k] for k in index.tolist()]
+
+    return replace(trace, **{f.name: pick(getattr(trace, f.name)) for f in fields(trace)})
+
+
+def throughput_bound(
+    scenario: Scenario, profile: Profile, seed: int, share: float = TARGET
+) -> float:
+    """Requests per second of the scenario the saturated engine can serve with ``share`` of them
+    (the cheapest, :func:`cheapest_share`) all submitted at once and batched as stock vLLM does:
+    the scenario's request count over that makespan. A policy meeting the SLOs of ``share`` of
+    the requests at a rate must finish them about as fast, so no capacity exceeds it by more than
+    the tail after the last arrival."""
+    kept = replace(scenario, trace=cheapest_share(scenario.trace, profile, share))
+    at_once = 100.0 * len(scenario.trace)  # every first call within 10 ms
+    workload = workload_at(kept, profile, at_once, seed)
+    config = ClusterConfig(profiles=[profile], policy="vllm-v1", router="round-robin", seed=seed)
+    run = simulate(workload, configure(config, "vllm-v1", workload))
+    start = min(r.arrival_s for r in run.requests)
+    end = max(r.token_times[-1] for r in run.requests if r.token_times)
+    return len(scenario.trace) / (end - start)
+
+
 def planner_timing(profile: Profile, repeats: int, seed: int) -> dict[str, float]:
     """p50/p99 of one admission plan (planner alone — wall and this thread's CPU time, which a
     busy machine does not inflate — and with the policy's input building) and of one whole
@@ -281,6 +334,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--noise", type=float, default=0.0, help="lognormal sigma of the true step times"
     )
+    ap.add_argument(
+        "--bound", action="store_true", help="add each scenario's throughput bound (see above)"
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     profile = load_profile(args.profile)
@@ -310,6 +366,13 @@ def main(argv: list[str] | None = None) -> int:
                         flush=True,
                     )
             table[scenario.name] = row
+            if args.bound:
+                bound = throughput_bound(scenario, profile, args.seed)
+                result.setdefault("bound_rps", {})[scenario.name] = bound
+                if not args.json:
+                    print(
+                        f"{scenario.name:8s} {'bound':14s} capacity {bound:7.3f} req/s", flush=True
+                    )
         result["capacity_rps"] = table
         result["ratios"] = ratios(table, policies)
     if not args.skip_planner:
@@ -345,6 +408,11 @@ def report(result: dict[str, Any]) -> None:
     for other, per in result.get("ratios", {}).items():
         cells = "  ".join(f"{k} {v:.2f}x" for k, v in per.items())
         print(f"slos-serve / {other:14s} {cells}")
+    table = result.get("capacity_rps", {})
+    for name, bound in result.get("bound_rps", {}).items():
+        row = table.get(name, {})
+        cells = "  ".join(f"{p} {bound / v:.2f}x" for p, v in row.items() if v > 0)
+        print(f"bound / capacity {name:8s} {cells}")
     planner = result.get("planner")
     if planner:
         print(
