@@ -271,9 +271,14 @@ class _Estimates:
     moved: list[int] | None = None
     """The positions where ``cut_after`` may differ from ``cut_before`` (None: any)."""
 
+    _delta: np.ndarray | None = None
+
     @property
     def delta(self) -> np.ndarray:
-        return self.gain_after - self.gain_before
+        """``gain_after - gain_before`` (computed once: the gains are not changed after)."""
+        if self._delta is None:
+            self._delta = self.gain_after - self.gain_before
+        return self._delta
 
     def one(self, k: int) -> InstanceEstimate:
         return InstanceEstimate(
@@ -547,6 +552,9 @@ class GoRouter(Router):
         """The last candidate list's inputs to the estimates, as arrays (:meth:`_columns`)."""
         self._dirty: set[int] = set()
         """Instances whose queue a callback changed since :meth:`_columns` last read them."""
+        self._roles: list[InstanceRole] = []
+        self._any_decode = False
+        """Whether any of :attr:`_roles` (every instance's, as last read) is DECODE."""
 
     # ---- Algorithm 2 ----------------------------------------------------------------------
 
@@ -556,11 +564,17 @@ class GoRouter(Router):
         """Algorithm 2. Pure apart from the random draw of the fallback branch. ``exclude``:
         instances passed over as if unhealthy (:meth:`Router.route`)."""
         candidates = prefill_candidates(self.instances, exclude)
-        decode = (
-            pick_decode_by_capacity(self.instances, request, exclude)
-            if self.decode_choice == "capacity"
-            else pick_decode_instance(self.instances, exclude)
-        )
+        roles = list(map(_ROLE, self.instances))
+        if roles != self._roles:  # a co-located fleet has no decode instance to pick
+            self._roles = roles
+            self._any_decode = InstanceRole.DECODE in roles
+        decode = None
+        if self._any_decode:
+            decode = (
+                pick_decode_by_capacity(self.instances, request, exclude)
+                if self.decode_choice == "capacity"
+                else pick_decode_instance(self.instances, exclude)
+            )
         arrays = None
         if len(candidates) < ARRAY_MIN_INSTANCES:
             estimates = self._estimates_loop(candidates, request, now)
