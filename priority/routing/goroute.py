@@ -374,6 +374,14 @@ class _Columns:
         """Positions whose :attr:`streams` must be read again."""
         self.stream_cut_stale: set[int] = set(range(n))
         """Positions whose :attr:`stream_cut` must be read again."""
+        self.mean_weight = np.zeros(n)
+        self.mean_known = np.zeros(n, dtype=bool)
+        """The queued requests' mean weight (streaming weight over the queue's length), where
+        the queue has requests and streaming weight (read with :attr:`streams`)."""
+        self.busy_queue = np.zeros(n, dtype=bool)
+        """Whether the queue's weighted expected decode tokens are positive."""
+        self.gap_floor = np.zeros(n)
+        """``GAP_FLOOR`` times the queue's smallest TPOT SLO."""
         # decode state (the fallback's running decodes), per position, as last read
         self.decoding_seen: Sequence[int | None] = [None] * n
         self.free_seen: list[object] = [_UNSEEN] * n
@@ -466,11 +474,15 @@ class _Columns:
         :attr:`stream_cut` (read again where the queue or the cut changed)."""
         streams = self.streams
         if self.streams_stale:
+            lengths = self.lengths
             for k in self.streams_stale:
                 summary = self.summaries[k]
                 assert summary is not None
                 suffix = streams[k] = summary.stream_weight_suffix
-                self.stream_total[k] = suffix[0]
+                total = self.stream_total[k] = suffix[0]
+                known = self.mean_known[k] = bool(lengths[k] and total)
+                if known:
+                    self.mean_weight[k] = total / lengths[k]
             self.stream_cut_stale |= self.streams_stale
             self.streams_stale.clear()
         if self.stream_cut_stale:
@@ -494,6 +506,8 @@ class _Columns:
         self.live_lo[k] = self.cut_lo[k] = math.nan
         self.streams[k] = None
         self.streams_stale.add(k)
+        self.busy_queue[k] = summary.decode_tokens_weighted > 0.0
+        self.gap_floor[k] = GAP_FLOOR * summary.min_tpot_s
 
 
 _UNSEEN = object()
@@ -984,7 +998,7 @@ class GoRouter(Router):
         delay = exec_with_s - exec_s
         weighted = cols.decode_weighted
         loss = np.zeros(n)
-        queued = (delay > 0.0) & (weighted > 0.0)
+        queued = (delay > 0.0) & cols.busy_queue
         if queued.any():
             streams: list[Any] = cols.stream_suffixes()
             tpot_q = cols.min_tpot
@@ -997,7 +1011,7 @@ class GoRouter(Router):
                     at_after[k] = streams[k][arrays.cut_after[k]]
             late = cols.stream_total - at_after
             exposed = np.where(gap > 0.0, late, cols.stream_cut)  # stream suffix at cut_before
-            rate = 1.0 / np.maximum(np.abs(gap), GAP_FLOOR * tpot_q)
+            rate = 1.0 / np.maximum(np.abs(gap), cols.gap_floor)
             np.copyto(loss, np.minimum(exposed * delay * rate, weighted), where=queued)
         if decode is None and tpot is not None:
             hurt = np.flatnonzero((arrays.decoding > 0.0) & (step > tpot))
@@ -1005,11 +1019,8 @@ class GoRouter(Router):
                 late_rate = 1.0 / np.maximum(before[hurt], tpot) - 1.0 / step[hurt]
                 # the queued requests' mean weight (as in fallback_gains), else the request's
                 cols.stream_suffixes()
-                total = cols.stream_total[hurt]
-                queued_n = np.array(cols.lengths, dtype=np.float64)[hurt]
-                known = (queued_n > 0.0) & (total != 0.0)
-                mean_weight = np.divide(
-                    total, queued_n, out=np.full(hurt.size, request.weight), where=known
+                mean_weight = np.where(
+                    cols.mean_known[hurt], cols.mean_weight[hurt], request.weight
                 )
                 loss[hurt] += mean_weight * n_d[hurt] * late_rate * tokens * step[hurt]
         result: np.ndarray = gains - unit_value * loss
@@ -1180,8 +1191,9 @@ def _on_time_decode_tokens(
     if tokens <= 0:
         return np.zeros(n)
     live = step_s > 0.0
+    upper: np.ndarray | float
     if deadline_slack_s is None:
-        upper = np.full(n, float(tokens))
+        upper = float(tokens)  # broadcast: the same value at every instance
     else:
         ratio = np.divide(deadline_slack_s, step_s, out=np.zeros(n), where=live)
         upper = np.minimum(float(tokens), np.maximum(0.0, ratio))
