@@ -10,6 +10,7 @@ backend's gauges. Health is not judged here: a failed scrape leaves the last num
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -29,6 +30,16 @@ WAITING = "vllm:num_requests_waiting"
 KV_USAGE = "vllm:kv_cache_usage_perc"
 
 
+SCRAPE_TIMEOUT_INTERVALS = 4
+"""A scrape may take this many intervals (at least 1 s): a late answer is still the engine's
+newest count, and the loop does not wait for it (a busy vLLM CPU engine's ``/metrics`` took
+over 0.5 s in the real-engine suite)."""
+
+
+def scrape_timeout_s(interval_s: float) -> float:
+    return max(1.0, SCRAPE_TIMEOUT_INTERVALS * interval_s)
+
+
 class LoadScrapes:
     """The pool's load scrapes, and the per-backend gauges they export."""
 
@@ -36,9 +47,28 @@ class LoadScrapes:
         self.pool = pool
 
     async def loop(self) -> None:
-        while True:
-            await self.probe_all()
-            await asyncio.sleep(self.pool.settings.scrape_interval_s)
+        """Every ``scrape_interval_s``, a scrape of each backend whose last one has ended: a
+        busy engine's ``/metrics`` may answer late (its API server streams tokens on the same
+        loop), and waiting for it would leave every other backend's numbers as old."""
+        try:
+            while True:
+                for backend in self.pool.backends:
+                    task = backend.scrape_task
+                    if task is None or task.done():
+                        backend.scrape_task = asyncio.create_task(
+                            self.probe(backend), name=f"scrape {backend.name}"
+                        )
+                await asyncio.sleep(self.pool.settings.scrape_interval_s)
+        finally:
+            await self._cancel_scrapes()
+
+    async def _cancel_scrapes(self) -> None:
+        tasks = [b.scrape_task for b in self.pool.backends if b.scrape_task is not None]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
     async def probe_all(self) -> None:
         """Scrape every backend's load (``/metrics``)."""
@@ -49,7 +79,7 @@ class LoadScrapes:
         """Scrape one backend's ``/metrics`` to correct the router's view of its load. Health is
         the liveness probe's business: a failed scrape only leaves the last numbers in place."""
         pool = self.pool
-        timeout = max(0.5, pool.settings.scrape_interval_s)
+        timeout = scrape_timeout_s(pool.settings.scrape_interval_s)
         try:
             text = await pool.upstream.get_text(backend.metrics_url, timeout)
             gauges = parse_vllm_gauges(text)

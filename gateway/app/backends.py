@@ -84,6 +84,8 @@ class Backend:
     """This backend's key in the workers' shared prefill table (:mod:`gateway.app.shared_queue`)."""
     next_probe: float = 0.0
     probe_task: asyncio.Task[None] | None = None
+    scrape_task: asyncio.Task[bool] | None = None
+    """The load scrape in flight (:class:`~gateway.app.backend_scrapes.LoadScrapes`)."""
     checked_at: float | None = None
     """Wall-clock time (epoch s) of the last liveness probe's verdict; None before the first."""
     check_ok: bool | None = None
