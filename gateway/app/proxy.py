@@ -87,6 +87,7 @@ from gateway.db.usage import UsageEvent
 from gateway.errors import INVALID_REQUEST, ApiError, invalid_body, parse_json_body
 from gateway.limits import AdmissionRejected, Limits, QueueItem, RejectReason, Reservation
 from gateway.limits.backlog import gain_density
+from gateway.limits.budget import BudgetHold
 from priority.gain import kind_slo
 from priority.lengths.features import RequestFeatures
 from priority.request import Request as CoreRequest
@@ -235,6 +236,7 @@ class Job:
         self.prompt_tokens = 0
         self.expected_output = 0
         self.reservation: Reservation | None = None
+        self.budget_hold: BudgetHold | None = None
         self.slot = False
         self.group: ModelGroup | None = None
         self.backend: Backend | None = None
@@ -294,6 +296,14 @@ class Job:
             kind=self.slo.kind,
             workflow_id=self.slo.workflow_id,
             stage=self.slo.stage,
+        )
+        # a spent budget refuses before the rate limits are charged for the request
+        self.budget_hold = await state.budgets.admit(
+            self.identity.tenant_id,
+            self.identity.key_id,
+            self.model,
+            self.prompt_tokens,
+            self.expected_output,
         )
         limits = Limits(policy.rpm_limit, policy.tpm_limit, policy.max_concurrency)
         self.reservation = await state.limiter.reserve(
@@ -1023,6 +1033,13 @@ class Job:
                     await state.limiter.release(self.reservation, result.total_tokens)
             except Exception:  # a limiter outage must not lose the usage record
                 log.exception("could not reconcile reservation of %s", self.request_id)
+        if self.budget_hold is not None:  # the budget is charged what the usage record costs
+            try:
+                await state.budgets.charge(
+                    self.budget_hold, result.prompt_tokens, result.completion_tokens
+                )
+            except Exception:  # a budget store's outage must not lose the usage record
+                log.exception("could not settle the budget of %s", self.request_id)
         self._account(outcome, http_status, reason, times, token_times, result, now)
         if self.slo is not None and self.slo.kind == "compound" and self.slo.workflow_id:
             end = CallEnd(  # the workflow history learns from every call
