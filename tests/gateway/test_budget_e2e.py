@@ -9,11 +9,9 @@ from decimal import Decimal
 from pathlib import Path
 
 import httpx
-import pytest
 from pydantic import SecretStr
 from sqlalchemy import select
 
-import gateway.app.proxy as proxy
 from engine_emulated import EngineSpec, EngineThread
 from gateway.app import BackendSpec, create_app
 from gateway.app.server import GatewayThread
@@ -28,11 +26,6 @@ from gateway.settings import Settings
 MODEL = "qwen2-7b"
 SECRET = "budget-e2e-secret"
 PRICE = Decimal("1000")  # per 1M tokens: a token costs 0.001
-
-pytestmark = pytest.mark.skipif(
-    "budgets.admit" not in Path(proxy.__file__).read_text(),
-    reason="the request path does not reserve budgets yet",
-)
 
 
 def test_a_spent_budget_refuses_with_429_until_the_period_ends(tmp_path: Path) -> None:
