@@ -295,6 +295,7 @@ async def _stop(state: GatewayState, background: list[asyncio.Task[None]]) -> No
     with contextlib.suppress(Exception):
         await asyncio.to_thread(state.auth.flush_last_used)
     await state.limiter.aclose()
+    await state.budgets.aclose()  # its Redis client, when shared
     await state.kinds.aclose()
     bind = state.session_factory.kw.get("bind")
     if bind is not None:
