@@ -17,7 +17,7 @@ engine), with ``vllm-v1`` as the default engine: it is what stock vLLM schedules
 (``TiergateScheduler`` with the policy; for ``vllm-v1`` / ``vllm-v1-priority`` also stock vLLM
 in ``fcfs`` / ``priority`` mode, rows ``stock-vllm`` / ``stock-vllm-priority``) and through the
 simulator, both on a virtual clock where a step lasts the profile's prediction for the batch
-that ran (block 16, budget 8,192 tokens, 256 sequences; ``engine_common.replay``). Reported per
+that ran (block 16, budget 8,192 tokens, 256 sequences; ``engine_harness.replay``). Reported per
 row: the share of requests with identical token times (1e-9 s), both TDG ratios, the p99 of
 |TTFT real - TTFT sim|, preemptions on both sides, and vLLM's ``schedule()`` wall time per step
 (mean and p99; CPU, this machine), and the requests the API server refused on each side. The
@@ -25,7 +25,7 @@ readable output adds, per cell, the policies' ranking on both sides.
 
 **Context length.** vLLM runs with ``--max-model-len`` (default ``trace``: the trace's longest
 request, capped by what the cell's KV pool holds of one sequence); each request first meets what
-vLLM's OpenAI server does at that length (``engine_common.sim_replay.api_max_tokens``: a prompt
+vLLM's OpenAI server does at that length (``engine_harness.sim_replay.api_max_tokens``: a prompt
 that leaves no room for one output token is refused with 400, ``max_tokens`` is cut to the room
 left), on both sides, so a long-context trace (``mooncake_conv``) replays instead of stalling.
 
@@ -36,10 +36,10 @@ rows of each, default 300), its capacity measured the same way, ``--lengths`` bo
 ``predicted``). Each request carries its kind, deadline, workflow id and stage, sub-deadline and
 length distribution in ``vllm_xargs`` as the gateway sends them, and produces its true length
 under the ``max_tokens`` cap; a later workflow stage arrives ``think`` after its previous stage
-finished *in that replay*, on both sides (``engine_common.sim_replay.ArrivalQueue``). Defaults:
+finished *in that replay*, on both sides (``engine_harness.sim_replay.ArrivalQueue``). Defaults:
 ``gmax,slide,vllm-v1`` (slide with the workload's gain weights, as in ``bench/goodput.py``) at
 1.5x and 2x capacity, with the profile's KV pool and a KV-pressure pool (67,659 and 2,048
-blocks). Each row adds the request goodput on both sides (``engine_common.sim_replay.
+blocks). Each row adds the request goodput on both sides (``engine_harness.sim_replay.
 request_goodput``: the simulator's scorer) and the output the ratios gmax / vllm-v1, gmax /
 slide (and gmax / stock vLLM) per side. Not replayed: ``bench/goodput.py --workflow-history on``
 (sub-deadlines here are the cold start).
@@ -47,7 +47,7 @@ slide (and gmax / stock vLLM) per side. Not replayed: ``bench/goodput.py --workf
 **``--cluster P1,P2,...``** replays a fleet: one instance per profile (e.g. 2 x A100 + 2 x 910B),
 each a real vLLM scheduler on the virtual clock, every ``--router`` in front (default
 ``goroute,min-load,power-of-two,least-predicted-ttft,round-robin``), co-located;
-``engine_common.fleet_replay`` on the real side, the cluster simulator
+``engine_harness.fleet_replay`` on the real side, the cluster simulator
 (``priority.sim.cluster``, step by step) on the other. Capacity is the fleet's (stock vLLM behind
 Min-Load, as ``bench/fleet_gain.py`` measures it). Each row adds its router and the share of
 requests the router placed on the same instance on both sides. Latency mix only (a workflow
@@ -76,7 +76,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from engine_common.sim_replay import (
+from engine_harness.sim_replay import (
     Arrival,
     FleetReplay,
     Replay,
@@ -250,7 +250,7 @@ def run_fleet_cell(cell: Cell, *, sim_only: bool = False) -> list[dict[str, Any]
     )
     if sim_only:
         return [row(cell, cell.policy, None, sim.replay)]
-    from engine_common import fleet_replay, replay
+    from engine_harness import fleet_replay, replay
 
     model_dir = replay.write_tiny_model(Path(tempfile.mkdtemp(prefix="tiny-llama-")))
     runs: list[tuple[str, FleetReplay]] = []
@@ -298,7 +298,7 @@ def run_cell(cell: Cell, *, sim_only: bool = False) -> list[dict[str, Any]]:
     )
     if sim_only:
         return [row(cell, cell.policy, None, sim)]
-    from engine_common import replay
+    from engine_harness import replay
 
     model_dir = replay.write_tiny_model(Path(tempfile.mkdtemp(prefix="tiny-llama-")))
     real = replay.replay_vllm(

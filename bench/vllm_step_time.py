@@ -32,7 +32,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from engine_common.replay import (
+from engine_harness.replay import (
     FakeClock,
     build_scheduler,
     make_request,

@@ -13,7 +13,6 @@ import nothing from vLLM: the main install and its tests load them without it):
 * :mod:`~engine_common.state` — the policy state's trip to the stat logger inside
   ``SchedulerStats``;
 * :mod:`~engine_common.timing` — real step times for the estimator's momentum correction;
-* :mod:`~engine_common.sim_replay` — replays through the simulator on a virtual clock;
 * :mod:`~engine_common.profiling` — the profilers' model, batch grid and CSV (torch, lazily).
 
 The vLLM side, imported only where vLLM runs:
@@ -23,6 +22,7 @@ The vLLM side, imported only where vLLM runs:
 * :mod:`~engine_common.vllm_scheduler` — the ``--scheduler-cls`` class both plugins subclass;
 * :mod:`~engine_common.compat` — what differs between vLLM 0.33 and 0.23 (imports it lazily);
 * :mod:`~engine_common.queue` — vLLM's waiting queue in the policy's order;
-* :mod:`~engine_common.stat_logger` — the policy's gauges as a vLLM stat-logger plugin;
-* :mod:`~engine_common.replay` — a real vLLM scheduler on a virtual clock, without a model.
+* :mod:`~engine_common.stat_logger` — the policy's gauges as a vLLM stat-logger plugin.
+
+The replays that check all this on a virtual clock are test harness, in :mod:`engine_harness`.
 """

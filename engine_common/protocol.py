@@ -14,7 +14,7 @@ The wire format is vLLM's own OpenAI body, nothing added:
 
 **Who writes:** the gateway (``gateway.app.slo.engine_xargs`` and ``engine_priority``, built on
 :func:`encode_xargs` and :func:`priority_from_weight`) and the replays
-(``engine_common.sim_replay``).
+(``engine_harness.sim_replay``).
 **Who reads:** the vLLM plugins (``engine_cuda``, ``engine_ascend``, through
 :func:`engine_common.slo.parse_meta` in ``engine_common.scheduler``) and the emulated engine
 (``engine_emulated.mapping``, through the same ``parse_meta``), both with :func:`parse`.

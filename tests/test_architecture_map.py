@@ -27,6 +27,7 @@ PACKAGES = (
     "engine_cuda",
     "engine_ascend",
     "engine_emulated",
+    "engine_harness",
     "admin_ui",
 )
 TOP_LEVEL = ("tiergate_cli.py",)

@@ -7,7 +7,7 @@ from types import ModuleType
 
 import pytest
 
-from engine_common.sim_replay import (
+from engine_harness.sim_replay import (
     Replay,
     identical_share,
     priority_of,

@@ -1,4 +1,4 @@
-"""The simulator side of a fleet replay (``engine_common.sim_replay.replay_fleet_simulator``):
+"""The simulator side of a fleet replay (``engine_harness.sim_replay.replay_fleet_simulator``):
 the API server's rule before the router, placements recorded, workflows refused (the real side,
 against vLLM: tests/engines/test_fleet_replay.py)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from engine_common.protocol import TPOT_MS, TTFT_MS
-from engine_common.sim_replay import (
+from engine_harness.sim_replay import (
     Arrival,
     FleetReplay,
     Replay,

@@ -1,13 +1,13 @@
 """The replay's context-length rule without vLLM: what vLLM's API server refuses or cuts, the
 model length set from the trace, and refused requests counted on the simulator side
-(``engine_common.sim_replay``; the rule against vLLM's own validators: tests/engines/)."""
+(``engine_harness.sim_replay``; the rule against vLLM's own validators: tests/engines/)."""
 
 from __future__ import annotations
 
 import pytest
 
 from engine_common.protocol import TPOT_MS, TTFT_MS
-from engine_common.sim_replay import (
+from engine_harness.sim_replay import (
     Arrival,
     admitted,
     api_max_tokens,

@@ -1,5 +1,5 @@
 """Replays of the goodput mix without vLLM: workflow release, the xargs a released call carries,
-and the request-goodput scorer on hand-checked token times (``engine_common.sim_replay``)."""
+and the request-goodput scorer on hand-checked token times (``engine_harness.sim_replay``)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from engine_common.protocol import (
     TTFT_MS,
     WORKFLOW_ID,
 )
-from engine_common.sim_replay import (
+from engine_harness.sim_replay import (
     Arrival,
     ArrivalQueue,
     Replay,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from functools import cache
 
-from engine_common.sim_replay import Arrival, arrivals_from_workload
+from engine_harness.sim_replay import Arrival, arrivals_from_workload
 from priority.profiles import load_profile
 from priority.sim import build_workload, load_trace
 

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 pytest.importorskip("vllm")
-fleet = pytest.importorskip("engine_common.fleet_replay")
+fleet = pytest.importorskip("engine_harness.fleet_replay")
 
-from engine_common.sim_replay import (  # noqa: E402
+from engine_harness.sim_replay import (  # noqa: E402
     Arrival,
     arrivals_from_workload,
     identical_share,

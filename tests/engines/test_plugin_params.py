@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("vllm")
-replay = pytest.importorskip("engine_common.replay")
+replay = pytest.importorskip("engine_harness.replay")
 
 import vllm  # noqa: E402
 from replay_cases import KV_POOLS, PROFILE, arrivals  # noqa: E402

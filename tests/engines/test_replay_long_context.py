@@ -4,7 +4,7 @@ agrees token by token.
 ``mooncake_conv`` holds prompts past 8,192 tokens. With the replay's model length fixed at
 8,192 the real scheduler never finished those prompts and the replay stopped with "the
 scheduler stalled with work queued" for every policy. Now the model length comes from the trace
-(capped by the KV pool), and the API server's rule (:func:`engine_common.sim_replay.
+(capped by the KV pool), and the API server's rule (:func:`engine_harness.sim_replay.
 api_max_tokens`) is checked here against vLLM's own validators.
 """
 
@@ -21,9 +21,9 @@ import numpy as np
 import pytest
 
 pytest.importorskip("vllm")
-replay = pytest.importorskip("engine_common.replay")
+replay = pytest.importorskip("engine_harness.replay")
 
-from engine_common.sim_replay import (  # noqa: E402
+from engine_harness.sim_replay import (  # noqa: E402
     Arrival,
     api_max_tokens,
     arrivals_from_workload,

@@ -22,12 +22,12 @@ import numpy as np
 import pytest
 
 pytest.importorskip("vllm")
-replay = pytest.importorskip("engine_common.replay")
+replay = pytest.importorskip("engine_harness.replay")
 
 from replay_cases import KV_POOLS, PROFILE, arrivals  # noqa: E402
 
-from engine_common.sim_replay import Arrival, first_divergence, replay_simulator  # noqa: E402
 from engine_cuda.scheduler import TiergateScheduler  # noqa: E402
+from engine_harness.sim_replay import Arrival, first_divergence, replay_simulator  # noqa: E402
 from priority.profiles import load_profile  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("tiergate_env")]

@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 
 pytest.importorskip("vllm")
-replay = pytest.importorskip("engine_common.replay")
+replay = pytest.importorskip("engine_harness.replay")
 
-from engine_common.sim_replay import arrivals_from_workload, replay_simulator  # noqa: E402
+from engine_harness.sim_replay import arrivals_from_workload, replay_simulator  # noqa: E402
 from priority.gain import token_deadlines  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))

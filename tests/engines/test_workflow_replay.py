@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 pytest.importorskip("vllm")
-replay = pytest.importorskip("engine_common.replay")
+replay = pytest.importorskip("engine_harness.replay")
 
 from replay_cases import PROFILE  # noqa: E402
 
@@ -31,7 +31,7 @@ from engine_common.protocol import (  # noqa: E402
     TTFT_MS,
     WORKFLOW_ID,
 )
-from engine_common.sim_replay import (  # noqa: E402
+from engine_harness.sim_replay import (  # noqa: E402
     Arrival,
     arrivals_from_workload,
     identical_share,

@@ -2,7 +2,7 @@
 
 A replay is a list of :class:`Arrival` (what a client sends vLLM: lengths, SLO metadata as
 ``vllm_xargs``, a ``priority``) run to completion, every step lasting the profile's prediction
-(beta = 1, no noise) for the batch that ran. :mod:`engine_common.replay` runs the same arrivals
+(beta = 1, no noise) for the batch that ran. :mod:`engine_harness.replay` runs the same arrivals
 through the real vLLM scheduler; both return a :class:`Replay`, so the two can be compared
 request by request and step by step (``bench/sim_fidelity.py``, ``tests/engines/``).
 

@@ -1,7 +1,7 @@
 """The fleet on a virtual clock, real side: every instance a real vLLM scheduler, a router in front
 (imports vLLM).
 
-Each instance is a scheduler built as :func:`engine_common.replay.build_scheduler` builds one
+Each instance is a scheduler built as :func:`engine_harness.replay.build_scheduler` builds one
 (stock vLLM or ``TiergateScheduler`` with a policy, the instance's own profile); the router is
 one of :mod:`priority.routing`'s, fed the events the gateway reports (dispatch, first token,
 finish, free KV blocks). The event loop follows the cluster simulator's rules
@@ -15,7 +15,7 @@ finish, free KV blocks). The event loop follows the cluster simulator's rules
   end, ``step_time`` of the batch later; its first tokens and finishes go to the router, then
   the instance's free KV blocks, and the instance starts its next step at once if it has work.
 
-The requests the router sees are the simulator's (:func:`engine_common.sim_replay.request_of`),
+The requests the router sees are the simulator's (:func:`engine_harness.sim_replay.request_of`),
 their output count kept in step with vLLM's. Co-located only: a PD-disaggregated fleet needs a
 KV connector between the schedulers (vLLM's ``kv_transfer_config``), not built here.
 """
@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from engine_common.replay import (
+from engine_harness.replay import (
     STOP,
     FakeClock,
     build_scheduler,
@@ -36,7 +36,7 @@ from engine_common.replay import (
     model_output,
     step_time,
 )
-from engine_common.sim_replay import (
+from engine_harness.sim_replay import (
     Arrival,
     ArrivalQueue,
     FleetReplay,

@@ -9,7 +9,7 @@ prediction (beta = 1, no noise) for the batch vLLM actually scheduled, on a fake
 trace runs in virtual time and the scheduler's own step-time measurement sees exactly those
 times. The scheduler is stock vLLM's
 (``fcfs`` / ``priority`` mode) or ours with any policy; :func:`replay_vllm` returns the same
-:class:`Replay` as the simulator side (:mod:`engine_common.sim_replay`), plus the wall time of
+:class:`Replay` as the simulator side (:mod:`engine_harness.sim_replay`), plus the wall time of
 every ``schedule()``.
 """
 
@@ -34,7 +34,7 @@ from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request as VllmRequest
 from vllm.v1.structured_output import StructuredOutputManager
 
-from engine_common.sim_replay import (
+from engine_harness.sim_replay import (
     BLOCK_SIZE,
     MAX_NUM_SEQS,
     TOKEN_BUDGET,
@@ -312,9 +312,9 @@ def run_trace(
 ) -> Replay:
     """Run ``arrivals`` to completion on a synchronous scheduler in virtual time; a later
     workflow stage arrives ``think_s`` after its previous stage finished here
-    (:class:`~engine_common.sim_replay.ArrivalQueue`, the simulator side's too). With
+    (:class:`~engine_harness.sim_replay.ArrivalQueue`, the simulator side's too). With
     ``max_model_len`` (the scheduler's), each arrival first meets the API server's
-    context-length rule (:class:`~engine_common.sim_replay.Release`; None: none).
+    context-length rule (:class:`~engine_harness.sim_replay.Release`; None: none).
     ``max_stalled_steps`` consecutive steps without a token raise
     :class:`~priority.sim.stall.LivelockError` naming ``label`` (the policy) and the queued
     requests, so a livelocked scheduler fails the replay instead of hanging it."""
@@ -412,7 +412,7 @@ def replay_vllm(
 ) -> Replay:
     """``arrivals`` through a fresh real scheduler (see :func:`build_scheduler`), steps timed by
     ``coefficients``; the clock starts at the first arrival. ``max_model_len`` is vLLM's (None:
-    from the trace, :func:`~engine_common.sim_replay.model_len_for`, as the simulator side sets
+    from the trace, :func:`~engine_harness.sim_replay.model_len_for`, as the simulator side sets
     it); what the API server refuses at that length never reaches the scheduler."""
     pending = list(arrivals)
     if max_model_len is None:
