@@ -23,11 +23,13 @@ pytestmark = pytest.mark.slow
 NAV = (
     ("Overview", "/ui/"),
     ("Usage", "/ui/usage"),
+    ("Budgets", "/ui/budgets"),
     ("Tiers", "/ui/tiers"),
     ("Tenants", "/ui/tenants"),
     ("Keys", "/ui/keys"),
     ("Backends", "/ui/backends"),
     ("Profiles", "/ui/profiles"),
+    ("Prices", "/ui/prices"),
     ("Audit", "/ui/audit"),
     ("Operators", "/ui/operators"),
 )
