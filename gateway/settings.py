@@ -272,6 +272,25 @@ class Settings(BaseSettings):
         "memory buffer (shared by the processes on one data_dir); past it records are dropped "
         "and counted; 0 = no spool",
     )
+    request_log_days: float = Field(
+        default=7.0,
+        ge=0,
+        le=3660,
+        description="days a request-log row (/admin/v1/requests: how each request was served, "
+        "why it missed its SLO) is kept; 0 = no request log at all. The usage records, the "
+        "billing, are never trimmed",
+    )
+    request_log_rows: int = Field(
+        default=2_000_000,
+        ge=1000,
+        description="most request-log rows kept (the oldest go first), whatever their age",
+    )
+    request_log_trim_interval_s: float = Field(
+        default=300.0,
+        gt=0,
+        le=86_400,
+        description="how often each process's usage writer trims the request log",
+    )
 
     # ---- scale out: worker processes and graceful shutdown -----------------------
     workers: int | None = Field(

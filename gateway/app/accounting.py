@@ -192,3 +192,81 @@ def record_spend(metrics: GatewayMetrics, tier: str | None, cost: Decimal) -> No
     the usage records keep the exact amounts)."""
     if cost > 0:
         metrics.spend.labels(tier or "").inc(float(cost))
+
+
+class MissReason(StrEnum):
+    """Why a request missed its SLO, from what the stages knew (the request log's
+    ``miss_reason``); the first that applies, in this order."""
+
+    HOPELESS = "hopeless"
+    """Shed or declined at admission: its objective could not be met when it arrived."""
+    DEMOTED = "demoted"
+    """Demoted to best effort at admission or by the engines' planners (overload)."""
+    QUEUED = "queued"
+    """Waited in the gateway's admission queue longer than its TTFT objective."""
+    FAILOVER = "failover"
+    """Its first backend failed before the first token; it was served by another."""
+    ENGINE_SLOW = "engine_slow"
+    """The engine took much longer to the first token than the router predicted, with little
+    queueing in the gateway."""
+    STALLED = "stalled"
+    """Its first token was on time; the tokens after it came slower than its TPOT."""
+    UNKNOWN = "unknown"
+    """None of the above explains it."""
+
+
+MISS_WORDS: dict[str, str] = {
+    MissReason.HOPELESS: "shed or declined at admission: its objective was out of reach",
+    MissReason.DEMOTED: "demoted to best effort under overload",
+    MissReason.QUEUED: "waited in the gateway queue beyond its TTFT",
+    MissReason.FAILOVER: "failed over to another backend",
+    MissReason.ENGINE_SLOW: "the engine was slower than predicted",
+    MissReason.STALLED: "stalled mid-stream (time per output token missed)",
+    MissReason.UNKNOWN: "no stage explains it",
+}
+"""Each reason in words, as the dashboard shows it."""
+
+HOPELESS_REASONS = frozenset({"slo_infeasible", "slo_unattainable", "slo_declined"})
+"""Admission refusals that say the objective could not be met (the shedder's, the planners')."""
+ENGINE_SLOW_FACTOR = 1.5
+"""Measured dispatch-to-first-token over the router's prediction that counts as "slower"."""
+
+
+def miss_reason(
+    outcome: Outcome,
+    *,
+    reject_reason: str | None,
+    slo_met: bool | None,
+    demoted: bool,
+    queue_ms: float | None,
+    attempts: int,
+    ttft_ms: float | None,
+    slo_ttft_ms: float | None,
+    tpot_ms: float | None,
+    slo_tpot_ms: float | None,
+    engine_ttft_ms: float | None,
+    predicted_ttft_ms: float | None,
+) -> MissReason | None:
+    """Why the request missed its SLO, or None when it did not (met, or no sample: failed,
+    cancelled, refused for a reason that is not its objective's)."""
+    if outcome is Outcome.REJECTED:
+        return MissReason.HOPELESS if reject_reason in HOPELESS_REASONS else None
+    if outcome is not Outcome.OK or slo_met is not False:
+        return None
+    if demoted:
+        return MissReason.DEMOTED
+    ttft_late = ttft_ms is not None and slo_ttft_ms is not None and ttft_ms > slo_ttft_ms
+    if ttft_late and queue_ms is not None and slo_ttft_ms is not None and queue_ms > slo_ttft_ms:
+        return MissReason.QUEUED
+    if attempts > 1:
+        return MissReason.FAILOVER
+    if (
+        ttft_late
+        and engine_ttft_ms is not None
+        and predicted_ttft_ms is not None
+        and engine_ttft_ms > ENGINE_SLOW_FACTOR * predicted_ttft_ms
+    ):
+        return MissReason.ENGINE_SLOW
+    if not ttft_late and tpot_ms is not None and slo_tpot_ms is not None and tpot_ms > slo_tpot_ms:
+        return MissReason.STALLED
+    return MissReason.UNKNOWN

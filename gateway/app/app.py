@@ -193,6 +193,9 @@ async def _start(
             buffer_records=config.usage_buffer_records,
             spool_dir=(config.data_path / "usage-spool") if config.usage_spool_max_bytes else None,
             spool_max_bytes=config.usage_spool_max_bytes,
+            request_log_days=config.request_log_days or None,
+            request_log_rows=config.request_log_rows,
+            trim_interval_s=config.request_log_trim_interval_s,
         ),
         limiter=per_worker_limits(
             make_rate_limiter(  # Redis outages: degraded per-process shares while Redis is away

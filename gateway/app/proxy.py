@@ -65,7 +65,14 @@ from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
 from engine_common.protocol import without_protocol_keys
-from gateway.app.accounting import Account, Outcome, account, record_gain, tier_series
+from gateway.app.accounting import (
+    Account,
+    Outcome,
+    account,
+    miss_reason,
+    record_gain,
+    tier_series,
+)
 from gateway.app.auth import authenticate_request
 from gateway.app.backends import Backend, ModelGroup
 from gateway.app.context import check_context, context_window
@@ -74,7 +81,7 @@ from gateway.app.kinds import LengthPrediction, single_sequence
 from gateway.app.metrics import objectives_met
 from gateway.app.patterns import CallEnd
 from gateway.app.schemas import ChatBody, CompletionBody
-from gateway.app.shedding import Action, decode_s, judge, lone_prefill_s, shed_message
+from gateway.app.shedding import Action, Verdict, decode_s, judge, lone_prefill_s, shed_message
 from gateway.app.slo import RequestSLO, engine_priority, engine_xargs, resolve_slo
 from gateway.app.slo_admission import PlanOutcome
 from gateway.app.stages import mark_stage, record_stage
@@ -83,6 +90,7 @@ from gateway.app.upstream import UpstreamError, UpstreamResponse
 from gateway.app.watchdog import StreamWatch
 from gateway.bounds import MIN_WEIGHT
 from gateway.db.identity import KeyIdentity
+from gateway.db.request_log import RequestExplain
 from gateway.db.usage import UsageEvent
 from gateway.errors import INVALID_REQUEST, ApiError, invalid_body, parse_json_body
 from gateway.limits import AdmissionRejected, Limits, QueueItem, RejectReason, Reservation
@@ -249,6 +257,9 @@ class Job:
         self.granted_at = 0.0
         self.overhead_s = 0.0
         self.finished = False
+        self.attempts = 0
+        self.verdict: Verdict | None = None
+        """Admission's, kept for the request log."""
         self.length: LengthPrediction | None = None
         self.length_features: RequestFeatures | None = None
         """Kept for the request's length sample (``TIERGATE_LENGTHS_LEARN``), else None."""
@@ -331,6 +342,7 @@ class Job:
             checked=fits,  # else maybe too long: the engine's tokenizer decides, not a 503
             decode_s=self._engine_decode(decision) if end_to_end else 0.0,
         )
+        self.verdict = verdict
         if verdict.action is Action.SHED:
             assert verdict.reason is not None
             due_ms = due_s * 1e3 if end_to_end else self.slo.ttft_ms
@@ -690,6 +702,7 @@ class Job:
         if not self.dispatched_at:  # the first attempt: everything before it is overhead
             self.state.metrics.overhead.observe(self.overhead_s + (now - self.granted_at))
         self.dispatched_at = now
+        self.attempts += 1
         self.backend, self.decision_live = backend, decision
         self.state.metrics.count_routed(backend.name, self.tier)
         self.group.router.on_dispatch(self.core, decision, now)
@@ -1089,6 +1102,10 @@ class Job:
         samples = state.length_samples
         if samples is not None and self.length_features is not None and outcome is Outcome.OK:
             samples.submit(self.length_features, result.completion_tokens)
+        explain = None
+        if state.settings.request_log_days:
+            times_ms = (ttft_ms, tpot_ms)
+            explain = self._explain(outcome, http_status, reason, token_times, result, times_ms)
         state.usage_writer.submit(
             UsageEvent(
                 request_id=self.request_id,
@@ -1101,8 +1118,62 @@ class Job:
                 ttft_ms=ttft_ms,
                 tpot_ms=tpot_ms,
                 reject_reason=reason or (f"demoted:{self.demoted}" if self.demoted else None),
+                explain=explain,
                 **result.usage_fields(),
             )
+        )
+
+    def _explain(
+        self,
+        outcome: Outcome,
+        http_status: int,
+        reason: str | None,
+        token_times: list[float],
+        result: Account,
+        times_ms: tuple[float | None, float | None],
+    ) -> RequestExplain:
+        """The request log's row beyond the usage record: from what the stages left on the job
+        (no lookups, a few float operations)."""
+        verdict, slo = self.verdict, self.slo
+        decision: RouteDecision | None = getattr(self, "decision_live", None)
+        predicted = decision.predicted_ttft_s if decision is not None else None
+        predicted_ms = predicted * 1e3 if predicted is not None else None
+        queue_ms = None  # from the admission queue's turn to the dispatch slot's grant
+        if self.granted_at:
+            queue_ms = (self.granted_at - self.arrival - self.overhead_s) * 1e3
+        ttft_ms, tpot_ms = times_ms
+        engine_ms = None
+        if token_times and self.dispatched_at:
+            engine_ms = (token_times[0] - self.dispatched_at) * 1e3
+        slo_ttft = slo.ttft_ms if slo is not None else None
+        slo_tpot = slo.tpot_ms if slo is not None else None
+        why = miss_reason(
+            outcome,
+            reject_reason=reason,
+            slo_met=result.slo_met,
+            demoted=self.demoted is not None,
+            queue_ms=queue_ms,
+            attempts=self.attempts,
+            ttft_ms=ttft_ms,
+            slo_ttft_ms=slo_ttft,
+            tpot_ms=tpot_ms,
+            slo_tpot_ms=slo_tpot,
+            engine_ttft_ms=engine_ms,
+            predicted_ttft_ms=predicted_ms,
+        )
+        return RequestExplain(
+            arrival_unix=self.arrival_unix,
+            http_status=http_status,
+            slo_met=result.slo_met,
+            miss_reason=why.value if why is not None else None,
+            admission=verdict.action.value if verdict is not None else None,
+            admission_ttft_ms=verdict.predicted_ttft_s * 1e3 if verdict is not None else None,
+            predicted_ttft_ms=predicted_ms,
+            queue_ms=queue_ms,
+            engine_ttft_ms=engine_ms,
+            slo_ttft_ms=slo_ttft,
+            slo_tpot_ms=slo_tpot,
+            attempts=self.attempts,
         )
 
     decision_live: RouteDecision

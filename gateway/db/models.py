@@ -1,5 +1,5 @@
-"""ORM models: tiers, tenants, API keys, backends, latency profiles, usage records, model prices,
-budgets, operator credentials and sessions (the dashboard's), audit log.
+"""ORM models: tiers, tenants, API keys, backends, latency profiles, usage records, the request
+log, model prices, budgets, operator credentials and sessions (the dashboard's), audit log.
 
 Enumerations are plain strings with CHECK constraints rather than native enums, so that adding a
 value is a one-line migration on both SQLite and PostgreSQL. Times are timezone-aware UTC
@@ -314,6 +314,73 @@ class UsageRecord(Base):
     """What the request cost at the model's price when the record was written (migration
     0013): prompt and completion tokens times their prices; NULL when its model had no price.
     Kept on the record, so a later price change never rewrites history."""
+
+
+MISS_REASONS = ("hopeless", "demoted", "queued", "failover", "engine_slow", "stalled", "unknown")
+"""Why a request missed its SLO, as its request-log row says (:mod:`gateway.app.explain`)."""
+
+
+_MISSED = text("miss_reason IS NOT NULL")
+
+
+class RequestLog(Base):
+    """One request as each stage saw it, kept for a bounded time (migration 0014): what the
+    request log (``/admin/v1/requests``, ``/ui/requests``) shows and why an SLO was missed.
+
+    Not the usage record: that is billing and is never trimmed; this row is an explanation,
+    trimmed by age and count (``TIERGATE_REQUEST_LOG_DAYS`` / ``_ROWS``). Never the prompt or
+    the output. Tenant and key are plain ids, not foreign keys, so writing a row can never fail
+    for a tenant deleted meanwhile; the log joins their names when it is read.
+    ``created_at`` is the request's arrival. Times are milliseconds; ``slo_met`` is NULL where
+    the request has no attainment sample (it did not finish).
+    """
+
+    __tablename__ = "request_log"
+    __table_args__ = (
+        CheckConstraint(_check_in("status", USAGE_STATUSES), name="status"),
+        Index("uq_request_log_request_id", "request_id", unique=True),
+        Index("ix_request_log_tenant_id_id", "tenant_id", "id"),  # a tenant's, newest first
+        Index("ix_request_log_created_at", "created_at"),  # trimming by age, time ranges
+        # the misses only, newest first: everyone's and a tenant's
+        Index("ix_request_log_missed", "id", postgresql_where=_MISSED, sqlite_where=_MISSED),
+        Index(
+            "ix_request_log_tenant_missed",
+            "tenant_id",
+            "id",
+            postgresql_where=_MISSED,
+            sqlite_where=_MISSED,
+        ),
+    )
+
+    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True)
+    request_id: Mapped[str] = mapped_column(String(128))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    tenant_id: Mapped[int | None] = mapped_column(Integer)
+    api_key_id: Mapped[int | None] = mapped_column(Integer)
+    tier: Mapped[str | None] = mapped_column(String(64))
+    model: Mapped[str | None] = mapped_column(String(256))
+    backend: Mapped[str | None] = mapped_column(String(64))
+    status: Mapped[str] = mapped_column(String(16))
+    http_status: Mapped[int | None] = mapped_column(Integer)
+    reject_reason: Mapped[str | None] = mapped_column(String(128))
+    admission: Mapped[str | None] = mapped_column(String(16))
+    """Admission's verdict: ``admit``, ``demote`` or ``shed`` (None: refused before it)."""
+    admission_ttft_ms: Mapped[float | None] = mapped_column(Float)
+    """The TTFT admission predicted (queue wait included) when it judged the request."""
+    predicted_ttft_ms: Mapped[float | None] = mapped_column(Float)
+    """The router's predicted dispatch-to-first-token time on the backend that served it."""
+    queue_ms: Mapped[float | None] = mapped_column(Float)
+    engine_ttft_ms: Mapped[float | None] = mapped_column(Float)
+    """Measured dispatch-to-first-token time on the backend that served it."""
+    ttft_ms: Mapped[float | None] = mapped_column(Float)
+    tpot_ms: Mapped[float | None] = mapped_column(Float)
+    slo_ttft_ms: Mapped[float | None] = mapped_column(Float)
+    slo_tpot_ms: Mapped[float | None] = mapped_column(Float)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    gain: Mapped[float] = mapped_column(Float, default=0.0)
+    ideal_gain: Mapped[float] = mapped_column(Float, default=0.0)
+    slo_met: Mapped[bool | None] = mapped_column(Boolean)
+    miss_reason: Mapped[str | None] = mapped_column(String(16))
 
 
 class ModelPrice(Timestamped, Base):

@@ -48,6 +48,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from gateway.db.errors import DatabaseFailure, classify, describe
 from gateway.db.models import USAGE_STATUSES, UsageRecord, utcnow
 from gateway.db.prices import PriceBook
+from gateway.db.request_log import RequestExplain, log_row, trim
+from gateway.db.request_log import insert_statement as log_insert_statement
 from gateway.db.spool import UsageSpool
 
 log = logging.getLogger(__name__)
@@ -98,6 +100,8 @@ class UsageEvent:
     cost: Decimal | None = None
     """What the request cost; None: the writer charges it at its model's price when it writes
     the record (:class:`~gateway.db.prices.PriceBook`)."""
+    explain: RequestExplain | None = None
+    """What the request log adds (:mod:`gateway.db.request_log`); None: no log row."""
 
     def __post_init__(self) -> None:
         if self.status not in USAGE_STATUSES:
@@ -147,14 +151,29 @@ SPOOL_RESCAN_S = 30.0
 """How often an idle writer looks for segments another (crashed) process left behind."""
 
 # dataclasses.asdict deep-copies recursively: ~20x slower than reading the flat fields.
-_EVENT_FIELDS = tuple(f.name for f in fields(UsageEvent))
+_EVENT_FIELDS = tuple(f.name for f in fields(UsageEvent) if f.name != "explain")
+LOG_KEY = "_log"
+"""A usage row's explanation, carried beside its columns until the row is stored (never
+spooled: the log is an explanation, the usage record the thing kept through outages)."""
+DEFAULT_TRIM_INTERVAL_S = 300.0
+"""How often the writer trims the request log (its own thread, never the request path)."""
 
 Row = dict[str, Any]
 Failure = Literal["value", "state", "unknown"]
 
 
 def _row(event: UsageEvent) -> Row:
-    return {name: getattr(event, name) for name in _EVENT_FIELDS}
+    row = {name: getattr(event, name) for name in _EVENT_FIELDS}
+    if event.explain is not None:
+        row[LOG_KEY] = event.explain
+    return row
+
+
+def _columns(row: Row) -> Row:
+    """``row`` without its explanation: the usage table's columns only."""
+    if LOG_KEY not in row:
+        return row
+    return {k: v for k, v in row.items() if k != LOG_KEY}
 
 
 def insert_statement(dialect: str) -> Insert:
@@ -217,6 +236,9 @@ class UsageWriter:
         clock: Callable[[], float] = time.monotonic,
         prices: PriceBook | None = None,
         on_priced: Callable[[str | None, Decimal], None] | None = None,
+        request_log_days: float | None = None,
+        request_log_rows: int | None = None,
+        trim_interval_s: float = DEFAULT_TRIM_INTERVAL_S,
     ) -> None:
         if batch_size < 1:
             raise ValueError("batch_size must be >= 1")
@@ -261,6 +283,14 @@ class UsageWriter:
         self._last_error: Exception | None = None
         self._last_failure: Failure = "state"
         self._insert_for: dict[str, Insert] = {}
+        self._log_insert_for: dict[str, Insert] = {}
+        self.request_log_days = request_log_days
+        self.request_log_rows = request_log_rows
+        self._trim_interval = trim_interval_s
+        self._next_trim = clock() + min(trim_interval_s, 10.0)  # soon after start, then regularly
+        self._log_written = 0
+        self._log_dropped = 0
+        self._trimmed = 0
         # counters (read by other threads; each written by one thread only)
         self._submitted = 0
         self._written = 0
@@ -318,6 +348,21 @@ class UsageWriter:
     def replayed(self) -> int:
         """Records read back from the spool and stored (or found stored) so far (total)."""
         return self._replayed
+
+    @property
+    def log_written(self) -> int:
+        """Request-log rows stored so far (total)."""
+        return self._log_written
+
+    @property
+    def log_dropped(self) -> int:
+        """Request-log rows given up on (the database refused them, or they were spooled)."""
+        return self._log_dropped
+
+    @property
+    def trimmed(self) -> int:
+        """Request-log rows trimmed (by age or count) so far (total)."""
+        return self._trimmed
 
     @property
     def failing(self) -> bool:
@@ -384,6 +429,7 @@ class UsageWriter:
                 if self._due():
                     self._cycle()
                 self._settle()
+                self._trim_if_due()
             except Exception:  # a bug here must not stop usage from being written
                 log.exception("usage writer loop failed; continuing")
                 self._fail_later()
@@ -464,6 +510,58 @@ class UsageWriter:
                 marker.done.set()
             self._flushes.clear()
 
+    # -- the request log ---------------------------------------------------------------------
+
+    def _trim_if_due(self) -> None:
+        """Trim the request log every ``trim_interval_s`` (not while the database fails)."""
+        if self.request_log_days is None and self.request_log_rows is None:
+            return
+        now = self._clock()
+        if now < self._next_trim or self._failing_since is not None:
+            return
+        self._next_trim = now + self._trim_interval
+        self.trim_request_log()
+
+    def trim_request_log(self) -> int:
+        """Trim the request log to its bounds now; returns the rows deleted (0 on a failure,
+        logged without its values)."""
+        try:
+            deleted = trim(
+                self._factory, days=self.request_log_days, max_rows=self.request_log_rows
+            )
+        except Exception as exc:
+            log.warning("could not trim the request log: %s", _describe(exc))
+            return 0
+        self._trimmed += deleted
+        return deleted
+
+    def _write_log(self, rows: list[Row]) -> None:
+        """Store the explanations of usage rows just committed, in a transaction of their own:
+        a failure costs the log rows (counted, logged), never a usage record."""
+        logged = [log_row(r, r[LOG_KEY]) for r in rows if r.get(LOG_KEY) is not None]
+        if not logged:
+            return
+        try:
+            with self._factory.begin() as session:
+                dialect = session.get_bind().dialect.name
+                statement = self._log_insert_for.get(dialect)
+                if statement is None:
+                    statement = self._log_insert_for.setdefault(
+                        dialect, log_insert_statement(dialect)
+                    )
+                for start in range(0, len(logged), YIELD_EVERY_ROWS):
+                    session.execute(statement, logged[start : start + YIELD_EVERY_ROWS])
+                    time.sleep(0)  # hand the GIL back to the event loop (YIELD_EVERY_ROWS)
+        except Exception as exc:
+            self._log_dropped += len(logged)
+            log.warning(
+                "dropping %d request-log row(s): %s (their usage records are stored)",
+                len(logged),
+                _describe(exc),
+            )
+            return
+        self._log_written += len(logged)
+
     # -- writing ----------------------------------------------------------------------------
 
     def _cycle(self) -> None:
@@ -517,6 +615,7 @@ class UsageWriter:
             return rows
         self._written += inserted
         self._duplicates += len(rows) - inserted
+        self._write_log(rows)
         return []
 
     def _price(self, rows: list[Row]) -> None:
@@ -566,7 +665,7 @@ class UsageWriter:
                 statement = self._insert_for.setdefault(dialect, insert_statement(dialect))
             counted = statement.returning(_TABLE.c.id) if recount and dialect != "sqlite" else None
             for start in range(0, len(rows), YIELD_EVERY_ROWS):
-                chunk = rows[start : start + YIELD_EVERY_ROWS]
+                chunk = [_columns(r) for r in rows[start : start + YIELD_EVERY_ROWS]]
                 if counted is not None:
                     inserted += len(session.execute(counted, chunk).all())
                 else:
@@ -587,6 +686,10 @@ class UsageWriter:
     def _spill(self, rows: list[Row], why: str) -> None:
         if not rows:
             return
+        explained = sum(1 for r in rows if LOG_KEY in r)
+        if explained:  # the spool keeps usage records; their explanations are let go
+            self._log_dropped += explained
+            rows = [_columns(r) for r in rows]
         taken = 0
         if self._spool is not None:
             try:

@@ -26,6 +26,7 @@ TABLES = TABLES_0002 | {
     "length_samples",
     "model_prices",
     "budgets",
+    "request_log",
 }  # head
 
 
