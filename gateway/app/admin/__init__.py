@@ -1,6 +1,6 @@
 """The admin REST API (mounted at ``/admin/v1``): tiers, tenants, keys, backends, profiles,
-prices, budgets, usage, audit, operators — one router module each, assembled here. Who may call
-each route is :mod:`.rules` (roles: :mod:`.roles`).
+prices, budgets, usage, the request log, audit, operators — one router module each, assembled
+here. Who may call each route is :mod:`.rules` (roles: :mod:`.roles`).
 
 Every route is a thin shell over :mod:`gateway.db.crud`, so the API, the CLI and the data layer
 share one set of rules and every change is audited there (actor
@@ -24,6 +24,7 @@ from gateway.app.admin import (
     operators,
     prices,
     profiles,
+    requests,
     tenants,
     tiers,
     usage,
@@ -33,7 +34,19 @@ from gateway.errors import error_responses
 
 __all__ = ["build_admin_router"]
 
-RESOURCES = (tiers, tenants, keys, backends, profiles, prices, budgets, usage, audit, operators)
+RESOURCES = (
+    tiers,
+    tenants,
+    keys,
+    backends,
+    profiles,
+    prices,
+    budgets,
+    usage,
+    requests,
+    audit,
+    operators,
+)
 """In the order OpenAPI lists them."""
 
 ERRORS = error_responses(

@@ -73,5 +73,8 @@ API_RULES: Mapping[str, Access] = {
     "GET /usage/tenants": TR,
     "GET /usage/tiers": R,
     "GET /usage/series": TR,
+    # the request log: a tenant admin reads its own tenant's requests
+    "GET /requests": TR,
+    "GET /requests/{ref}": TR,
     "GET /audit": R,
 }

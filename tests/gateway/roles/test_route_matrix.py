@@ -81,6 +81,8 @@ API: dict[str, frozenset[str]] = {
     "GET /admin/v1/usage/tenants": KEY_READERS,
     "GET /admin/v1/usage/tiers": STAFF,
     "GET /admin/v1/usage/series": KEY_READERS,
+    "GET /admin/v1/requests": KEY_READERS,
+    "GET /admin/v1/requests/{ref}": KEY_READERS,
     "GET /admin/v1/audit": STAFF,
 }
 
