@@ -2,7 +2,7 @@
 
     python bench/gateway_overhead.py [--rps R] [--duration S] [--warmup S] [--json] [--pin]
         [--block S] [--max-tokens N] [--profile NAME] [--policy NAME] [--time-scale X]
-        [--workers N] [--relay gateway|asgi|raw]
+        [--workers N] [--relay gateway|asgi|raw|granian|granian-asgi]
     python bench/gateway_overhead.py --find-max [--rates 25,50,...] [--max-added-p99-ms 5]
 
 One emulated engine and one gateway in front of it (SQLite seeded with an unlimited tier) run in
@@ -34,9 +34,11 @@ and ``errors`` count both paths.
 and N worker processes on one socket (:mod:`gateway.workers`), metrics merged; the gateway's CPU
 is then that of the supervisor and all its workers.
 
-``--relay asgi|raw`` puts a bare relay (:mod:`relay_floor`, ``bench/relay_floor.py``) in the
+``--relay asgi|raw|...`` puts a bare relay (:mod:`relay_floor`, ``bench/relay_floor.py``) in the
 gateway's place: no auth, admission, event parsing or accounting — an ASGI app under the same
-uvicorn configuration and upstream client, or asyncio protocols without ASGI. Everything else
+uvicorn configuration and upstream client, or asyncio protocols without ASGI; ``granian`` and
+``granian-asgi`` serve the same upstream client through granian's RSGI or ASGI interface (when
+granian is installed; it is no dependency of the project). Everything else
 (load, engine, CPU accounting) is unchanged, so ``gateway_cpu_ms_per_request`` then measures
 the floor a Python relay costs on this machine; the ``relay`` key says which ran.
 
@@ -113,6 +115,8 @@ MAX_ERROR_RATE = 0.01
 MAX_CLIENT_LAG_MS = 50.0
 """Client lag p99 above this: the load generator, not the system under test, is the limit."""
 STARTUP_TIMEOUT_S = 30.0
+GRANIAN_RELAYS = ("granian", "granian-asgi")
+"""Relays under granian (an optional install): its RSGI interface, or the ASGI relay."""
 MAX_IDLE_S = 3.0
 """Idle keep-alive connections older than this are not reused (uvicorn closes them at 5 s)."""
 PROFILE_ENV = "TIERGATE_BENCH_PROFILE"
@@ -148,7 +152,8 @@ class Setup:
     workers: int = 1
     """Gateway worker processes (``tiergate serve --workers``)."""
     relay: str = "gateway"
-    """What serves the gateway path: the gateway, or a bare ``asgi`` or ``raw`` relay."""
+    """What serves the gateway path: the gateway, or a bare relay (``asgi``, ``raw``,
+    ``granian``, ``granian-asgi``)."""
 
 
 # ---- servers (child processes) ------------------------------------------------------------
@@ -308,6 +313,9 @@ def _serve_role(args: argparse.Namespace) -> int:
     elif args.relay == "raw":
         _profiled(args, lambda: _serve_raw_relay(args))
         return 0
+    elif args.relay in GRANIAN_RELAYS:
+        _profiled(args, lambda: _serve_granian_relay(args))
+        return 0
     elif args.relay == "asgi":
         from relay_floor import AsgiRelay
 
@@ -397,6 +405,44 @@ async def _serve_raw_relay(args: argparse.Namespace) -> None:
     await stopped
     server.close()
     relay.close()
+
+
+async def _serve_granian_relay(args: argparse.Namespace) -> None:
+    """Child process: a relay under granian's embedded server (RSGI for ``granian``, the ASGI
+    relay for ``granian-asgi``) on this process's uvloop, until stdin closes."""
+    from relay_floor import AsgiRelay, RsgiRelay, granian_server
+
+    relay = RsgiRelay(args.engine_url) if args.relay == "granian" else AsgiRelay(args.engine_url)
+    port = _free_port()  # granian binds the socket itself
+    server = granian_server(relay, port, backlog=4096)
+    task = asyncio.ensure_future(server.serve())
+    loop = asyncio.get_running_loop()
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while True:  # listening once a connection is accepted
+        if task.done():
+            task.result()
+            raise RuntimeError("granian stopped before it served")
+        try:
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.05)
+            continue
+        writer.close()
+        break
+    stdin = sys.stdin.buffer.fileno()
+
+    def on_stdin() -> None:
+        if not os.read(stdin, 4096):
+            loop.remove_reader(stdin)
+            server.stop()
+
+    loop.add_reader(stdin, on_stdin)
+    print(f"PORT {port}", flush=True)
+    await task
+    if isinstance(relay, RsgiRelay):
+        await relay.aclose()
 
 
 async def _serve_gateway_workers(args: argparse.Namespace) -> None:
@@ -879,7 +925,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--relay",
-        choices=("gateway", "asgi", "raw"),
+        choices=("gateway", "asgi", "raw", *GRANIAN_RELAYS),
         default="gateway",
         help="what serves the gateway path: the gateway, or a bare relay (bench/relay_floor.py)",
     )
@@ -901,7 +947,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.role is not None:
         return _serve_role(args)
     if args.relay != "gateway" and args.workers > 1:
-        parser.error("--relay asgi|raw runs one process: no --workers")
+        parser.error("--relay runs one process: no --workers")
+    if args.relay in GRANIAN_RELAYS:
+        from relay_floor import GRANIAN_MISSING
+
+        if GRANIAN_MISSING is not None:
+            parser.exit(2, f"--relay {args.relay}: {GRANIAN_MISSING}\n")
 
     setup = Setup(
         profile=args.profile,

@@ -13,9 +13,15 @@ can be read against what relaying alone costs on the same machine at the same mo
   ``data_received`` writes the body that arrived straight to the client transport as one
   chunk (the response head merged into the first). What remains is the event loop, the
   parser and the socket calls.
+* :class:`RsgiRelay` — granian's RSGI interface (HTTP in Rust on tokio, the app on this
+  process's event loop) with the gateway's upstream client: the body posted unchanged, each
+  upstream read sent on the response stream as it arrives. :func:`granian_server` also serves
+  :class:`AsgiRelay` through granian's ASGI interface, so that the server layer is the only
+  difference from ``asgi``. granian is no dependency of the project: :data:`GRANIAN_MISSING`
+  says why it cannot run when it is not installed.
 
-Neither authenticates, admits, parses events or accounts: they bound the cost from below.
-Both serve only ``POST /v1/chat/completions`` (anything else: 404), on HTTP/1.1 keep-alive.
+None of them authenticates, admits, parses events or accounts: they bound the cost from below.
+All serve only ``POST /v1/chat/completions`` (anything else: 404), on HTTP/1.1 keep-alive.
 """
 
 from __future__ import annotations
@@ -30,6 +36,13 @@ from typing import Any, cast
 from urllib.parse import urlsplit
 
 import httptools
+
+GRANIAN_MISSING: str | None = None
+try:
+    import granian  # noqa: F401
+except ImportError:  # an optional bench dependency
+    GRANIAN_MISSING = "granian is not installed (pip install granian)"
+"""Why the granian relays cannot run here, or None when they can."""
 
 CHAT_PATH = "/v1/chat/completions"
 KEEPALIVE_S = 4.0
@@ -125,6 +138,85 @@ class AsgiRelay:
 async def _asgi_status(send: Send, status: int) -> None:
     await send({"type": "http.response.start", "status": status, "headers": []})
     await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+# ---- RSGI (granian) ------------------------------------------------------------------------
+
+
+class RsgiRelay:
+    """An RSGI app relaying chat completions to one engine through the gateway's client."""
+
+    def __init__(self, engine_url: str) -> None:
+        self.url = engine_url.rstrip("/") + CHAT_PATH
+        self._upstream: Any = None
+        """:class:`gateway.app.upstream.Upstream`, made in the serving loop."""
+
+    def __rsgi_init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        from gateway.app.upstream import Upstream
+
+        self._upstream = Upstream(
+            read_timeout_s=READ_TIMEOUT_S,
+            connect_timeout_s=CONNECT_TIMEOUT_S,
+            keepalive_s=KEEPALIVE_S,
+        )
+
+    async def aclose(self) -> None:
+        """Close the upstream connections (granian's own hook cannot await)."""
+        if self._upstream is not None:
+            await self._upstream.aclose()
+
+    async def __rsgi__(self, scope: Any, protocol: Any) -> None:
+        if scope.proto != "http":
+            return
+        if scope.method != "POST" or scope.path != CHAT_PATH:
+            protocol.response_empty(404, [])
+            return
+        await self._relay(protocol)
+
+    async def _relay(self, protocol: Any) -> None:
+        from gateway.app.upstream import UpstreamError
+
+        body = await protocol()
+        try:
+            response = await self._upstream.post_json(self.url, body)
+        except UpstreamError:
+            protocol.response_empty(502, [])
+            return
+        try:
+            headers = [
+                ("content-type", response.content_type or "text/event-stream"),
+                ("cache-control", "no-cache"),
+            ]
+            stream = protocol.response_stream(response.status, headers)
+            with contextlib.suppress(UpstreamError):  # a broken stream: end what was sent
+                async for batch in response.event_batches():  # one list per upstream read
+                    await stream.send_bytes(batch[0] if len(batch) == 1 else b"".join(batch))
+        finally:
+            response.close()
+
+
+def granian_server(app: AsgiRelay | RsgiRelay, port: int, backlog: int = 4096) -> Any:
+    """granian's embedded server (one worker, one Rust runtime thread, the app on the running
+    event loop) serving ``app`` on 127.0.0.1:``port``: RSGI for :class:`RsgiRelay`, ASGI with
+    lifespan for :class:`AsgiRelay`. Run ``await server.serve()``; ``server.stop()`` ends it."""
+    if GRANIAN_MISSING is not None:
+        raise RuntimeError(GRANIAN_MISSING)
+    from granian.constants import HTTPModes, Interfaces
+    from granian.log import LogLevels
+    from granian.server.embed import Server
+
+    interface = Interfaces.RSGI if isinstance(app, RsgiRelay) else Interfaces.ASGI
+    return Server(
+        app,
+        address="127.0.0.1",
+        port=port,
+        interface=interface,
+        runtime_threads=1,
+        http=HTTPModes.http1,
+        websockets=False,
+        backlog=backlog,
+        log_level=LogLevels.warning,
+    )
 
 
 # ---- raw asyncio protocols ------------------------------------------------------------------

@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import json
 import socket
+import sys
 from collections.abc import AsyncIterator
 from types import ModuleType
 from typing import Any
@@ -54,7 +55,36 @@ async def _uvicorn(app: object) -> AsyncIterator[str]:
 
 
 @contextlib.asynccontextmanager
+async def _granian(app: Any, module: ModuleType) -> AsyncIterator[str]:
+    with contextlib.closing(_bound()) as probe:  # a free port: granian binds its own socket
+        port = probe.getsockname()[1]
+    server = module.granian_server(app, port)
+    task = asyncio.ensure_future(server.serve())
+    while True:
+        assert not task.done(), "granian did not start"
+        try:
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+        except OSError:
+            await asyncio.sleep(0.02)
+            continue
+        writer.close()
+        break
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.stop()
+        await task
+        if isinstance(app, module.RsgiRelay):
+            await app.aclose()
+
+
+@contextlib.asynccontextmanager
 async def _relay(kind: str, module: ModuleType, engine_url: str) -> AsyncIterator[tuple[str, Any]]:
+    if kind in ("granian", "granian-asgi"):
+        relay_class = module.RsgiRelay if kind == "granian" else module.AsgiRelay
+        async with _granian(relay_class(engine_url), module) as url:
+            yield url, None
+        return
     if kind == "asgi":
         async with _uvicorn(module.AsgiRelay(engine_url)) as url:
             yield url, None
@@ -91,11 +121,14 @@ def _content(events: list[str]) -> list[str]:
     return out
 
 
-@pytest.mark.parametrize("kind", ["raw", "asgi"])
+@pytest.mark.parametrize("kind", ["raw", "asgi", "granian", "granian-asgi"])
 def test_relay_streams_the_whole_answer_on_kept_alive_connections(
     kind: str, relay_floor: ModuleType, bench: ModuleType
 ) -> None:
     from engine_emulated.serve import EngineSpec
+
+    if kind.startswith("granian") and relay_floor.GRANIAN_MISSING is not None:
+        pytest.skip(f"--relay {kind}: {relay_floor.GRANIAN_MISSING}")
 
     body = json.dumps(
         {
@@ -140,3 +173,15 @@ def test_relay_streams_the_whole_answer_on_kept_alive_connections(
                 await sse.aclose()
 
     asyncio.run(scenario())
+
+
+def test_granian_relays_are_refused_with_the_reason_when_granian_is_missing(
+    bench: ModuleType, relay_floor: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(relay_floor, "GRANIAN_MISSING", "granian is not installed (test)")
+    monkeypatch.setitem(sys.modules, "relay_floor", relay_floor)
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main(["--relay", "granian", "--duration", "1"])
+    assert exit_info.value.code == 2
+    with pytest.raises(RuntimeError, match="not installed"):
+        relay_floor.granian_server(relay_floor.RsgiRelay("http://127.0.0.1:1"), 1)
