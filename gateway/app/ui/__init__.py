@@ -32,6 +32,7 @@ PAGES: tuple[str, ...] = (
     "gateway.app.ui.auth",
     "gateway.app.ui.overview",
     "gateway.app.ui.usage",
+    "gateway.app.ui.requests",
     "gateway.app.ui.tiers",
     "gateway.app.ui.tenants",
     "gateway.app.ui.keys",

@@ -60,6 +60,7 @@ class NavItem:
 NAV = (
     NavItem("overview", "Overview", f"{UI_PATH}/"),
     NavItem("usage", "Usage", f"{UI_PATH}/usage", Access.TENANT_READ),
+    NavItem("requests", "Requests", f"{UI_PATH}/requests", Access.TENANT_READ),
     NavItem("budgets", "Budgets", f"{UI_PATH}/budgets", Access.TENANT_READ),
     NavItem("tiers", "Tiers", f"{UI_PATH}/tiers"),
     NavItem("tenants", "Tenants", f"{UI_PATH}/tenants"),

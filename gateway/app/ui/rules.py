@@ -26,6 +26,7 @@ UI_RULES: Mapping[str, Access] = {
     "GET /usage": TR,
     "GET /usage/series.json": TR,
     "GET /usage.csv": TR,
+    "GET /requests": TR,
     "GET /tiers": R,
     "GET /tiers/-/new": W,
     "POST /tiers/-/new": W,

@@ -92,6 +92,7 @@ UI: dict[str, frozenset[str]] = {
     "GET /ui/usage": KEY_READERS,
     "GET /ui/usage/series.json": KEY_READERS,
     "GET /ui/usage.csv": KEY_READERS,
+    "GET /ui/requests": KEY_READERS,
     "GET /ui/tiers": STAFF,
     "GET /ui/tiers/-/new": WRITERS,
     "POST /ui/tiers/-/new": WRITERS,
