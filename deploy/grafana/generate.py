@@ -666,6 +666,65 @@ def tenants() -> Board:
             ),
         ),
     )
+    board.row(
+        "Spend and budgets",
+        Spec(
+            "Spend per hour by tier",
+            "What requests cost at their model's price, per hour, by tier (in the currency the "
+            "prices are set in; counted when each usage record is charged; an unpriced model "
+            "costs nothing). Per tenant and key: the dashboard's usage page, its CSV, or "
+            "/admin/v1/usage/series.",
+            series(
+                q(
+                    f"sum by (tier) (rate(tiergate_spend_total{{{TIER}}}[{RATE}])) * 3600{ZERO}",
+                    "{{tier}}",
+                ),
+                stacked=True,
+            ),
+        ),
+        Spec(
+            "Spend over the range by tier",
+            "Spend per tier for the selected range: the gateways' running count (the usage "
+            "records, each charged at its model's price when written, are the record of "
+            "account: docs/operations/spend-and-budgets.md).",
+            stats(
+                q(
+                    f"sum by (tier) (increase(tiergate_spend_total{{{TIER}}}[$__range])){ZERO}",
+                    "{{tier}}",
+                ),
+            ),
+        ),
+        Spec(
+            "Budget refusals",
+            "Requests refused per second because a tenant's or key's budget was spent "
+            "(429 budget_exceeded), by scope (tenant, key) and period (day, month). Not "
+            "filtered by tier or tenant: the metric carries neither.",
+            series(
+                q(
+                    "sum by (scope, period) "
+                    f"(rate(tiergate_budget_rejections_total[{RATE}])){ZERO}",
+                    "{{scope}} {{period}}",
+                ),
+                unit="reqps",
+                stacked=True,
+            ),
+        ),
+        Spec(
+            "Budget soft crossings over the range",
+            "Budgets whose spend passed their soft threshold in the selected range, by scope "
+            "and period: once per budget and period with Redis (the first process to see it; "
+            "its webhook is posted then), once per gateway process without (each counts its "
+            "own share of the budget).",
+            stats(
+                q(
+                    "sum by (scope, period) "
+                    f"(increase(tiergate_budget_soft_crossings_total[$__range])){ZERO}",
+                    "{{scope}} {{period}}",
+                ),
+                decimals=0,
+            ),
+        ),
+    )
     return board
 
 
