@@ -1,7 +1,8 @@
 """The admin dashboard and API at scale: list pages and usage charts on a big PostgreSQL.
 
     python bench/admin_scale.py [--tenants 10000] [--keys 50000] [--usage 1000000] [--days 30]
-        [--repeats 7] [--explain] [--json] [--server-url postgresql+psycopg://…/postgres]
+        [--requests 1000000] [--only TEXT] [--repeats 7] [--explain] [--json]
+        [--server-url postgresql+psycopg://…/postgres]
 
 A scratch database (``tiergate_bench_<random>``) is created on the server, migrated to head
 (so the indexes are the migrations' own), loaded, and dropped at the end whatever happens:
@@ -9,7 +10,9 @@ A scratch database (``tiergate_bench_<random>``) is created on the server, migra
 * 4 tiers and 3 backends through the crud layer; ``--tenants`` tenants, ``--keys`` API keys
   (spread over the tenants, created over ``--days``), one audit row per tenant and key, and
   ``--usage`` usage records over the last ``--days`` days (tenants Zipf-skewed, outcomes and
-  latencies drawn like a busy fleet's) — all with ``COPY``, then ``VACUUM (ANALYZE)``.
+  latencies drawn like a busy fleet's), and ``--requests`` request-log rows over the last
+  ``min(--days, 7)`` days (the log's default retention; the same skew, each stage's numbers,
+  a miss reason on the misses) — all with ``COPY``, then ``VACUUM (ANALYZE)``.
 
 Then the real app (``create_app``, in process through ``TestClient``: routing, auth, the crud
 layer, templates, JSON) is asked for every list route's first page and a deep page (the last
@@ -20,7 +23,8 @@ target (< 300 ms a list page, < 1 s a 30-day chart). Every answer is checked too
 page sizes, totals, the series' request count against the rows loaded): ``checks`` in the
 report, all true or the run exits 1. ``--explain`` prints ``EXPLAIN (ANALYZE, BUFFERS)`` of
 the slowest SQL statement of each route over its target (or of every route with
-``--explain-all``).
+``--explain-all``). ``--only`` times the cases whose name holds the text (``requests``: the
+request log's pages).
 """
 
 from __future__ import annotations
@@ -72,6 +76,8 @@ class Scale:
     usage: int = 1_000_000
     days: float = 30.0
     seed: int = 7
+    requests: int | None = None
+    """Request-log rows (None: as many as usage records)."""
 
 
 @dataclass
@@ -86,6 +92,9 @@ class Loaded:
     usage_by_tier: dict[str, int]
     last_tenant: str
     load_s: float = 0.0
+    requests: int = 0
+    first_tenant: str = ""
+    deep_cursor: int = 0
 
 
 # ---- the scratch database -------------------------------------------------------------------
@@ -125,6 +134,7 @@ def _copy(
 def load(url: str, scale: Scale) -> Loaded:
     """Migrate, then fill the database (see the module docstring)."""
     started = time.perf_counter()
+    n_requests = scale.usage if scale.requests is None else scale.requests
     migrate.upgrade(url)
     engine = make_engine(url)
     rng = random.Random(scale.seed)
@@ -213,6 +223,13 @@ def load(url: str, scale: Scale) -> Loaded:
             USAGE_COLUMNS,
             _usage_rows(scale, rng, end, span_s, tenant_ids, key_ids, by_tier),
         )
+        log_span_s = min(span_s, 7 * 86400 - 3600)
+        _copy(
+            engine,
+            "request_log",
+            REQUEST_LOG_COLUMNS,
+            _request_rows(scale, rng, end, log_span_s, tenant_ids, key_ids),
+        )
         # as autovacuum leaves a table in service (statistics, visibility map), and so that
         # it does not start on the fresh rows in the middle of the timings
         with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
@@ -228,7 +245,109 @@ def load(url: str, scale: Scale) -> Loaded:
         usage_by_tier=by_tier,
         last_tenant=tenant_name(scale.tenants - 1),
         load_s=time.perf_counter() - started,
+        requests=n_requests,
+        first_tenant=tenant_name(0),
+        deep_cursor=max(2, n_requests // 2),
     )
+
+
+REQUEST_LOG_COLUMNS = (
+    "request_id",
+    "created_at",
+    "tenant_id",
+    "api_key_id",
+    "tier",
+    "model",
+    "backend",
+    "status",
+    "http_status",
+    "reject_reason",
+    "admission",
+    "admission_ttft_ms",
+    "predicted_ttft_ms",
+    "queue_ms",
+    "engine_ttft_ms",
+    "ttft_ms",
+    "tpot_ms",
+    "slo_ttft_ms",
+    "slo_tpot_ms",
+    "attempts",
+    "gain",
+    "ideal_gain",
+    "slo_met",
+    "miss_reason",
+)
+MISSES = (("queued", 3), ("engine_slow", 3), ("stalled", 2), ("failover", 1), ("unknown", 1))
+
+
+def _request_rows(
+    scale: Scale,
+    rng: random.Random,
+    end: datetime,
+    span_s: float,
+    tenant_ids: list[int],
+    key_ids: list[int],
+) -> Iterator[tuple[Any, ...]]:
+    """Request-log rows, oldest first as the writer appends them: the usage records' tenant
+    skew and outcomes, each stage's numbers, a reason on each miss (and on shed requests)."""
+    n = scale.usage if scale.requests is None else scale.requests
+    ages = sorted((rng.random() * span_s for _ in range(n)), reverse=True)
+    weights = [1.0 / (rank + 1) ** 0.9 for rank in range(scale.tenants)]
+    tenants = rng.choices(range(scale.tenants), weights=weights, k=n)
+    statuses = rng.choices([o for o, _ in OUTCOMES], weights=[w for _, w in OUTCOMES], k=n)
+    reasons = [m for m, _ in MISSES]
+    reason_weights = [w for _, w in MISSES]
+    keys_per_tenant = max(1, scale.keys // scale.tenants)
+    for i in range(n):
+        t = tenants[i]
+        tier, _, ttft_slo, tpot_slo = TIERS[t % 4]
+        status = statuses[i]
+        key = key_ids[(t + scale.tenants * rng.randrange(keys_per_tenant)) % len(key_ids)]
+        at = end - timedelta(seconds=ages[i])
+        predicted = rng.lognormvariate(math.log(ttft_slo * 0.3), 0.5)
+        if status == "rejected":
+            reject = rng.choice(REASONS)
+            why = "hopeless" if reject == "slo_unattainable" else None
+            stage: tuple[Any, ...] = (503, reject, "shed" if why else None, predicted * 3)
+            measured: tuple[Any, ...] = (None, None, None, None, None, 0, 0.0, 0.0, None, why)
+        else:
+            queue = rng.lognormvariate(math.log(ttft_slo * 0.1), 1.0)
+            engine = predicted * rng.lognormvariate(0.0, 0.4)
+            ttft, tpot = queue + engine, rng.lognormvariate(math.log(tpot_slo * 0.5), 0.4)
+            met = None if status != "ok" else ttft < ttft_slo and tpot < tpot_slo
+            why = rng.choices(reasons, weights=reason_weights)[0] if met is False else None
+            ideal = rng.randint(1, 800) * 1.0
+            gain = ideal if met else ideal * rng.random()
+            stage = (200 if status == "ok" else 503, None, "admit", predicted + queue)
+            measured = (predicted, queue, engine, ttft, tpot, 1, gain, ideal, met, why)
+        http, reject, admission, admission_ttft = stage
+        pred, queue_ms, engine_ms, ttft_ms, tpot_ms, attempts, gain, ideal, met, why = measured
+        yield (
+            f"chatcmpl-bench-{i}",
+            at,
+            tenant_ids[t],
+            key,
+            tier,
+            "qwen2-7b",
+            f"engine-{i % 3}",
+            status,
+            http,
+            reject,
+            admission,
+            admission_ttft,
+            pred,
+            queue_ms,
+            engine_ms,
+            ttft_ms,
+            tpot_ms,
+            ttft_slo,
+            tpot_slo,
+            attempts,
+            gain,
+            ideal,
+            met,
+            why,
+        )
 
 
 USAGE_COLUMNS = (
@@ -568,6 +687,52 @@ def cases(loaded: Loaded, days: float) -> list[tuple[str, str, dict[str, Any], f
             chart,
             _csv_rows(loaded.usage),
         ),
+        *request_cases(loaded),
+    ]
+
+
+def _page_of(rows: int) -> Check:
+    def check(response: Any) -> tuple[bool, str]:
+        data = response.json()["data"]
+        return len(data) == rows, f"{len(data)} rows"
+
+    return check
+
+
+def request_cases(loaded: Loaded) -> list[tuple[str, str, dict[str, Any], float, Check]]:
+    """The request log's pages: everyone's, the biggest and the smallest tenant's, the misses,
+    one reason, a page deep in the log, the last hour, and the dashboard's page."""
+    if not loaded.requests:
+        return []
+    lst, big, small = LIST_TARGET_MS, loaded.first_tenant, loaded.last_tenant
+    hour = (loaded.end - timedelta(hours=1)).isoformat()
+    full = _page_of(min(PAGE, loaded.requests))
+    any_rows: Check = lambda r: (r.status_code == 200, f"{len(r.json()['data'])} rows")  # noqa: E731
+    html: Check = lambda r: ('id="requests-table"' in r.text, "table shown")  # noqa: E731
+    api = "/admin/v1/requests"
+    return [
+        ("API requests, page 1", api, {"limit": PAGE}, lst, full),
+        ("API requests, deep page", api, {"limit": PAGE, "before": loaded.deep_cursor}, lst, full),
+        ("API requests, biggest tenant", api, {"limit": PAGE, "tenant": big}, lst, any_rows),
+        ("API requests, smallest tenant", api, {"limit": PAGE, "tenant": small}, lst, any_rows),
+        ("API requests, missed only", api, {"limit": PAGE, "missed": "true"}, lst, any_rows),
+        (
+            "API requests, a tenant's misses",
+            api,
+            {"limit": PAGE, "tenant": big, "missed": "true"},
+            lst,
+            any_rows,
+        ),
+        ("API requests, reason stalled", api, {"limit": PAGE, "reason": "stalled"}, lst, any_rows),
+        ("API requests, last hour", api, {"limit": PAGE, "since": hour}, lst, any_rows),
+        ("UI requests page", "/ui/requests", {}, lst, html),
+        (
+            "UI requests, a tenant's misses",
+            "/ui/requests",
+            {"tenant": big, "missed": "1"},
+            lst,
+            html,
+        ),
     ]
 
 
@@ -589,7 +754,9 @@ def _explain(url: str, statements: list[tuple[float, str, Any]]) -> str:
     return f"-- slowest statement ({elapsed * 1000:.1f} ms in the request):\n{statement}\n{lines}"
 
 
-def time_app(url: str, loaded: Loaded, scale: Scale, repeats: int, explain: str) -> list[Timing]:
+def time_app(
+    url: str, loaded: Loaded, scale: Scale, repeats: int, explain: str, only: str = ""
+) -> list[Timing]:
     """Time every case through the real app; see the module docstring."""
     from fastapi.testclient import TestClient
     from pydantic import SecretStr
@@ -620,6 +787,8 @@ def time_app(url: str, loaded: Loaded, scale: Scale, repeats: int, explain: str)
                     loaded.audit = conn.execute(text("SELECT count(*) FROM audit_log")).scalar_one()
                 counter.dispose()
                 for name, path, params, target, check in cases(loaded, scale.days):
+                    if only and only not in name:
+                        continue
                     timing = Timing(name, path, target)
                     headers = api if path.startswith("/admin/") else {}
                     first = client.get(path, params=params, headers=headers)  # warm-up
@@ -661,16 +830,19 @@ def table(results: list[Timing]) -> str:
     return "\n".join(lines)
 
 
-def run(server_url: str, scale: Scale, repeats: int, explain: str) -> dict[str, Any]:
+def run(
+    server_url: str, scale: Scale, repeats: int, explain: str, only: str = ""
+) -> dict[str, Any]:
     with scratch_database(server_url) as url:
         loaded = load(url, scale)
-        results = time_app(url, loaded, scale, repeats, explain)
+        results = time_app(url, loaded, scale, repeats, explain, only)
     return {
         "scale": scale.__dict__,
         "loaded": {
             "tenants": loaded.tenants,
             "keys": loaded.keys,
             "usage": loaded.usage,
+            "requests": loaded.requests,
             "audit": loaded.audit,
             "usage_by_tier": loaded.usage_by_tier,
             "load_s": round(loaded.load_s, 1),
@@ -692,6 +864,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--usage", type=int, default=defaults.usage)
     parser.add_argument("--days", type=float, default=defaults.days)
     parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument(
+        "--requests", type=int, default=None, help="request-log rows (default: --usage)"
+    )
+    parser.add_argument("--only", default="", help="time only the cases whose name holds this")
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--explain", action="store_true", help="EXPLAIN the routes over target")
     parser.add_argument("--explain-all", action="store_true", help="EXPLAIN every route")
@@ -704,17 +880,20 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if min(args.tenants, args.keys, args.usage) < 1 or args.days <= 0 or args.repeats < 1:
         parser.error("counts, days and repeats must be positive")
-    scale = Scale(args.tenants, args.keys, args.usage, args.days, args.seed)
+    if args.requests is not None and args.requests < 0:
+        parser.error("--requests must be >= 0")
+    scale = Scale(args.tenants, args.keys, args.usage, args.days, args.seed, args.requests)
     explain = "all" if args.explain_all else "slow" if args.explain else "none"
-    report = run(args.server_url, scale, args.repeats, explain)
+    report = run(args.server_url, scale, args.repeats, explain, args.only)
     if args.json:
         print(json.dumps({k: v for k, v in report.items() if not k.startswith("_")}, indent=2))
     else:
         loaded = report["loaded"]
         print(
             f"loaded {loaded['tenants']:,} tenants, {loaded['keys']:,} keys, "
-            f"{loaded['audit']:,} audit rows, {loaded['usage']:,} usage records over "
-            f"{scale.days:g} days in {loaded['load_s']:.1f} s; {args.repeats} repeats each\n"
+            f"{loaded['audit']:,} audit rows, {loaded['usage']:,} usage records, "
+            f"{loaded['requests']:,} request-log rows over {scale.days:g} days "
+            f"in {loaded['load_s']:.1f} s; {args.repeats} repeats each\n"
         )
         print(report["_table"])
         for name, plan in report["explain"].items():
