@@ -111,7 +111,7 @@ def test_a_tenant_admin_starts_at_its_keys_and_sees_only_its_pages(
     page = _fresh(browser, stack)
     sign_in(page, credential)
     page.wait_for_url("**/ui/keys")
-    assert _nav(page) == ["Usage", "Budgets", "Keys", "API reference"]
+    assert _nav(page) == ["Usage", "Requests", "Budgets", "Keys", "API reference"]
     expect(page.locator("#who-role")).to_have_text("tenant admin")
     rows = page.locator("table tbody tr")
     assert rows.count() >= 1

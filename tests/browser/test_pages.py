@@ -23,6 +23,7 @@ pytestmark = pytest.mark.slow
 NAV = (
     ("Overview", "/ui/"),
     ("Usage", "/ui/usage"),
+    ("Requests", "/ui/requests"),
     ("Budgets", "/ui/budgets"),
     ("Tiers", "/ui/tiers"),
     ("Tenants", "/ui/tenants"),
