@@ -69,6 +69,8 @@ DEFAULT_TTL_S = 5.0
 WEBHOOK_TIMEOUT_S = 5.0
 
 Period = Literal["day", "month"]
+ADJECTIVE: dict[str, str] = {"day": "daily", "month": "monthly"}
+"""A period as its budget is called in messages."""
 State = Literal["ok", "soft", "exhausted"]
 
 
@@ -147,13 +149,13 @@ class BudgetExceeded(AdmissionRejected):
         if too_large:
             wait = None
             text = (
-                f"this request could cost more than {scope} whole {rule.period}ly budget of "
-                f"{plain(rule.amount)}: lower max_tokens"
+                f"this request could cost more than {scope} whole "
+                f"{ADJECTIVE[rule.period]} budget of {plain(rule.amount)}: lower max_tokens"
             )
         else:
             wait = (resets_at - now).total_seconds()
             text = (
-                f"{scope} {rule.period}ly budget of {plain(rule.amount)} is spent "
+                f"{scope} {ADJECTIVE[rule.period]} budget of {plain(rule.amount)} is spent "
                 f"({plain(spent)} so far, in-flight requests included); it resets at {reset}"
             )
         super().__init__(RejectReason.BUDGET_EXCEEDED, wait, text)

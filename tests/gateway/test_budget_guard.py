@@ -103,6 +103,7 @@ async def test_reserve_settle_and_refuse_until_the_period_ends(
         int((datetime(2030, 2, 28, tzinfo=UTC) - NOW).total_seconds())
     )
     assert "resets at 2030-02-28T00:00:00Z" in exc.message
+    assert "tenant's daily budget of" in exc.message  # the period as people say it
     body = ApiError.from_rejection(exc).body()["error"]
     assert body["code"] == "budget_exceeded" and body["type"] == "rate_limit_exceeded"
 
@@ -116,6 +117,7 @@ async def test_a_request_dearer_than_the_whole_budget_gets_no_retry_after(
         await guard.reserve(7, None, Decimal("1.01"))
     assert "retry-after" not in refused.value.headers()
     assert "max_tokens" in refused.value.message
+    assert "whole daily budget" in refused.value.message
 
 
 @pytest.mark.asyncio

@@ -126,7 +126,8 @@ def create_budget(
         soft_fraction=check_fraction(soft_fraction),
         webhook_url=check_webhook(webhook_url),
     )
-    taken = f"the {'key' if key_id else 'tenant'} has a {row.period}ly budget already"
+    called = "daily" if row.period == "day" else "monthly"
+    taken = f"the {'key' if key_id else 'tenant'} has a {called} budget already"
     exists = select(Budget.id).where(Budget.target == row.target, Budget.period == row.period)
     if session.scalar(exists) is not None:
         raise AlreadyExists(taken, param="period")
