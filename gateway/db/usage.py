@@ -22,6 +22,12 @@ NOTHING``, so a batch retried after a commit whose acknowledgement was lost, or 
 replayed twice, never stores a request twice. An error no classification recognises is
 retried ``max_retries`` times, then treated as a refused value (halved), so that one poisonous
 record cannot hold every later one back forever.
+
+A record may carry its request's explanation (:class:`~gateway.db.request_log.RequestExplain`):
+once its batch has committed, the writer stores the request-log rows in a transaction of their
+own (a failure there drops them, counted, and never touches a usage record), keeps them beside
+the records while the database is away, but never spools them; every
+``trim_interval_s`` it trims the log to ``request_log_days`` and ``request_log_rows``.
 """
 
 from __future__ import annotations
