@@ -138,6 +138,7 @@ def test_tiergate_mounts_the_core_and_the_gateway_commands() -> None:
     assert commands(app) == core  # the core's CLI: no web stack behind it
     gateway = {"serve", "engine-sim", "usage"}
     groups = {"db", "tiers", "tenants", "keys", "backends", "profiles", "admin", "operators"}
+    groups |= {"prices", "budgets"}
     assert commands(tiergate_cli.app) == core | gateway | groups
 
 
