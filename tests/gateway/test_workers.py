@@ -201,6 +201,10 @@ def test_multiprocess_metrics_sum_counters_merge_histograms_and_combine_gauges(
     running = merged["tiergate_backend_running"]
     assert _value(running, "tiergate_backend_running", backend="b") == 12  # livemostrecent
     assert _value(merged["tiergate_backend_healthy"], "tiergate_backend_healthy", backend="b") == 0
+    # a worker creating its file for a new kind of metric (opened, not yet sized) is left
+    # out, not a failed exposition
+    (tmp_path / "gauge_livemax_424242.db").write_bytes(b"")
+    assert _families(render_multiprocess(str(tmp_path)).decode()).keys() == merged.keys()
     forget_process(pids[1], str(tmp_path))  # the second worker exited
     after = _families(render_multiprocess(str(tmp_path)).decode())
     assert _value(after["tiergate_in_flight"], "tiergate_in_flight") == 3  # live workers only
