@@ -85,6 +85,22 @@ def parse_time(text: str | None, field: str) -> datetime | None:
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value
 
 
+def parse_window(
+    since: str | None, until: str | None, errors: dict[str, str]
+) -> dict[str, datetime | None]:
+    """A page's ``since``/``until`` filters (:func:`parse_time`); what is wrong with them goes
+    into ``errors`` by field, worded for the form."""
+    window: dict[str, datetime | None] = {}
+    for field, text in (("since", since), ("until", until)):
+        try:
+            window[field] = parse_time(text, field)
+        except ValueError as exc:
+            errors[field] = str(exc)
+    if not errors and window["since"] and window["until"] and window["since"] >= window["until"]:
+        errors["since"] = "since must be before until"
+    return window
+
+
 @router.get("/audit")
 def audit_log(
     request: Request,
@@ -107,14 +123,7 @@ def audit_log(
         "until": until or "",
     }
     errors: dict[str, str] = {}
-    window: dict[str, datetime | None] = {}
-    for field, text in (("since", since), ("until", until)):
-        try:
-            window[field] = parse_time(text, field)
-        except ValueError as exc:
-            errors[field] = str(exc)
-    if not errors and window["since"] and window["until"] and window["since"] >= window["until"]:
-        errors["since"] = "since must be before until"
+    window = parse_window(since, until, errors)
     context: dict[str, Any] = {
         "filters": filters,
         "entity_types": ENTITY_TYPES,

@@ -11,7 +11,7 @@ tenant admin sees its own tenant's only, as the API enforces it. Pages run by ke
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
@@ -20,7 +20,7 @@ from fastapi.responses import Response
 from gateway.app.accounting import MISS_WORDS
 from gateway.app.admin.helpers import tenant_resolver
 from gateway.app.admin.requests import MAX_CURSOR, filtered_page
-from gateway.app.ui.audit import parse_time
+from gateway.app.ui.audit import parse_window
 from gateway.app.ui.deps import OperatorDep, SessionDep, UiRoute
 from gateway.app.ui.render import page_url, render
 from gateway.db.crud.request_log import Attainment, LogPage, attainment_by_tenant
@@ -87,14 +87,7 @@ def requests_page(
             cursor = int(before)
         else:
             errors["before"] = "before: a page cursor (a positive whole number)"
-    window: dict[str, datetime | None] = {}
-    for field, text in (("since", since), ("until", until)):
-        try:
-            window[field] = parse_time(text, field)
-        except ValueError as exc:
-            errors[field] = str(exc)
-    if not errors and window["since"] and window["until"] and window["since"] >= window["until"]:
-        errors["since"] = "since must be before until"
+    window = parse_window(since, until, errors)
     context: dict[str, Any] = {
         "filters": filters,
         "statuses": USAGE_STATUSES,
