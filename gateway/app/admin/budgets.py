@@ -46,6 +46,22 @@ def present(session: Session, row: Budget) -> BudgetOut:
     return BudgetOut.of(row, start=start, end=end, spent=spent)
 
 
+def insert_budget(session: Session, actor: str, body: BudgetCreate) -> Budget:
+    """The budget ``body`` asks for, written and audited (the caller owns the transaction):
+    the admin API's POST and the dashboard's form."""
+    tenant = resolve(crud.get_tenant, session, body.tenant).id if body.tenant else None
+    return budgets.create_budget(
+        session,
+        actor=actor,
+        tenant=tenant,
+        key=body.key,
+        period=body.period,
+        amount=body.amount,
+        soft_fraction=body.soft_fraction,
+        webhook_url=body.webhook_url,
+    )
+
+
 def _scoped(session: Session, who: Principal, budget_id: int) -> Budget:
     """Budget ``budget_id``, if ``who`` may see it (a tenant admin: 403 alike for another
     tenant's and for none)."""
@@ -88,18 +104,7 @@ def create_budget(
     """A budget of a tenant, or of one of its keys (``key``: its prefix); one per target and
     period (409)."""
     with session.begin():
-        tenant = resolve(crud.get_tenant, session, body.tenant).id if body.tenant else None
-        row = budgets.create_budget(
-            session,
-            actor=actor,
-            tenant=tenant,
-            key=body.key,
-            period=body.period,
-            amount=body.amount,
-            soft_fraction=body.soft_fraction,
-            webhook_url=body.webhook_url,
-        )
-        out = present(session, row)
+        out = present(session, insert_budget(session, actor, body))
     _reload(state)
     return out
 
