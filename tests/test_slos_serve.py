@@ -121,6 +121,17 @@ def test_fig3_without_holding_the_first_token_loses_the_third() -> None:
 # ---- the planner --------------------------------------------------------------------------------
 
 
+def test_plan_items_of_rows_keeps_each_column_and_its_type() -> None:
+    items = PlanItems.of_rows([(2.0, 0.5, 0.1, 3), (1.0, 0.25, 0.0, 7)])
+    assert len(items) == 2
+    assert items.deadline.tolist() == [2.0, 1.0]
+    assert items.work.tolist() == [0.5, 0.25]
+    assert items.load.tolist() == [0.1, 0.0]
+    assert items.memory.tolist() == [3, 7]
+    assert items.deadline.dtype == np.float64 and items.memory.dtype == np.int64
+    assert len(PlanItems.of_rows([])) == 0
+
+
 def test_planner_admits_what_fits_by_the_deadline() -> None:
     # capacity 1 s/s, four prefills of 1 s due at 3 s: three fit
     result = plan_admission(_planner_input(_items([3.0, 3.0, 3.0, 3.0], [1.0] * 4)))

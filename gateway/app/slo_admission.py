@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING
@@ -256,24 +255,12 @@ def engine_view(
         capacity=prefill_capacity(est, step),
         running_load=np.asarray(run_load, dtype=np.float64),
         running_end=np.asarray(run_end, dtype=np.float64),
-        forced=_items(forced),
-        candidates=_items([(entry.deadline_s, entry.work_s, entry.load, entry.blocks)]),
+        forced=PlanItems.of_rows(forced),
+        candidates=PlanItems.of_rows([(entry.deadline_s, entry.work_s, entry.load, entry.blocks)]),
         free_memory=free_memory,
         free_seats=engine.max_num_seqs - occupied,
     )
     return inp, entry
-
-
-def _items(rows: Sequence[tuple[float, float, float, int]]) -> PlanItems:
-    if not rows:
-        return PlanItems.empty()
-    deadline, work, load, memory = zip(*rows, strict=True)
-    return PlanItems(
-        np.asarray(deadline, dtype=np.float64),
-        np.asarray(work, dtype=np.float64),
-        np.asarray(load, dtype=np.float64),
-        np.asarray(memory, dtype=np.int64),
-    )
 
 
 def runs_planner(backend: Backend) -> bool:

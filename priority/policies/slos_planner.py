@@ -32,6 +32,7 @@ says which method decided (``"dp"``, ``"dp+greedy"``).
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -72,6 +73,20 @@ class PlanItems:
     @classmethod
     def empty(cls) -> PlanItems:
         return cls(np.zeros(0), np.zeros(0), np.zeros(0), np.zeros(0, dtype=np.int64))
+
+    @classmethod
+    def of_rows(cls, rows: Sequence[tuple[float, float, float, int]]) -> PlanItems:
+        """Items from ``(deadline, work, load, memory)`` rows, one per request: how the engine's
+        policy and the gateway's admission both list what they have already admitted."""
+        if not rows:
+            return cls.empty()
+        deadline, work, load, memory = zip(*rows, strict=True)
+        return cls(
+            np.asarray(deadline, dtype=np.float64),
+            np.asarray(work, dtype=np.float64),
+            np.asarray(load, dtype=np.float64),
+            np.asarray(memory, dtype=np.int64),
+        )
 
     def __len__(self) -> int:
         return int(self.deadline.size)

@@ -340,7 +340,7 @@ class SlosServePolicy(SchedulingPolicy):
             capacity=prefill_capacity(est, step_s),
             running_load=np.asarray(run_load, dtype=np.float64),
             running_end=np.asarray(run_end, dtype=np.float64),
-            forced=_items(forced),
+            forced=PlanItems.of_rows(forced),
             candidates=self._candidate_items(rows, bs),
             free_memory=free_memory,
             free_seats=seats,
@@ -604,15 +604,3 @@ class SlosServePolicy(SchedulingPolicy):
                 return
             if builder.add(r, r.num_uncomputed_tokens) <= 0:
                 misses += 1
-
-
-def _items(rows: Sequence[tuple[float, float, float, int]]) -> PlanItems:
-    if not rows:
-        return PlanItems.empty()
-    deadline, work, load, memory = zip(*rows, strict=True)
-    return PlanItems(
-        np.asarray(deadline, dtype=np.float64),
-        np.asarray(work, dtype=np.float64),
-        np.asarray(load, dtype=np.float64),
-        np.asarray(memory, dtype=np.int64),
-    )
