@@ -197,10 +197,7 @@ def test_fallback_prefers_the_instance_that_decodes_fast_enough_to_catch_up() ->
     decision = router.route(hopeless(), NOW)
     assert decision.instance == 1
     assert decision.expected_gain is not None and decision.expected_gain <= 0.0  # still Delta_p
-    gains = [
-        router.fallback_gain(router.estimate(i, hopeless(), NOW), hopeless(), NOW, None)
-        for i in (slow, fast)
-    ]
+    gains = router.fallback_gains([slow, fast], hopeless(), NOW, None)
     assert gains[1] > gains[0]
 
 

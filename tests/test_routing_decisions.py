@@ -40,7 +40,7 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "co-located, short queues, mixed SLOs": {"ttft": None, "queued": 6},
     "pd, mixed SLOs": {"ttft": None, "pd": True},
     "pd, short queues, mixed SLOs": {"ttft": None, "pd": True, "queued": 6},
-    # 24 instances: the numpy path (ARRAY_MIN_INSTANCES); recorded with GoRouter at 9a73516 too
+    # 24 and 40 instances: recorded with GoRouter at 9a73516 too
     "co-located, 24 instances, mixed SLOs": {"ttft": None, "instances": 24, "queued": 80},
     "co-located, 24 instances, short queues": {"ttft": None, "instances": 24, "queued": 6},
     "co-located, 24 instances, fallback random": {
@@ -164,19 +164,20 @@ def test_kept_columns_follow_every_change_of_the_views() -> None:
     ("pd", "queued", "ttft"),
     [(False, 6, None), (False, 60, None), (False, 60, 1e-3), (True, 30, None)],
 )
-def test_the_array_path_estimates_as_the_loop_does(
+def test_kept_state_estimates_as_a_fresh_router_does(
     pd: bool, queued: int, ttft: float | None
 ) -> None:
     """Decision after decision (queues and decode counts changing, the kept searches reused or
-    searched again), the numpy path's estimates and expected-gain fallback gains are the scalar
-    loop's, bit for bit."""
+    searched again, only the changed queues read again), a router that kept its state between
+    decisions estimates, and weighs the expected-gain fallback, exactly as a fresh one does."""
     from priority.routing import GoRouter
     from priority.routing.simple import prefill_candidates
 
     bench = _bench()
     rng = np.random.default_rng(5)
     views = bench.build_views(40 if pd else 20, queued, rng, pd=pd)
-    router = GoRouter(views, seed=2, weights=GainWeights.from_lengths(1000.0, 250.0))
+    weights = GainWeights.from_lengths(1000.0, 250.0)
+    router = GoRouter(views, seed=2, weights=weights)
 
     def make(k: int) -> Request:
         return bench.new_request(f"a{k}", rng, now=10.0, ttft=ttft)
@@ -186,10 +187,10 @@ def test_the_array_path_estimates_as_the_loop_does(
         request = make(10_000 + k)
         now = driver.now + 0.0005
         candidates = prefill_candidates(views)
-        arrays = router._estimate_arrays(candidates, request, now)
-        loop = router._estimates_loop(candidates, request, now)
-        assert arrays.objects() == loop, f"decision {k}"
         decode = router.route(request, now).decode_instance
-        gains = router._fallback_gains_arrays(arrays, request, now, decode).tolist()
-        assert gains == router.fallback_gains(loop, request, now, decode), f"decision {k}"
+        fresh = GoRouter(views, seed=2, weights=weights)
+        kept = router.estimates(candidates, request, now)
+        assert kept == fresh.estimates(candidates, request, now), f"decision {k}"
+        gains = router.fallback_gains(candidates, request, now, decode)
+        assert gains == fresh.fallback_gains(candidates, request, now, decode), f"decision {k}"
         driver.step()

@@ -94,13 +94,15 @@ instance; prompt work is cached per (profile coefficients, chunk size, prompt le
 queue's total work, chunks and smallest TPOT SLO come from its running totals
 (:class:`~priority.routing.prefill_queue.PrefillQueue`), so a rebuilt summary is a copy of the
 queue's deadline order and numpy running sums over its weights, with no Python work per queued
-request. From :data:`ARRAY_MIN_INSTANCES` candidates on, the estimates, Algorithm 2's choice and
-the expected-gain fallback are numpy operations across instances (the scalar form's operations,
-element by element in the same order: the same decisions, bit for bit), on per-instance inputs
-kept between decisions and read again only for the queues that changed; the deadline searches
-that depend on the time only (the first deadline after now, the deadlines met before the
-request joins) are kept too, searched again only where the time left the deadlines around the
-last answer, and so is each instance's decode state (searched or recomputed where it changed).
+request. The estimates, Algorithm 2's choice and the expected-gain fallback are one
+implementation: numpy operations across the candidate instances (the formulas above, element by
+element; the same decisions, bit for bit, as the per-instance loop this replaced, which
+``tests/test_routing_decisions.json`` recorded), on per-instance inputs kept between decisions
+and read again only for the instances that changed (queue, decodes), with what depends on
+neither the request nor the time (phi_p, the batch budget's floor, the decode interference)
+derived once per change; the deadline searches that depend on the time only (the first
+deadline after now, the deadlines met before the request joins) are kept too, searched again
+only where the time left the deadlines around the last answer.
 A queue's summary holds the queue's own sorted deadline list, not a copy: a copied list of W
 floats per changed queue is what made the garbage collector's passes, and so the decisions'
 tail, slow.
@@ -130,7 +132,7 @@ from priority.routing.base import (
     RouteDecision,
     Router,
 )
-from priority.routing.decode import decode_step_s, pick_decode_by_capacity, running_decodes_s
+from priority.routing.decode import decode_step_s, pick_decode_by_capacity
 from priority.routing.prefill_queue import PrefillQueue
 from priority.routing.prefill_queue import raw_prefill_work as raw_prefill_work
 from priority.routing.simple import pick_decode_instance, prefill_candidates
@@ -157,10 +159,6 @@ the closed form; the floor bounds that at ten tokens per TPOT of delay (the cap 
 expected tokens bounds the total)."""
 
 _RELATIVE_TIE = 1e-9
-ARRAY_MIN_INSTANCES = 16
-"""From this many candidates on, a decision's estimates are numpy operations across instances
-(:meth:`GoRouter._estimate_arrays`); below it one Python loop is cheaper (measured: 8 instances
-x 64 queued, 0.07 ms per decision in the loop, 0.14 ms in numpy)."""
 
 
 @dataclass(slots=True)
@@ -253,47 +251,38 @@ class _QueueSummary:
 
 @dataclass(slots=True)
 class _Estimates:
-    """:class:`InstanceEstimate` of several instances as arrays (one decision's, in one pass)."""
+    """One decision's estimates across the candidates, by their position in :class:`_Columns`."""
 
-    indices: list[int]
     exec_s: np.ndarray
     exec_with_s: np.ndarray
     gain_before: np.ndarray
     gain_after: np.ndarray
-    cut_before: list[int] = dataclasses.field(default_factory=list)
-    """Per instance: how many queued deadlines fall at or before ``now + exec_s``."""
-    cut_after: list[int] = dataclasses.field(default_factory=list)
-    """The same at ``now + exec_with_s``."""
-    decoding: np.ndarray | None = None
-    """Per instance: its decoding requests, as read for this decision."""
-    decoding_list: list[int] = dataclasses.field(default_factory=list)
-    """The same as a list."""
-    moved: list[int] | None = None
-    """The positions where ``cut_after`` may differ from ``cut_before`` (None: any)."""
+    delta: np.ndarray
+    """``gain_after - gain_before``."""
+    end_s: np.ndarray
+    """``now + exec_with_s``: when the request's first token comes, instance by instance."""
+    cut_after: list[int] | None
+    """Per position: how many queued deadlines fall at or before :attr:`end_s` (None: only
+    the :attr:`moved` positions differ from the kept cut before the request)."""
+    moved: list[int]
+    """The positions whose cut after differs from the cut before (where :attr:`cut_after` is
+    None: their cuts are :attr:`moved_cuts`)."""
+    moved_cuts: list[int]
 
-    _delta: np.ndarray | None = None
-
-    @property
-    def delta(self) -> np.ndarray:
-        """``gain_after - gain_before`` (computed once: the gains are not changed after)."""
-        if self._delta is None:
-            self._delta = self.gain_after - self.gain_before
-        return self._delta
-
-    def one(self, k: int) -> InstanceEstimate:
+    def one(self, indices: list[int], k: int) -> InstanceEstimate:
         return InstanceEstimate(
-            self.indices[k],
+            indices[k],
             float(self.exec_s[k]),
             float(self.exec_with_s[k]),
             float(self.gain_before[k]),
             float(self.gain_after[k]),
         )
 
-    def objects(self) -> list[InstanceEstimate]:
+    def objects(self, indices: list[int]) -> list[InstanceEstimate]:
         return [
             InstanceEstimate(*fields)
             for fields in zip(
-                self.indices,
+                indices,
                 self.exec_s.tolist(),
                 self.exec_with_s.tolist(),
                 self.gain_before.tolist(),
@@ -313,45 +302,65 @@ _UPDATED = attrgetter("queue_updated_s")
 _EXTERNAL = attrgetter("external_prefills")
 _NUM_DECODING = attrgetter("num_decoding")
 _FREE_KV = attrgetter("num_free_kv_blocks")
+_UNSEEN = object()
 
 
 class _Columns:
-    """One candidate list's per-instance inputs to the estimates, as arrays by position, kept
-    between decisions (:meth:`GoRouter._columns` says when they are refreshed)."""
+    """One candidate list's inputs to a decision, by position, kept between decisions: what was
+    last read of each view (so that only what changed is read again) and what the decision
+    derives from it that does not depend on the request or the time, as arrays across the
+    instances (:meth:`GoRouter._columns` refreshes them)."""
 
-    def __init__(self, views: list[InstanceView]) -> None:
+    def __init__(self, views: list[InstanceView], eta: float) -> None:
         n = len(views)
         self.views = views
+        self.eta = eta
         self.indices = [v.index for v in views]
         self.position = {index: k for k, index in enumerate(self.indices)}
+        # as last read of the views; None / NaN / -1 / _UNSEEN: never read
         self.estimators: list[BatchLatencyEstimator | None] = [None] * n
-        self.betas: list[float] = []
+        self.betas: list[float] = [math.nan] * n
         self.coefficients: list[LatencyCoefficients | None] = [None] * n
         self.profiles: list[Profile | None] = [None] * n
         self.roles: list[InstanceRole | None] = [None] * n
-        self.beta = self.t_c = self.two_t_c = self.b_d = self.a_d = np.zeros(n)
-        self.max_seqs = self.kv_blocks = self.block_size = np.zeros(n)
-        self.prefill = np.zeros(n, dtype=bool)
-        self.pair = np.zeros((2, n))
-        """Scratch rows for the batch factors before and with the request."""
-        self.any_prefill = self.any_colocated = False
-        self.groups: list[tuple[LatencyCoefficients, int]] = []
-        self.group_of = np.zeros(n, dtype=np.intp)
-        # queue-derived; None / NaN until first read, so that every position is read once
         self.queues: list[object] = [None] * n
         self.lengths: list[int] = [-1] * n
         self.updated_raw: list[float] = [math.nan] * n
         self.externals: list[object] = [_UNSEEN] * n
+        self.decoding_seen: list[int | None] = [None] * n
+        self.free_seen: list[object] = [_UNSEEN] * n
+        # the estimators' terms (price)
+        self.t_c_list: list[float] = []
+        self.beta = self.t_c = self.two_t_c = self.b_d = self.a_d = np.zeros(n)
+        self.prefill = np.zeros(n, dtype=bool)
+        self.any_prefill = self.any_colocated = False
+        self.groups: list[tuple[LatencyCoefficients, int]] = []
+        self.group_of = np.zeros(n, dtype=np.intp)
+        self.engines: list[tuple[float, float, float]] = []
+        """Per position: max_num_seqs, num_kv_blocks and block_size, as floats."""
+        # the queues (set_queue)
+        self.summaries: list[_QueueSummary | None] = [None] * n
         self.raw = np.zeros(n)
-        self.chunks = np.zeros(n)
         self.min_tpot = np.zeros(n)
         self.updated = np.zeros(n)
         self.padded: list[list[float]] = [[math.inf] for _ in range(n)]
         self.sizes: list[int] = [0] * n
         self.suffixes: list[Any] = [np.zeros(1) for _ in range(n)]
-        self.summaries: list[_QueueSummary | None] = [None] * n
+        self.pd_before = np.zeros(n)
+        """phi_p of the queue (PD prefill positions): ``beta * raw + t_c * chunks``."""
+        self.scaled = np.zeros(n)
+        """``eta`` times the queue's smallest TPOT SLO (inf where it has none)."""
+        self.floors = np.zeros((2, n))
+        """The batch budget's floor (:func:`_batch_factors`) of the queue (row 0, kept) and of
+        the queue with the request (row 1, per decision)."""
+        self.budgets = np.zeros((2, n))
+        """Scratch: the batch budgets before and with the request."""
         self.decode_weighted = np.zeros(n)
         """Per position: its queue's weighted expected decode tokens."""
+        self.busy_queue = np.zeros(n, dtype=bool)
+        """Whether the queue's weighted expected decode tokens are positive."""
+        self.gap_floor = np.zeros(n)
+        """``GAP_FLOOR`` times the queue's smallest TPOT SLO."""
         # searches kept between decisions: position k's last answer stands while the time
         # searched for stays within [lo[k], hi[k]) (the deadlines around it); NaN: search again
         self.live_lo = np.full(n, math.nan)
@@ -378,20 +387,21 @@ class _Columns:
         self.mean_known = np.zeros(n, dtype=bool)
         """The queued requests' mean weight (streaming weight over the queue's length), where
         the queue has requests and streaming weight (read with :attr:`streams`)."""
-        self.busy_queue = np.zeros(n, dtype=bool)
-        """Whether the queue's weighted expected decode tokens are positive."""
-        self.gap_floor = np.zeros(n)
-        """``GAP_FLOOR`` times the queue's smallest TPOT SLO."""
-        # decode state (the fallback's running decodes), per position, as last read
-        self.decoding_seen: Sequence[int | None] = [None] * n
-        self.free_seen: list[object] = [_UNSEEN] * n
+        # the decodes (set_decode)
+        self.decoding = np.zeros(n)
+        """Per position: its decoding requests."""
+        self.interference = np.zeros(n)
+        """``n_d * beta * b_d``: the decode interference added to Exec(p)."""
         self.n_d = np.zeros(n)
+        """Decoding requests, at most ``max_num_seqs``."""
         self.before = np.zeros(n)
         """``t_c + running_decodes_s``: a decode step before the request's own decode joins."""
 
     def price(self, estimators: list[BatchLatencyEstimator]) -> None:
-        """Read the estimators, profiles and roles again (all instances)."""
+        """Read the estimators, profiles and roles again (all positions); the queues and the
+        decodes are then derived again too."""
         views = self.views
+        n = len(views)
         self.estimators = list(estimators)
         self.betas = [e.beta for e in estimators]
         coefficients = [e.coefficients for e in estimators]
@@ -400,13 +410,14 @@ class _Columns:
         self.roles = [v.role for v in views]
         self.beta = np.array(self.betas)
         self.t_c = self.beta * np.array([c.t_c for c in coefficients])
+        self.t_c_list = self.t_c.tolist()
         self.two_t_c = 2.0 * self.t_c
         self.b_d = np.array([c.b_d for c in coefficients])
         self.a_d = np.array([c.a_d for c in coefficients])
-        engines = [v.profile.engine for v in views]
-        self.max_seqs = np.array([e.max_num_seqs for e in engines], dtype=np.float64)
-        self.kv_blocks = np.array([e.num_kv_blocks for e in engines], dtype=np.float64)
-        self.block_size = np.array([e.block_size for e in engines], dtype=np.float64)
+        self.engines = [
+            (float(e.max_num_seqs), float(e.num_kv_blocks), float(e.block_size))
+            for e in (v.profile.engine for v in views)
+        ]
         self.prefill = np.array([r is InstanceRole.PREFILL for r in self.roles])
         self.any_prefill = bool(self.prefill.any())
         self.any_colocated = not bool(self.prefill.all())
@@ -421,7 +432,9 @@ class _Columns:
                 self.groups.append((c, chunk))
             of.append(groups[key])
         self.group_of = np.array(of, dtype=np.intp)
-        self.decoding_seen = [None] * len(views)  # the decode state is priced anew
+        # every position's queue and decodes are derived anew with these terms
+        self.lengths = [-1] * n
+        self.decoding_seen = [None] * n
 
     def searched(
         self, t: np.ndarray | float, lo: np.ndarray, hi: np.ndarray, cut: list[int] | None
@@ -429,10 +442,9 @@ class _Columns:
         """Refresh the kept searches ``bisect_right(padded[k], t[k], 0, sizes[k])`` where
         ``t[k]`` left ``[lo[k], hi[k])``; returns the positions refreshed. ``cut`` (if given)
         receives the new answers; ``lo``/``hi`` the deadlines around them."""
-        kept = (lo <= t) & (t < hi)  # False where lo is NaN
-        if kept.all():
-            return []
-        stale: list[int] = np.flatnonzero(~kept).tolist()
+        stale: list[int] = np.flatnonzero(~((lo <= t) & (t < hi))).tolist()  # NaN lo: stale
+        if not stale:
+            return stale
         padded, sizes = self.padded, self.sizes
         for k in stale:
             deadlines = padded[k]
@@ -445,29 +457,24 @@ class _Columns:
                 cut[k] = at
         return stale
 
-    def decode_state(self, decoding: list[int]) -> None:
-        """Refresh :attr:`n_d` and :attr:`before` where the decoding count or the free KV
-        changed: running_decodes_s and decode_step_s (:mod:`priority.routing.decode`) per
-        instance, the same float operations as their numpy form."""
-        free = list(map(_FREE_KV, self.views))
-        if decoding == self.decoding_seen and free == self.free_seen:
-            return
-        for k in compress(
-            count(),
-            map(or_, map(ne, decoding, self.decoding_seen), map(ne, free, self.free_seen)),
-        ):
-            beta, a_d, b_d = self.betas[k], float(self.a_d[k]), float(self.b_d[k])
-            n_d = min(float(decoding[k]), float(self.max_seqs[k]))
-            f = free[k]
-            kv = 0.0
-            if f is not None:
-                kv = max(float(self.kv_blocks[k]) - float(f), 0.0) * float(self.block_size[k])
-            running = 0.0
-            if n_d > 0:
-                running = beta * (a_d * kv + b_d) + (n_d - 1.0) * (beta * (a_d * 0.0 + b_d))
-            self.n_d[k] = n_d
-            self.before[k] = float(self.t_c[k]) + running
-        self.decoding_seen, self.free_seen = decoding, free
+    def set_decode(self, k: int, decoding: int, free: object) -> None:
+        """Position ``k``'s decodes: the interference term, and running_decodes_s and
+        decode_step_s (:mod:`priority.routing.decode`) before the request, the same float
+        operations as those functions."""
+        beta, b_d, a_d = self.betas[k], float(self.b_d[k]), float(self.a_d[k])
+        max_seqs, kv_blocks, block_size = self.engines[k]
+        d = float(decoding)
+        self.decoding[k] = d
+        self.interference[k] = d * beta * b_d
+        n_d = min(d, max_seqs)
+        kv = 0.0
+        if free is not None:
+            kv = max(kv_blocks - float(cast(int, free)), 0.0) * block_size
+        running = 0.0
+        if n_d > 0:
+            running = beta * (a_d * kv + b_d) + (n_d - 1.0) * (beta * (a_d * 0.0 + b_d))
+        self.n_d[k] = n_d
+        self.before[k] = self.t_c_list[k] + running
 
     def stream_suffixes(self) -> list[np.ndarray]:
         """Each position's streaming-weight suffix sums, with :attr:`stream_total` and
@@ -493,24 +500,31 @@ class _Columns:
         return cast(list[np.ndarray], streams)
 
     def set_queue(self, k: int, summary: _QueueSummary, updated_s: float) -> None:
-        """Position ``k``'s queue summary."""
-        self.raw[k] = summary.raw_work
-        self.chunks[k] = summary.chunks
-        self.min_tpot[k] = summary.min_tpot_s
+        """Position ``k``'s queue summary, and what the estimates derive from it alone: phi_p
+        (:meth:`GoRouter._phi`) and the batch budget's floor (:func:`_batch_factors`), the same
+        float operations."""
+        beta, t_c = self.betas[k], self.t_c_list[k]
+        raw, min_tpot = summary.raw_work, summary.min_tpot_s
+        self.raw[k] = raw
+        self.min_tpot[k] = min_tpot
         self.updated[k] = updated_s
         self.padded[k] = summary.padded
         self.sizes[k] = summary.n
         self.suffixes[k] = summary.value_suffix
         self.summaries[k] = summary
+        self.pd_before[k] = beta * raw + t_c * float(summary.chunks)
+        scaled = 0.0
+        self.scaled[k] = math.inf
+        if min_tpot < math.inf:
+            scaled = self.scaled[k] = self.eta * min_tpot
+        two_t_c = 2.0 * t_c
+        self.floors[0, k] = scaled if scaled > two_t_c else two_t_c
         self.decode_weighted[k] = summary.decode_tokens_weighted
         self.live_lo[k] = self.cut_lo[k] = math.nan
         self.streams[k] = None
         self.streams_stale.add(k)
         self.busy_queue[k] = summary.decode_tokens_weighted > 0.0
-        self.gap_floor[k] = GAP_FLOOR * summary.min_tpot_s
-
-
-_UNSEEN = object()
+        self.gap_floor[k] = GAP_FLOOR * min_tpot
 
 
 class GoRouter(Router):
@@ -563,7 +577,7 @@ class GoRouter(Router):
             int, tuple[tuple[int, int, float, ExternalPrefills | None], _QueueSummary]
         ] = {}
         self._cols: _Columns | None = None
-        """The last candidate list's inputs to the estimates, as arrays (:meth:`_columns`)."""
+        """The last candidate list's inputs to the estimates (:meth:`_columns`)."""
         self._dirty: set[int] = set()
         """Instances whose queue a callback changed since :meth:`_columns` last read them."""
         self._roles: list[InstanceRole] = []
@@ -589,49 +603,34 @@ class GoRouter(Router):
                 if self.decode_choice == "capacity"
                 else pick_decode_instance(self.instances, exclude)
             )
-        arrays = None
-        if len(candidates) < ARRAY_MIN_INSTANCES:
-            estimates = self._estimates_loop(candidates, request, now)
-            no_gain = max(e.delta for e in estimates) <= 0.0
-        else:
-            arrays = self._estimate_arrays(candidates, request, now)
-            no_gain = arrays.delta.max() <= 0.0
-        if self.fallback == "expected-gain" and no_gain and arrays is not None:
-            gains_array = self._fallback_gains_arrays(arrays, request, now, decode)
-            best_gain = float(gains_array.max())
+        arrays = self._estimate_arrays(candidates, request, now)
+        delta = arrays.delta
+        delta_max = float(delta.max())
+        if delta_max > 0.0:
+            k = self._select(arrays, delta_max, request)
+        elif self.fallback == "expected-gain":
+            gains = self._fallback_gains_arrays(arrays, request, now, decode)
+            best_gain = float(gains.max())
             tie = _RELATIVE_TIE * max(1.0, abs(best_gain))
-            chosen = arrays.one(_first_min(arrays.exec_with_s, gains_array >= best_gain - tie))
-        elif self.fallback == "expected-gain" and no_gain:
-            gains = self.fallback_gains(estimates, request, now, decode)
-            best = max(gains)
-            tie = _RELATIVE_TIE * max(1.0, abs(best))
-            chosen = min(
-                (e for e, g in zip(estimates, gains, strict=True) if g >= best - tie),
-                key=lambda e: (e.exec_with_s, e.index),
-            )
-        elif arrays is None:
-            chosen = self._select_objects(estimates, request)
-        else:
-            chosen = arrays.one(self._select(arrays, request))
-        return RouteDecision(
-            instance=chosen.index,
-            decode_instance=decode,
-            expected_gain=chosen.delta,
-            predicted_ttft_s=chosen.exec_with_s,
-        )
-
-    def _select(self, arrays: _Estimates, request: Request) -> int:
-        """Algorithm 2's choice among the estimates (their position; ties to the first, which
-        is the lowest instance index)."""
-        deltas = arrays.delta
-        delta_max = float(deltas.max())
-        if delta_max <= 0.0:
-            pool = np.arange(len(deltas))
+            k = _first_min(arrays.exec_with_s, gains >= best_gain - tie)
+        else:  # Algorithm 2's random pick (among the least harmful, by default)
+            pool = np.arange(len(delta))
             if self.avoid_harm_on_fallback:
                 tie = _RELATIVE_TIE * max(1.0, abs(delta_max))
-                pool = np.flatnonzero(deltas >= delta_max - tie)
-            return int(pool[int(self.rng.integers(len(pool)))])
-        candidates = deltas >= self.alpha * delta_max
+                pool = np.flatnonzero(delta >= delta_max - tie)
+            k = int(pool[int(self.rng.integers(len(pool)))])
+        assert self._cols is not None
+        return RouteDecision(
+            instance=self._cols.indices[k],
+            decode_instance=decode,
+            expected_gain=float(arrays.gain_after[k]) - float(arrays.gain_before[k]),
+            predicted_ttft_s=float(arrays.exec_with_s[k]),
+        )
+
+    def _select(self, arrays: _Estimates, delta_max: float, request: Request) -> int:
+        """Algorithm 2's choice when some instance gains (``delta_max > 0``): the position of
+        the instance (ties to the first, which is the lowest instance index)."""
+        candidates = arrays.delta >= self.alpha * delta_max
         ttft = request.slo.token_due_s(1)
         exec_s = arrays.exec_s
         light = candidates & (exec_s < self.mu * ttft)
@@ -642,29 +641,6 @@ class GoRouter(Router):
             return _first_min(-exec_s, safe)
         return _first_min(exec_s, candidates)
 
-    def _select_objects(
-        self, estimates: list[InstanceEstimate], request: Request
-    ) -> InstanceEstimate:
-        """:meth:`_select` on a few instances' estimates as objects."""
-        deltas = [e.delta for e in estimates]
-        delta_max = max(deltas)
-        if delta_max <= 0.0:
-            pool = estimates
-            if self.avoid_harm_on_fallback:
-                tie = _RELATIVE_TIE * max(1.0, abs(delta_max))
-                pool = [e for e in estimates if e.delta >= delta_max - tie]
-            return pool[int(self.rng.integers(len(pool)))]
-        threshold = self.alpha * delta_max
-        candidates = [e for e in estimates if e.delta >= threshold]
-        ttft = request.slo.token_due_s(1)
-        light = [e for e in candidates if e.exec_s < self.mu * ttft]
-        if light:
-            return min(light, key=lambda e: (e.exec_s, e.index))
-        safe = [e for e in candidates if not e.exec_with_s > self.lambda_ * ttft]
-        if safe:
-            return min(safe, key=lambda e: (-e.exec_s, e.index))
-        return min(candidates, key=lambda e: (e.exec_s, e.index))
-
     # ---- EstimateGain / EstimateExec ------------------------------------------------------
 
     def estimate(self, instance: InstanceView, request: Request, now: float) -> InstanceEstimate:
@@ -674,121 +650,55 @@ class GoRouter(Router):
     def estimates(
         self, instances: Sequence[InstanceView], request: Request, now: float
     ) -> list[InstanceEstimate]:
-        """:meth:`estimate` of each of ``instances``: one loop over a few, numpy across many
-        (:data:`ARRAY_MIN_INSTANCES`); the same values either way."""
-        if len(instances) < ARRAY_MIN_INSTANCES:
-            return self._estimates_loop(instances, request, now)
-        return self._estimate_arrays(instances, request, now).objects()
-
-    def _estimates_loop(
-        self, instances: Sequence[InstanceView], request: Request, now: float
-    ) -> list[InstanceEstimate]:
-        """:meth:`estimate` of each of ``instances``, in one loop: the phi, batch-factor and
-        lag terms (:meth:`_phi`, :meth:`_exec`) written out inline, the request's prompt work
-        looked up once per profile."""
-        slo = request.slo
-        req_deadline = request.arrival_s + slo.token_due_s(1)
-        req_remain = req_deadline - now if req_deadline > now else math.inf
-        req_tpot = slo.tpot_s if slo.tpot_s is not None else math.inf
-        req_value = self.weights.token_value(request.weight, 1)
-        first, eta, prompt = self.weights.first_token, self.eta, request.prompt_tokens
-        prefill_role = InstanceRole.PREFILL
-        bisect_right, inf = bisect.bisect_right, math.inf
-        summary_of = self._summary
-        work: dict[tuple[int, int], tuple[float, int]] = {}
-        out: list[InstanceEstimate] = []
-        for instance in instances:
-            est = instance.estimator
-            c, beta = est.coefficients, est.beta
-            t_c = beta * c.t_c
-            chunk = instance.profile.engine.max_num_batched_tokens
-            key = (id(c), chunk)
-            req_work = work.get(key)
-            if req_work is None:
-                req_work = work[key] = raw_prefill_work(c, chunk, prompt)
-            req_raw, req_chunks = req_work
-            summary = summary_of(instance)
-            deadlines, n = summary.padded, summary.n
-            remain = deadlines[bisect_right(deadlines, now, 0, n)] - now
-            if instance.role is prefill_role:
-                phi_before = beta * summary.raw_work + t_c * summary.chunks
-                phi_after = phi_before + beta * req_raw + t_c * req_chunks
-            else:
-                # Eq. 8's t_b / (t_b - t_c), before and with the request (see _batch_factor)
-                min_tpot = summary.min_tpot_s
-                floor = 2.0 * t_c
-                if min_tpot < inf and eta * min_tpot > floor:
-                    floor = eta * min_tpot
-                budget = min(remain, min_tpot)
-                budget = budget if budget > floor else floor
-                factor = budget / (budget - t_c) if budget < inf and budget > t_c else 1.0
-                phi_before = factor * beta * summary.raw_work
-                tpot_after = min(min_tpot, req_tpot)
-                floor = 2.0 * t_c
-                if tpot_after < inf and eta * tpot_after > floor:
-                    floor = eta * tpot_after
-                budget = min(remain, req_remain, tpot_after)
-                budget = budget if budget > floor else floor
-                factor = budget / (budget - t_c) if budget < inf and budget > t_c else 1.0
-                phi_after = factor * beta * (summary.raw_work + req_raw)
-            updated = instance.queue_updated_s
-            external = instance.external_prefills
-            if external is not None and external.updated_s > updated:
-                updated = external.updated_s
-            left = phi_before - (now - updated if now > updated else 0.0)
-            exec_s = (left if left > 0.0 else 0.0) + instance.num_decoding * beta * c.b_d
-            exec_with_s = exec_s + (phi_after - phi_before)
-            suffix = summary.value_suffix
-            gain_before = first * float(suffix[bisect_right(deadlines, now + exec_s, 0, n)])
-            gain_after = first * float(suffix[bisect_right(deadlines, now + exec_with_s, 0, n)])
-            if now + exec_with_s < req_deadline:
-                gain_after += req_value
-            out.append(
-                InstanceEstimate(instance.index, exec_s, exec_with_s, gain_before, gain_after)
-            )
-        return out
+        """:meth:`estimate` of each of ``instances`` (what a decision among them computes)."""
+        arrays = self._estimate_arrays(instances, request, now)
+        assert self._cols is not None
+        return arrays.objects(self._cols.indices)
 
     def _estimate_arrays(
         self, instances: Sequence[InstanceView], request: Request, now: float
     ) -> _Estimates:
         """:meth:`estimate` of each of ``instances`` at once: the phi, batch-factor and lag terms
-        (:meth:`_phi`, :meth:`_exec`) written out as numpy operations across instances, each the
-        same IEEE operations in the same order as the scalar form, so the values are bit for bit
-        what :meth:`_phi` and :meth:`_exec` give; what does not depend on the request or the
-        time is kept between decisions in :class:`_Columns` (only changed queues are read
-        again); the deadline searches and value lookups stay per instance (C-level ``map``
-        over the queues' sorted deadlines)."""
+        (module docstring) as numpy operations across instances; what does not depend on the
+        request or the time is kept between decisions in :class:`_Columns` (only what changed
+        is read again); the deadline searches and value lookups stay per instance, and are kept
+        too while the time searched for stays between the same two deadlines."""
         slo = request.slo
         req_deadline = request.arrival_s + slo.token_due_s(1)
         req_remain = req_deadline - now if req_deadline > now else math.inf
         req_tpot = slo.tpot_s if slo.tpot_s is not None else math.inf
         req_value = self.weights.token_value(request.weight, 1)
-        first, eta, prompt = self.weights.first_token, self.eta, request.prompt_tokens
+        first, prompt = self.weights.first_token, request.prompt_tokens
         cols = self._columns(instances)
         beta, t_c, raw = cols.beta, cols.t_c, cols.raw
-        group_work = [raw_prefill_work(c, chunk, prompt) for c, chunk in cols.groups]
-        req_raw = np.array([w for w, _ in group_work])[cols.group_of]
-        padded, zeros, sizes = cols.padded, repeat(0), cols.sizes
+        req_raw: np.ndarray | float
+        req_chunks: np.ndarray | float
+        if len(cols.groups) == 1:  # one profile: the request's work is one number
+            c, chunk = cols.groups[0]
+            req_raw, chunks = raw_prefill_work(c, chunk, prompt)
+            req_chunks = float(chunks)
+        else:
+            group_work = [raw_prefill_work(c, chunk, prompt) for c, chunk in cols.groups]
+            req_raw = np.array([w for w, _ in group_work])[cols.group_of]
+            req_chunks = np.array([k for _, k in group_work], dtype=np.float64)[cols.group_of]
         cols.searched(float(now), cols.live_lo, cols.live_hi, None)
-        remain = cols.live_hi - now  # the first deadline after now, less now
-        if cols.any_prefill:  # PD prefill instances: one request per batch, a chunk each
-            req_chunks = np.array([k for _, k in group_work], dtype=np.float64)
-            pd_before = beta * raw + t_c * cols.chunks
-            pd_after = pd_before + beta * req_raw + t_c * req_chunks[cols.group_of]
-        if cols.any_colocated:  # Eq. 8's t_b / (t_b - t_c), before and with the request
-            min_tpot = cols.min_tpot
-            tpot_after = np.minimum(min_tpot, req_tpot)
-            # row 0 without the request, row 1 with it: one pass of _batch_factors for both
-            tpots = cols.pair  # rows: min_tpot, tpot_after (a kept buffer: no np.stack)
-            tpots[0] = min_tpot
-            tpots[1] = tpot_after
-            budget = np.empty_like(tpots)
-            np.minimum(remain, min_tpot, out=budget[0])
-            np.minimum(remain, np.minimum(tpot_after, req_remain), out=budget[1])
-            factor = _batch_factors(budget, tpots, cols, eta)
+        if cols.any_colocated:  # Eq. 8's t_b / (t_b - t_c), before (row 0) and with the request
+            budget = cols.budgets
+            np.minimum(cols.live_hi - now, cols.min_tpot, out=budget[0])
+            np.minimum(budget[0], min(req_tpot, req_remain), out=budget[1])
+            floor = cols.floors
+            if req_tpot < math.inf:  # eta * min(TPOTs) is min(eta * TPOTs): eta >= 0
+                np.minimum(cols.scaled, self.eta * req_tpot, out=floor[1])
+                np.maximum(floor[1], cols.two_t_c, out=floor[1])
+            else:
+                floor[1] = floor[0]
+            factor = _batch_factors(budget, floor, t_c)
             factor *= beta
             co_before = factor[0] * raw
             co_after = factor[1] * (raw + req_raw)
+        if cols.any_prefill:  # PD prefill instances: one request per batch, a chunk each
+            pd_before = cols.pd_before
+            pd_after = pd_before + beta * req_raw + t_c * req_chunks
         if not cols.any_prefill:
             phi_before, phi_after = co_before, co_after
         elif not cols.any_colocated:
@@ -796,65 +706,70 @@ class GoRouter(Router):
         else:
             phi_before = np.where(cols.prefill, pd_before, co_before)
             phi_after = np.where(cols.prefill, pd_after, co_after)
-        updated = cols.updated
-        # max(x, 0) may keep a -0.0 where the scalar form gives 0.0: x - (-0.0) and -0.0 + y
-        # are then what x - 0.0 and 0.0 + y are, for the non-negative x and y here
-        left = phi_before - np.maximum(now - updated, 0.0)
-        decoding_list = list(map(_NUM_DECODING, instances))
-        decoding = np.array(decoding_list, dtype=np.float64)
-        exec_s = np.maximum(left, 0.0) + decoding * beta * cols.b_d
+        # max(x, 0) may keep a -0.0 where a scalar max gives 0.0: x - (-0.0) and -0.0 + y are
+        # then what x - 0.0 and 0.0 + y are, for the non-negative x and y here
+        lag = np.subtract(now, cols.updated)
+        np.maximum(lag, 0.0, out=lag)
+        exec_s = np.subtract(phi_before, lag, out=lag)
+        np.maximum(exec_s, 0.0, out=exec_s)
+        exec_s += cols.interference
         exec_with_s = exec_s + (phi_after - phi_before)
-        suffixes = cols.suffixes
-        cut_before = cols.cut
-        researched = cols.searched(now + exec_s, cols.cut_lo, cols.cut_hi, cut_before)
-        for k in researched:
-            cols.cut_value[k] = suffixes[k][cut_before[k]]
-        cols.stream_cut_stale.update(researched)
+        cut = cols.cut
+        researched = cols.searched(now + exec_s, cols.cut_lo, cols.cut_hi, cut)
+        if researched:
+            suffixes, cut_value = cols.suffixes, cols.cut_value
+            for k in researched:
+                cut_value[k] = suffixes[k][cut[k]]
+            cols.stream_cut_stale.update(researched)
         gain_before = first * cols.cut_value
         end_s = now + exec_with_s
         # where no queued deadline falls between now + Exec(p) and now + Exec(p, r), the
         # request's own work pushes no one past theirs: cut_after is cut_before, no search
-        crossed: list[int] = np.flatnonzero(
+        moved: list[int] = np.flatnonzero(
             ~((cols.cut_lo <= end_s) & (end_s < cols.cut_hi))
         ).tolist()
-        moved: list[int] | None = crossed
-        if 4 * len(crossed) > len(padded):  # many: one C-level pass over all of them
-            cut_after = list(map(bisect.bisect_right, padded, end_s.tolist(), zeros, sizes))
+        moved_cuts: list[int] = []
+        cut_after: list[int] | None = None
+        padded, suffixes = cols.padded, cols.suffixes
+        if 4 * len(moved) > len(padded):  # many: one C-level pass over all of them
+            cut_after = list(
+                map(bisect.bisect_right, padded, end_s.tolist(), repeat(0), cols.sizes)
+            )
             gain_after = first * np.array(list(map(getitem, suffixes, cut_after)))
-            moved = None
         else:
-            cut_after = list(cut_before)
             values = cols.cut_value.copy()
-            for k in crossed:
-                at = cut_after[k] = bisect.bisect_right(padded[k], float(end_s[k]), 0, sizes[k])
+            sizes = cols.sizes
+            for k in moved:
+                at = bisect.bisect_right(padded[k], float(end_s[k]), 0, sizes[k])
+                moved_cuts.append(at)
                 values[k] = suffixes[k][at]
-            gain_after = first * values
+            gain_after = np.multiply(first, values, out=values)
         np.add(gain_after, req_value, out=gain_after, where=end_s < req_deadline)
         return _Estimates(
-            cols.indices,
             exec_s,
             exec_with_s,
             gain_before,
             gain_after,
-            list(cut_before),
+            gain_after - gain_before,
+            end_s,
             cut_after,
-            decoding,
-            decoding_list,
             moved,
+            moved_cuts,
         )
 
     def _columns(self, instances: Sequence[InstanceView]) -> _Columns:
-        """The per-instance inputs of :meth:`_estimate_arrays` as arrays, kept between decisions:
-        rebuilt whole when the instances, their estimators (object or ``beta``), coefficients,
-        profiles or roles change; per instance when its queue changed (a callback, or its
-        fingerprint: queue object, length, update time, other routers' summary)."""
+        """The per-instance inputs of :meth:`_estimate_arrays`, kept between decisions: rebuilt
+        whole when the instances, their estimators (object or ``beta``), coefficients, profiles
+        or roles change; per instance when its queue changed (a callback, or its fingerprint:
+        queue object, length, update time, other routers' summary) or its decodes did (count,
+        free KV)."""
         cols = self._cols
         if (
             cols is None
             or len(cols.views) != len(instances)
             or not all(map(is_, cols.views, instances))
         ):
-            cols = self._cols = _Columns(list(instances))
+            cols = self._cols = _Columns(list(instances), self.eta)
         estimators = list(map(_ESTIMATOR, instances))
         if not (
             all(map(is_, estimators, cols.estimators))
@@ -887,86 +802,34 @@ class GoRouter(Router):
             cols.set_queue(k, self._summary(instance), _updated_s(instance))
         cols.queues, cols.lengths, cols.updated_raw = queues, lengths, updated
         cols.externals = externals
+        decoding = list(map(_NUM_DECODING, instances))
+        free = list(map(_FREE_KV, instances))
+        if decoding != cols.decoding_seen or free != cols.free_seen:
+            for k in compress(
+                count(),
+                map(or_, map(ne, decoding, cols.decoding_seen), map(ne, free, cols.free_seen)),
+            ):
+                cols.set_decode(k, decoding[k], free[k])
+            cols.decoding_seen, cols.free_seen = decoding, free
         return cols
 
-    def fallback_gain(
-        self, estimate: InstanceEstimate, request: Request, now: float, decode: int | None
-    ) -> float:
-        """G_p of the expected-gain fallback (module docstring) for one instance's estimate;
-        ``decode`` is the PD decode instance (None: co-located, the request decodes in place)."""
-        return self.fallback_gains([estimate], request, now, decode)[0]
-
     def fallback_gains(
-        self,
-        estimates: Sequence[InstanceEstimate],
-        request: Request,
-        now: float,
-        decode: int | None,
+        self, instances: Sequence[InstanceView], request: Request, now: float, decode: int | None
     ) -> list[float]:
-        """:meth:`fallback_gain` of each estimate, what depends only on the request (and, under
-        PD, on its decode instance) worked out once."""
-        weights, slo = self.weights, request.slo
-        due_first = request.arrival_s + slo.token_due_s(1)
-        deadline_at = None if slo.deadline_s is None else request.arrival_s + slo.deadline_s
-        tokens = max(0, request.expected_output_tokens - 1)
-        extra_kv = request.prompt_tokens + tokens / 2
-        decode_value = weights.token_value(request.weight, 2)
-        unit_value = weights.token_value(1.0, 2)
-        tpot = slo.tpot_s
-        pd_step = None if decode is None else decode_step_s(self.instances[decode], extra_kv)
-        instances, summary_of = self.instances, self._summary
-        gains: list[float] = []
-        for estimate in estimates:
-            instance = instances[estimate.index]
-            summary = summary_of(instance)
-            first_s = now + estimate.exec_with_s
-            step = pd_step if pd_step is not None else decode_step_s(instance, extra_kv)
-            own_decode = on_time_decode_tokens(
-                slack_s=due_first - first_s,
-                tpot_s=tpot,
-                step_s=step,
-                tokens=tokens,
-                deadline_slack_s=math.inf if deadline_at is None else deadline_at - first_s,
-            )
-            # Delta_p: own first-token value if met, minus the queued ones pushed past theirs
-            own = estimate.delta + decode_value * own_decode
-            # decode tokens the queued requests lose by the delay (|TPOT - s| floored, capped)
-            delay = estimate.exec_with_s - estimate.exec_s
-            loss = 0.0
-            if delay > 0.0 and summary.decode_tokens_weighted > 0.0:
-                tpot_q = summary.min_tpot_s
-                gap = tpot_q - step
-                stream = summary.stream_weight_suffix
-                if gap > 0.0:  # late after the push: they catch up later
-                    cut = summary.after(now + estimate.exec_with_s)
-                    exposed = stream[0] - stream[cut]
-                else:  # not yet late before the push: they fall behind sooner
-                    cut = summary.after(now + estimate.exec_s)
-                    exposed = stream[cut]
-                rate = 1.0 / max(abs(gap), GAP_FLOOR * tpot_q)
-                loss = min(exposed * delay * rate, summary.decode_tokens_weighted)
-            # co-located: the request's decode slowing the running decodes past their TPOT
-            if decode is None and tpot is not None and instance.num_decoding and step > tpot:
-                before = instance.estimator.t_c + running_decodes_s(instance)
-                late_rate = 1.0 / max(before, tpot) - 1.0 / step
-                queued_weight = summary.stream_weight_suffix[0]
-                queue = instance.prefill_queue
-                mean_weight = (
-                    queued_weight / len(queue) if queue and queued_weight else request.weight
-                )
-                n_d = min(instance.num_decoding, instance.profile.engine.max_num_seqs)
-                loss += mean_weight * n_d * late_rate * tokens * step
-            gains.append(own - unit_value * loss)
+        """G_p of the expected-gain fallback (module docstring) of each of ``instances``;
+        ``decode`` is the PD decode instance (None: co-located, the request decodes in place)."""
+        arrays = self._estimate_arrays(instances, request, now)
+        gains: list[float] = self._fallback_gains_arrays(arrays, request, now, decode).tolist()
         return gains
 
     def _fallback_gains_arrays(
         self, arrays: _Estimates, request: Request, now: float, decode: int | None
     ) -> np.ndarray:
-        """:meth:`fallback_gains` across the instances of ``arrays`` (the candidates the kept
-        columns describe): the same operations element by element, each branch of the scalar
-        form a mask (where a value is computed only where the scalar form computes it)."""
+        """:meth:`fallback_gains` across the positions of ``arrays`` (the candidates the kept
+        columns describe), each branch a mask (where a value is computed only where the
+        branch applies)."""
         cols = self._cols
-        assert cols is not None and arrays.decoding is not None
+        assert cols is not None
         weights, slo = self.weights, request.slo
         due_first = request.arrival_s + slo.token_due_s(1)
         deadline_at = None if slo.deadline_s is None else request.arrival_s + slo.deadline_s
@@ -975,17 +838,14 @@ class GoRouter(Router):
         decode_value = weights.token_value(request.weight, 2)
         unit_value = weights.token_value(1.0, 2)
         tpot = slo.tpot_s
-        n = len(arrays.indices)
-        beta = cols.beta
-        # running_decodes_s and decode_step_s (priority.routing.decode), per instance
-        cols.decode_state(arrays.decoding_list)
-        n_d, before = cols.n_d, cols.before
+        n = len(cols.indices)
+        before = cols.before
+        # decode_step_s (priority.routing.decode), per instance
         if decode is None:
-            step = before + beta * (cols.a_d * extra_kv + cols.b_d)
+            step = before + cols.beta * (cols.a_d * extra_kv + cols.b_d)
         else:
             step = np.full(n, decode_step_s(self.instances[decode], extra_kv))
-        exec_s, exec_with_s = arrays.exec_s, arrays.exec_with_s
-        first_s = now + exec_with_s
+        exec_s, exec_with_s, first_s = arrays.exec_s, arrays.exec_with_s, arrays.end_s
         own_decode = _on_time_decode_tokens(
             due_first - first_s,
             tpot,
@@ -996,33 +856,32 @@ class GoRouter(Router):
         gains = arrays.delta + decode_value * own_decode
         # decode tokens the queued requests lose by the delay (|TPOT - s| floored, capped)
         delay = exec_with_s - exec_s
-        weighted = cols.decode_weighted
         loss = np.zeros(n)
         queued = (delay > 0.0) & cols.busy_queue
         if queued.any():
             streams: list[Any] = cols.stream_suffixes()
-            tpot_q = cols.min_tpot
-            gap = tpot_q - step
-            if arrays.moved is None:
+            gap = cols.min_tpot - step
+            if arrays.cut_after is not None:
                 at_after = np.array(list(map(getitem, streams, arrays.cut_after)))
-            else:  # the stream suffix at cut_before, kept, except where the cut moved
+            else:  # the stream suffix at the cut before, kept, except where the cut moved
                 at_after = cols.stream_cut.copy()
-                for k in arrays.moved:
-                    at_after[k] = streams[k][arrays.cut_after[k]]
+                for k, at in zip(arrays.moved, arrays.moved_cuts, strict=True):
+                    at_after[k] = streams[k][at]
             late = cols.stream_total - at_after
-            exposed = np.where(gap > 0.0, late, cols.stream_cut)  # stream suffix at cut_before
+            exposed = np.where(gap > 0.0, late, cols.stream_cut)  # stream suffix at cut before
             rate = 1.0 / np.maximum(np.abs(gap), cols.gap_floor)
-            np.copyto(loss, np.minimum(exposed * delay * rate, weighted), where=queued)
+            np.copyto(loss, np.minimum(exposed * delay * rate, cols.decode_weighted), where=queued)
+        # co-located: the request's decode slowing the running decodes past their TPOT
         if decode is None and tpot is not None:
-            hurt = np.flatnonzero((arrays.decoding > 0.0) & (step > tpot))
+            hurt = np.flatnonzero((cols.decoding > 0.0) & (step > tpot))
             if hurt.size:
                 late_rate = 1.0 / np.maximum(before[hurt], tpot) - 1.0 / step[hurt]
-                # the queued requests' mean weight (as in fallback_gains), else the request's
+                # the queued requests' mean weight, else the request's
                 cols.stream_suffixes()
                 mean_weight = np.where(
                     cols.mean_known[hurt], cols.mean_weight[hurt], request.weight
                 )
-                loss[hurt] += mean_weight * n_d[hurt] * late_rate * tokens * step[hurt]
+                loss[hurt] += mean_weight * cols.n_d[hurt] * late_rate * tokens * step[hurt]
         result: np.ndarray = gains - unit_value * loss
         return result
 
@@ -1163,17 +1022,13 @@ def _suffix_sums(values: np.ndarray) -> np.ndarray:
     return out
 
 
-def _batch_factors(
-    budget: np.ndarray, min_tpot_s: np.ndarray, cols: _Columns, eta: float
-) -> np.ndarray:
-    """:meth:`GoRouter._batch_factor` across instances (rows of ``budget`` and ``min_tpot_s``
-    broadcast against the instances), ``budget`` being ``min(remaining, min_tpot_s)`` before the
-    floor: the floor ``max(2 t_c, eta * TPOT)`` (TPOT finite), the budget at least the floor,
-    then ``budget / (budget - t_c)`` where it is finite and above ``t_c``, else 1. The same
-    values element by element as the scalar form (max of two floats is one of them)."""
-    t_c = cols.t_c
-    scaled = np.multiply(eta, min_tpot_s, out=np.zeros_like(budget), where=min_tpot_s < math.inf)
-    np.maximum(budget, np.maximum(scaled, cols.two_t_c, out=scaled), out=budget)
+def _batch_factors(budget: np.ndarray, floor: np.ndarray, t_c: np.ndarray) -> np.ndarray:
+    """:meth:`GoRouter._batch_factor` across instances (``t_c`` broadcast against the rows of
+    ``budget``), ``budget`` being ``min(remaining, min TPOT)`` before the floor ``max(2 t_c, eta *
+    min TPOT)`` (TPOT finite): the budget at least the floor (in place), then ``budget / (budget -
+    t_c)`` where it is finite and above ``t_c``, else 1. The same values element by element as
+    the scalar form (max of two floats is one of them)."""
+    np.maximum(budget, floor, out=budget)
     usable = (budget < math.inf) & (budget > t_c)
     return np.divide(budget, budget - t_c, out=np.ones_like(budget), where=usable)
 
@@ -1250,17 +1105,8 @@ def on_time_decode_tokens(
     deadline ``deadline_slack_s`` after the first token allows ``deadline_slack_s / step_s`` more.
     Continuous (no rounding): a router compares instances with it, it never counts tokens.
     """
-    if tokens <= 0 or step_s <= 0:
-        return 0.0
-    upper = (
-        tokens if math.isinf(deadline_slack_s) else min(tokens, max(0.0, deadline_slack_s / step_s))
+    deadline = None if math.isinf(deadline_slack_s) else np.array([deadline_slack_s])
+    on_time = _on_time_decode_tokens(
+        np.array([slack_s]), tpot_s, np.array([step_s]), tokens, deadline
     )
-    if tpot_s is None:
-        return upper
-    gap = tpot_s - step_s
-    if gap > 0.0:
-        lower = 0.0 if slack_s >= 0.0 else -slack_s / gap
-        return max(0.0, upper - lower)
-    if slack_s <= 0.0:
-        return 0.0
-    return upper if gap == 0.0 else min(upper, slack_s / -gap)
+    return float(on_time[0])
