@@ -44,7 +44,7 @@ import math
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from gateway.limits.base import (
@@ -76,6 +76,147 @@ expire by themselves within ``slot_ttl_s``)."""
 
 MODE_REDIS = "redis"
 MODE_DEGRADED = "degraded-local"
+
+
+def share_of_rest(limit: int, used: int, share: int) -> int:
+    """What one of ``share`` processes may take, while Redis is away, of what Redis last showed
+    left of ``limit`` (``used`` taken): rounded down, so the processes' parts together never
+    exceed what was left. The one share rule of the rate limits and the spend budgets."""
+    return max(0, limit - used) // share
+
+
+class RedisSwitch:
+    """One process's use of Redis: ``redis`` or ``degraded-local``, and the task between them.
+
+    What both the rate limits and the spend budgets need when Redis goes away, so they behave
+    alike: the first failed call trips to degraded mode (logged once, ``on_change``); a
+    background task then probes with backoff from ``probe_min_s`` to ``probe_max_s``, each
+    probe calling ``recover`` (write back what this process counted while degraded; it
+    returns the end of the log line of the switch back). Once ``recover`` succeeds the switch
+    stays degraded ``settle_s`` more (probing again), so every other process has written its
+    part back before any trusts Redis again, then switches back (logged once,
+    ``on_change``). While Redis answers, the task calls ``heartbeat`` every ``check_every_s``
+    (or when :meth:`wake` is called): a fault there
+    trips too, so an idle process notices an outage.
+    """
+
+    def __init__(
+        self,
+        what: str,
+        detail: str,
+        *,
+        recover: Callable[[], Awaitable[str]],
+        heartbeat: Callable[[], Awaitable[None]] | None = None,
+        check_every_s: float = CHECK_EVERY_S,
+        probe_min_s: float = PROBE_MIN_S,
+        probe_max_s: float = PROBE_MAX_S,
+        settle_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        on_change: Callable[[bool], None] | None = None,
+        on_trip: Callable[[], None] | None = None,
+    ) -> None:
+        self.what = what
+        """What degrades, in the log line of a trip (``Redis limits``)."""
+        self.detail = detail
+        """What this process does meanwhile, the end of that line."""
+        self._recover = recover
+        self._heartbeat = heartbeat
+        self.check_every_s = check_every_s
+        self.probe_min_s = probe_min_s
+        self.probe_max_s = probe_max_s
+        self.settle_s = 2 * probe_max_s if settle_s is None else settle_s
+        self.on_change = on_change
+        self._on_trip = on_trip
+        self.fallbacks = 0
+        """How many times Redis was lost (switches to degraded mode)."""
+        self._clock = clock
+        self.degraded = False
+        self._answering_since: float | None = None  # Redis answers again since (settling)
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+
+    @property
+    def mode(self) -> str:
+        return MODE_DEGRADED if self.degraded else MODE_REDIS
+
+    def trip(self, error: BaseException) -> None:
+        """Switch to degraded mode (once per outage)."""
+        self.ensure_task()
+        if self.degraded:
+            return
+        self.degraded = True
+        self._answering_since = None
+        self.fallbacks += 1
+        if self._on_trip is not None:
+            self._on_trip()
+        log.warning("%s unavailable (%s): %s", self.what, type(error).__name__, self.detail)
+        if self.on_change is not None:
+            self.on_change(True)
+        self._wake.set()
+
+    def wake(self) -> None:
+        """Run the heartbeat now rather than at its next tick."""
+        self._wake.set()
+
+    def ensure_task(self) -> None:
+        if (self._task is None or self._task.done()) and not self._closed:
+            self._task = asyncio.get_running_loop().create_task(self._maintain())
+
+    async def probe(self) -> bool:
+        """``recover`` and switch back if Redis answers and settling is over; False (still
+        degraded) otherwise. What the background task does while degraded (tests call it)."""
+        if not self.degraded:
+            return True
+        try:
+            done = await self._recover()
+        except Exception as error:
+            self._answering_since = None
+            log.debug("%s still unavailable: %s", self.what, type(error).__name__)
+            return False
+        now = self._clock()
+        if self._answering_since is None:
+            self._answering_since = now
+        if now - self._answering_since < self.settle_s:
+            return False  # the other processes may not have written their part back yet
+        self._answering_since = None
+        self.degraded = False
+        log.warning("Redis answers again: %s", done)
+        if self.on_change is not None:
+            self.on_change(False)
+        return True
+
+    async def _maintain(self) -> None:
+        delay = self.probe_min_s
+        while not self._closed:
+            if self.degraded:
+                await asyncio.sleep(delay)
+                recovered = await self.probe()
+                delay = self.probe_min_s if recovered else min(delay * 2, self.probe_max_s)
+                if self._answering_since is not None:  # settling: switch back when it ends
+                    ends = self._answering_since + self.settle_s - self._clock()
+                    delay = max(self.probe_min_s, ends)
+                continue
+            # asyncio.timeout, not wait_for: 3.11's wait_for can swallow a cancellation that
+            # arrives as the event is set, and aclose would wait for this task forever
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.check_every_s):
+                    await self._wake.wait()
+            self._wake.clear()
+            if self.degraded or self._heartbeat is None:
+                continue
+            try:
+                await self._heartbeat()
+            except Exception as error:
+                self.trip(error)
+
+    async def aclose(self) -> None:
+        self._closed = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+            self._task = None
 
 
 def _unlimited(limits: Limits) -> bool:
@@ -122,58 +263,64 @@ class FailoverRateLimiter(RateLimiter):
         self.renew_every_s = renew_every_s if renew_every_s is not None else self.slot_ttl_s / 3
         self.check_every_s = check_every_s
         self._renewed_at = clock()
-        self.probe_min_s = probe_min_s
-        self.probe_max_s = probe_max_s
-        self.settle_s = 2 * probe_max_s if settle_s is None else settle_s
-        self.on_change = on_change
-        self.fallbacks = 0
-        """How many times Redis was lost (switches to degraded mode)."""
         self._clock = clock
-        self._degraded = False
         self._local_admissions = 0  # reservations taken in degraded mode (recovery re-checks)
         self._pending: OrderedDict[str, tuple[str, int]] = OrderedDict()  # id -> tenant, tokens
         self._deciding: dict[str, int] = {}  # tenant -> Redis reserve calls under way
         self._seen: dict[str, tuple[int, int, float]] = {}  # tenant -> Redis window, when seen
         self._since_trip: dict[str, list[int]] = {}  # tenant -> [requests, tokens] degraded
-        self._answering_since: float | None = None  # Redis answers again since (settling)
         self._reseed_needed = False
         self._run_id: str | None = None
-        self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-        self._closed = False
+        self.switch = RedisSwitch(
+            "Redis limits",
+            f"enforcing 1/{share} of each limit in this process until Redis answers",
+            recover=self._recover,
+            heartbeat=self._tick,
+            check_every_s=min(check_every_s, self.renew_every_s),
+            probe_min_s=probe_min_s,
+            probe_max_s=probe_max_s,
+            settle_s=settle_s,
+            clock=clock,
+            on_change=on_change,
+            on_trip=self._since_trip.clear,
+        )
+        """Redis or degraded, and the task that probes (shared with the spend budgets)."""
 
     # ---- state --------------------------------------------------------------------------
 
     @property
     def degraded(self) -> bool:
-        return self._degraded
+        return self.switch.degraded
 
     @property
     def mode(self) -> str:
-        return MODE_DEGRADED if self._degraded else MODE_REDIS
+        return self.switch.mode
+
+    @property
+    def fallbacks(self) -> int:
+        """How many times Redis was lost (switches to degraded mode)."""
+        return self.switch.fallbacks
+
+    @property
+    def settle_s(self) -> float:
+        return self.switch.settle_s
+
+    @property
+    def probe_max_s(self) -> float:
+        return self.switch.probe_max_s
+
+    @property
+    def on_change(self) -> Callable[[bool], None] | None:
+        """Called with True on a switch to degraded mode, False on the way back (metrics)."""
+        return self.switch.on_change
+
+    @on_change.setter
+    def on_change(self, callback: Callable[[bool], None] | None) -> None:
+        self.switch.on_change = callback
 
     def _trip(self, error: BaseException) -> None:
         """Switch to degraded mode (once per outage) and let the background task probe."""
-        self._ensure_task()
-        if self._degraded:
-            return
-        self._degraded = True
-        self._since_trip.clear()
-        self._answering_since = None
-        self.fallbacks += 1
-        log.warning(
-            "Redis limits unavailable (%s): enforcing 1/%d of each limit in this process until "
-            "Redis answers",
-            type(error).__name__,
-            self.share,
-        )
-        if self.on_change is not None:
-            self.on_change(True)
-        self._wake.set()
-
-    def _ensure_task(self) -> None:
-        if (self._task is None or self._task.done()) and not self._closed:
-            self._task = asyncio.get_running_loop().create_task(self._maintain())
+        self.switch.trip(error)
 
     # ---- the contract -------------------------------------------------------------------
 
@@ -184,11 +331,11 @@ class FailoverRateLimiter(RateLimiter):
             return Reservation(uuid.uuid4().hex, tenant, tokens, now, math.inf, held=False)
         if limits.tpm is not None and tokens > limits.tpm:
             raise too_large_for_tpm(tokens, limits.tpm)
-        self._ensure_task()
+        self.switch.ensure_task()
         # One id whichever store admits it: a call that timed out may still run in Redis later
         # (a frozen server resumes its queue); re-seeding then merges it with the local one.
         rid = uuid.uuid4().hex
-        if not self._degraded:
+        if not self.degraded:
             self._deciding[tenant] = self._deciding.get(tenant, 0) + 1
             try:
                 reservation = await self._reserve_shared(tenant, limits, tokens, rid)
@@ -227,7 +374,7 @@ class FailoverRateLimiter(RateLimiter):
         log.warning("Redis lost a tenant's window (restarted empty?): re-seeding it")
         await self.shared.reseed(tenant, self.local.snapshot(tenant).get(tenant, []))
         self._reseed_needed = True  # the other tenants' windows are gone too
-        self._wake.set()
+        self.switch.wake()
         return await self.shared.reserve(tenant, limits, tokens, reservation_id=rid)
 
     def _saw_window(self, tenant: str) -> None:
@@ -280,7 +427,7 @@ class FailoverRateLimiter(RateLimiter):
             (limits.tpm, used_tokens, taken[1] + tokens, RejectReason.RATE_LIMIT_TPM),
         )
         for limit, used, wanted, reason in checks:
-            if limit is not None and wanted > max(0, limit - used) // self.share:
+            if limit is not None and wanted > share_of_rest(limit, used, self.share):
                 raise LimitExceeded(
                     reason,
                     left_s,
@@ -338,7 +485,7 @@ class FailoverRateLimiter(RateLimiter):
         if not reservation.held:
             return
         await self.local.reconcile(reservation, actual_tokens)
-        if self._degraded:
+        if self.degraded:
             self._queue_release(reservation, actual_tokens)
             return
         try:
@@ -354,7 +501,7 @@ class FailoverRateLimiter(RateLimiter):
             self._pending.popitem(last=False)
 
     async def usage(self, tenant: str) -> Usage:
-        if not self._degraded:
+        if not self.degraded:
             try:
                 return await self.shared.usage(tenant)
             except Exception as error:
@@ -362,44 +509,18 @@ class FailoverRateLimiter(RateLimiter):
         return await self.local.usage(tenant)
 
     async def aclose(self) -> None:
-        self._closed = True
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
-            self._task = None
+        await self.switch.aclose()
         await self.shared.aclose()
 
     # ---- the background task: heartbeat while healthy, probe while degraded -------------
 
-    async def _maintain(self) -> None:
-        delay = self.probe_min_s
-        while not self._closed:
-            if self._degraded:
-                await asyncio.sleep(delay)
-                recovered = await self.probe()
-                delay = self.probe_min_s if recovered else min(delay * 2, self.probe_max_s)
-                if self._answering_since is not None:  # settling: switch back when it ends
-                    ends = self._answering_since + self.settle_s - self._clock()
-                    delay = max(self.probe_min_s, ends)
-                continue
-            # asyncio.timeout, not wait_for: 3.11's wait_for can swallow a cancellation that
-            # arrives as the event is set, and aclose would wait for this task forever
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(min(self.check_every_s, self.renew_every_s)):
-                    await self._wake.wait()
-            self._wake.clear()
-            if self._degraded:
-                continue
-            now = self._clock()
-            renew = now - self._renewed_at >= self.renew_every_s
-            try:
-                await self.heartbeat(renew=renew)
-            except Exception as error:
-                self._trip(error)
-            else:
-                if renew:
-                    self._renewed_at = now
+    async def _tick(self) -> None:
+        """The switch's heartbeat: leases only every ``renew_every_s``."""
+        now = self._clock()
+        renew = now - self._renewed_at >= self.renew_every_s
+        await self.heartbeat(renew=renew)
+        if renew:
+            self._renewed_at = now
 
     async def heartbeat(self, *, renew: bool = True) -> None:
         """Notice a lost or restarted Redis, renew held leases, replay queued releases.
@@ -427,34 +548,21 @@ class FailoverRateLimiter(RateLimiter):
 
         What the background task does while degraded (tests call it directly).
         """
-        if not self._degraded:
-            return True
-        try:
-            await self.shared.ping()
-            self._run_id = await self.shared.server_id()
-            added = 0
-            for _ in range(3):  # until no degraded admission slipped in while we re-seeded
-                seen = self._local_admissions
-                added += await self._reseed_all()
-                await self._flush_pending()
-                if seen == self._local_admissions:
-                    break
-        except Exception as error:
-            self._answering_since = None
-            log.debug("Redis still unavailable: %s", type(error).__name__)
-            return False
-        now = self._clock()
-        if self._answering_since is None:
-            self._answering_since = now
-        if now - self._answering_since < self.settle_s:
-            return False  # the other processes may not have re-seeded their part yet
-        self._answering_since = None
-        self._degraded = False
+        return await self.switch.probe()
+
+    async def _recover(self) -> str:
+        """Re-seed Redis with this process's windows and replay the releases it missed."""
+        await self.shared.ping()
+        self._run_id = await self.shared.server_id()
+        added = 0
+        for _ in range(3):  # until no degraded admission slipped in while we re-seeded
+            seen = self._local_admissions
+            added += await self._reseed_all()
+            await self._flush_pending()
+            if seen == self._local_admissions:
+                break
         self._reseed_needed = False
-        log.warning("Redis answers again: shared limits restored (%d entries re-seeded)", added)
-        if self.on_change is not None:
-            self.on_change(False)
-        return True
+        return f"shared limits restored ({added} entries re-seeded)"
 
     async def _reseed_all(self) -> int:
         added = 0
