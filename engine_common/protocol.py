@@ -1,8 +1,11 @@
 """The gateway→engine protocol: every field tiergate sends an engine, its bounds and defaults.
 
-Like vLLM's ``v1/core/sched/output.py`` this module is data only — key names, bounds, two
-dataclasses and the functions that write and read them — and imports neither vLLM nor a web
-framework, so the gateway, the emulated engine and the vLLM plugins all load the same copy.
+Like vLLM's ``v1/core/sched/output.py`` this module is data only — key names, bounds, the
+engine's defaults and the two functions that write and read a request's metadata — and imports
+neither vLLM nor a web framework, so the gateway, the emulated engine and the vLLM plugins all
+load the same copy. The metadata itself is the core's :class:`~priority.request.RequestMeta`
+(seconds, the core's ``SLO``), defined once there; this module alone knows its wire form (key
+names, milliseconds): :func:`encode` writes it, :func:`parse` reads it back.
 
 The wire format is vLLM's own OpenAI body, nothing added:
 
@@ -12,14 +15,13 @@ The wire format is vLLM's own OpenAI body, nothing added:
   carrying the ``tiergate_*`` keys below. vLLM's API server already answers 400 for a value that
   is not a string, a number or a list of them; everything else reaches the scheduler.
 
-**Who writes:** the gateway (``gateway.app.slo.engine_xargs`` and ``engine_priority``, built on
-:func:`encode_xargs` and :func:`priority_from_weight`) and the replays
-(``engine_harness.sim_replay``).
+**Who writes:** the gateway (``gateway.app.proxy``, with :func:`encode` and
+:func:`priority_from_weight`) and the replays (``engine_harness.sim_replay``).
 **Who reads:** the vLLM plugins (``engine_cuda``, ``engine_ascend``, through
 :func:`engine_common.slo.parse_meta` in ``engine_common.scheduler``) and the emulated engine
 (``engine_emulated.mapping``, through the same ``parse_meta``), both with :func:`parse`.
 
-**Rule for values: a strict writer, a lenient reader.** :func:`encode_xargs` raises ``ValueError``
+**Rule for values: a strict writer, a lenient reader.** :func:`encode` raises ``ValueError``
 on a value outside its bounds, so a gateway bug fails in the gateway (and its tests). :func:`parse`
 never rejects a request: a key that is absent takes its default, and so does one whose value is
 malformed (wrong type, not a number) or out of range (not finite, not positive) — that key is
@@ -37,7 +39,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from priority.lengths.distribution import LengthDistribution
-from priority.request import REQUEST_KINDS, SLO, relative_ttft_s
+from priority.request import REQUEST_KINDS, SLO, RequestMeta, relative_ttft_s
 
 KEY_PREFIX = "tiergate_"
 """Every key of ours in ``vllm_xargs`` starts with it (and nothing else of ours does)."""
@@ -88,8 +90,9 @@ SUB_DEADLINE_MS = "tiergate_sub_deadline_ms"
 """Number > 0 (ms), finite. This call's share of its workflow's deadline, from the gateway's
 arrival: D_s. Written by the gateway for workflow calls (then ``tiergate_deadline_ms`` is the
 time left to the workflow's own deadline, and this is never more); read into
-``Request.slo.deadline_s``, in place of ``tiergate_deadline_ms``. Absent or ignored:
-``tiergate_deadline_ms`` is the deadline."""
+``RequestMeta.slo.deadline_s`` (so ``Request.slo.deadline_s``), in place of
+``tiergate_deadline_ms``, which is then read into ``RequestMeta.workflow_deadline_s``. Absent or
+ignored: ``tiergate_deadline_ms`` is the deadline."""
 LENGTH = "tiergate_length"
 """List of numbers ``[l1, v1, l2, v2, ...]``: the output-length distribution
 (:meth:`~priority.lengths.distribution.LengthDistribution.to_wire`; levels strictly increasing
@@ -148,27 +151,6 @@ class BestEffortDefaults:
         return relative_ttft_s(zero_load_ttft_s, self.ttft_scale, self.ttft_floor_s)
 
 
-@dataclass(frozen=True, slots=True)
-class RequestMeta:
-    """What the engine learns from one request's ``priority`` and ``vllm_xargs``."""
-
-    slo: SLO
-    weight: float
-    tier: str
-    tenant: str
-    arrival_s: float | None
-    """The gateway's arrival time (Unix seconds), or None: use the engine's arrival time."""
-    has_slo: bool
-    """True when the request carried an objective of its own (False: best effort)."""
-    ignored: tuple[str, ...] = ()
-    """Keys present with a malformed or out-of-range value, which took their defaults."""
-    kind: str = "latency"
-    """One of :data:`~priority.request.REQUEST_KINDS`."""
-    workflow_id: str | None = None
-    stage: int = 0
-    length: LengthDistribution | None = None
-
-
 def weight_from_priority(priority: int, default_weight: float = 1.0) -> float:
     """vLLM's ``priority`` (lower first) as a weight (larger first):
     ``default_weight * 2 ** -priority``, ``priority`` clipped to ±:data:`PRIORITY_CLIP`."""
@@ -183,56 +165,81 @@ def priority_from_weight(weight: float) -> int:
     return max(-PRIORITY_CLIP, min(PRIORITY_CLIP, -round(math.log2(weight))))
 
 
-def encode_xargs(
-    *,
-    weight: float,
-    ttft_ms: float,
-    tpot_ms: float,
-    deadline_ms: float | None,
-    arrival_unix_s: float,
-    tier: str,
-    tenant: str,
-    kind: str = "latency",
-    workflow_id: str | None = None,
-    stage: int = 0,
-    sub_deadline_ms: float | None = None,
-    length: LengthDistribution | None = None,
-) -> dict[str, str | float | list[float]]:
-    """The ``tiergate_*`` keys of one request; ``ValueError`` for a value :func:`parse` would
-    ignore (a gateway bug, surfaced where it happens)."""
-    for key, number in ((WEIGHT, weight), (TTFT_MS, ttft_ms), (TPOT_MS, tpot_ms)):
-        _check(key, number, minimum=0.0)
-    _check(ARRIVAL_UNIX_S, arrival_unix_s, minimum=0.0, inclusive=True)
-    for key, label in ((TIER, tier), (TENANT, tenant)):
+def encode(meta: RequestMeta) -> dict[str, str | float | list[float]]:
+    """The ``tiergate_*`` keys of one request: the one writer of the protocol, the inverse of
+    :func:`parse` (``parse(encode(meta), ...)`` gives ``meta`` back, with the same defaults).
+
+    ``ValueError`` for a value :func:`parse` would ignore (a gateway bug, surfaced where it
+    happens). A best-effort meta (``has_slo`` False) is written without objectives, so the engine
+    fills its own defaults in; ``ignored`` is the reader's and is not written. vLLM's
+    ``priority`` goes beside it: :func:`priority_from_weight` of ``meta.weight``.
+    """
+    slo = meta.slo
+    _check(WEIGHT, meta.weight, minimum=0.0)
+    for key, label in ((TIER, meta.tier), (TENANT, meta.tenant)):
         if not isinstance(label, str) or not label.strip():
             raise ValueError(f"{key} must be a non-blank string, got {label!r}")
-    if kind not in REQUEST_KINDS:
-        raise ValueError(f"{KIND} must be one of {', '.join(REQUEST_KINDS)}, got {kind!r}")
-    xargs: dict[str, str | float | list[float]] = {
-        WEIGHT: weight,
-        TTFT_MS: ttft_ms,
-        TPOT_MS: tpot_ms,
-        ARRIVAL_UNIX_S: arrival_unix_s,
-        TIER: tier,
-        TENANT: tenant,
-        KIND: kind,
-    }
-    if deadline_ms is not None:
-        _check(DEADLINE_MS, deadline_ms, minimum=0.0)
-        xargs[DEADLINE_MS] = deadline_ms
-    if workflow_id is not None:
-        if not isinstance(workflow_id, str) or not workflow_id.strip():
-            raise ValueError(f"{WORKFLOW_ID} must be a non-blank string, got {workflow_id!r}")
-        if isinstance(stage, bool) or not isinstance(stage, int) or stage < 0:
-            raise ValueError(f"{STAGE} must be an integer >= 0, got {stage!r}")
-        xargs[WORKFLOW_ID] = workflow_id
-        xargs[STAGE] = stage
-    if sub_deadline_ms is not None:
-        _check(SUB_DEADLINE_MS, sub_deadline_ms, minimum=0.0)
-        xargs[SUB_DEADLINE_MS] = sub_deadline_ms
-    if length is not None:
-        xargs[LENGTH] = length.to_wire()
+    if meta.kind not in REQUEST_KINDS:
+        raise ValueError(f"{KIND} must be one of {', '.join(REQUEST_KINDS)}, got {meta.kind!r}")
+    xargs: dict[str, str | float | list[float]] = {WEIGHT: meta.weight}
+    if meta.has_slo and slo.ttft_s is not None and slo.tpot_s is not None:
+        xargs[TTFT_MS] = _ms(TTFT_MS, slo.ttft_s)
+        xargs[TPOT_MS] = _ms(TPOT_MS, slo.tpot_s)
+    if meta.arrival_s is not None:
+        _check(ARRIVAL_UNIX_S, meta.arrival_s, minimum=0.0, inclusive=True)
+        xargs[ARRIVAL_UNIX_S] = meta.arrival_s
+    xargs[TIER] = meta.tier
+    xargs[TENANT] = meta.tenant
+    xargs[KIND] = meta.kind
+    # a workflow call given a share: the deadline key is its workflow's, the share its own
+    deadline_s, share_s = slo.deadline_s, None
+    if meta.workflow_deadline_s is not None:
+        if deadline_s is None:
+            raise ValueError(f"{SUB_DEADLINE_MS}: a workflow deadline needs the call's share")
+        deadline_s, share_s = meta.workflow_deadline_s, deadline_s
+    if meta.has_slo and deadline_s is not None:
+        xargs[DEADLINE_MS] = _ms(DEADLINE_MS, deadline_s)
+    if meta.workflow_id is not None:
+        if not isinstance(meta.workflow_id, str) or not meta.workflow_id.strip():
+            raise ValueError(f"{WORKFLOW_ID} must be a non-blank string, got {meta.workflow_id!r}")
+        xargs[WORKFLOW_ID] = meta.workflow_id
+        xargs[STAGE] = _checked_stage(meta.stage)
+    elif meta.stage != 0:
+        raise ValueError(f"{STAGE} needs {WORKFLOW_ID}, got stage {meta.stage!r} without one")
+    if meta.has_slo and share_s is not None:
+        xargs[SUB_DEADLINE_MS] = _ms(SUB_DEADLINE_MS, share_s)
+    if meta.length is not None:
+        xargs[LENGTH] = meta.length.to_wire()
     return xargs
+
+
+def milliseconds(seconds: float) -> float:
+    """``seconds`` as the milliseconds the wire (and the request log) carries: of the doubles
+    next to ``seconds * 1e3`` that read back as exactly ``seconds``, the one with the shortest
+    decimal — so a header's ``"7"`` travels as ``7.0``, not ``7.000000000000001``, every value
+    of up to 15 significant digits travels as it was written, and the engine reads back exactly
+    the gateway's seconds (which come from milliseconds; the few doubles of seconds that no
+    double of milliseconds divides into come back within a unit in the last place)."""
+    product = seconds * 1e3
+    candidates = [product]
+    for direction in (-math.inf, math.inf):
+        near = product
+        for _ in range(2):
+            near = math.nextafter(near, direction)
+            candidates.append(near)
+    exact = [c for c in candidates if c / 1e3 == seconds] or [product]
+    return min(exact, key=lambda c: len(repr(c)))
+
+
+def _ms(key: str, seconds: float) -> float:
+    _check(key, seconds, minimum=0.0)
+    return milliseconds(seconds)
+
+
+def _checked_stage(stage: int) -> int:
+    if isinstance(stage, bool) or not isinstance(stage, int) or stage < 0:
+        raise ValueError(f"{STAGE} must be an integer >= 0, got {stage!r}")
+    return stage
 
 
 def without_protocol_keys(xargs: Mapping[str, object] | None) -> dict[str, object]:
@@ -285,8 +292,9 @@ def parse(
     arrival = number(ARRIVAL_UNIX_S, positive=False)
     tier, tenant = label(TIER), label(TENANT)
     sub_deadline = number(SUB_DEADLINE_MS, positive=True, scale=1e3)
+    workflow_deadline = None
     if sub_deadline is not None:  # a workflow call: its share is the deadline it schedules for
-        deadline = sub_deadline
+        workflow_deadline, deadline = deadline, sub_deadline
     kind, workflow_id = label(KIND), label(WORKFLOW_ID)
     if kind is not None and kind not in REQUEST_KINDS:
         ignored.append(KIND)
@@ -324,6 +332,7 @@ def parse(
         kind=kind,
         workflow_id=workflow_id,
         stage=stage or 0,
+        workflow_deadline_s=workflow_deadline,
         length=length if isinstance(length, LengthDistribution) else None,
     )
 

@@ -618,23 +618,13 @@ def engine_view(req: Any, settings: EngineSettings) -> tuple[EngineRequest, Requ
         defaults=settings.defaults,
         zero_load_ttft_s=settings.profile.zero_load_ttft_s(prompt_tokens),
     )
-    max_tokens = max(1, int(req.max_tokens))
-    length = meta.length  # the wire has no cap: the request's own bounds the distribution
-    if length is not None:
-        length = dataclasses.replace(length, max_tokens=max_tokens)
-    view = EngineRequest(
-        request_id=req.request_id,
-        arrival_s=meta.arrival_s if meta.arrival_s is not None else float(req.arrival_time),
+    arrival = meta.arrival_s if meta.arrival_s is not None else float(req.arrival_time)
+    view = EngineRequest.from_meta(
+        meta,
+        req.request_id,
+        arrival_s=arrival,
         prompt_tokens=prompt_tokens,
-        slo=meta.slo,
-        weight=meta.weight,
-        tier=meta.tier,
-        tenant=meta.tenant,
-        max_output_tokens=max_tokens,
-        kind=meta.kind,
-        workflow_id=meta.workflow_id,
-        stage=meta.stage,
-        length=length,
+        max_output_tokens=max(1, int(req.max_tokens)),
     )
     return view, meta
 

@@ -39,7 +39,7 @@ from engine_emulated.mapping import (
     RequestMappingError,
     build_request,
     plan_output,
-    slo_from_xargs,
+    read_meta,
 )
 from engine_emulated.metrics import EngineMetrics
 from engine_emulated.schemas import (
@@ -264,19 +264,22 @@ def core_request(
         max_model_len=sim.max_model_len,
         sampler=sim.sampler,
     )
-    scheduling = slo_from_xargs(
+    now_unix = time.time()
+    meta = read_meta(
         body.vllm_xargs,
         body.priority,
         defaults=sim.defaults,
         zero_load_ttft_s=sim.profile.zero_load_ttft_s(prompt_tokens),
+        now_unix_s=now_unix,
     )
     engine = sim.engine
     request = build_request(
         request_id,
+        meta=meta,
         now_s=engine.now(),
+        now_unix_s=now_unix,
         prompt_tokens=prompt_tokens,
         output=output,
-        scheduling=scheduling,
         time_scale=engine.time_scale,
     )
     return request, output

@@ -20,8 +20,6 @@ weights is replaced by a documented, deterministic stand-in:
 
 from __future__ import annotations
 
-import dataclasses
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
@@ -32,17 +30,15 @@ import numpy.typing as npt
 
 from engine_common.protocol import BestEffortDefaults, weight_from_priority
 from engine_common.slo import parse_meta
-from priority.lengths.distribution import LengthDistribution
-from priority.request import SLO, Request
+from priority.request import Request, RequestMeta
 
 __all__ = [
     "OutputLengthSampler",
     "OutputPlan",
     "RequestMappingError",
-    "Scheduling",
     "build_request",
     "plan_output",
-    "slo_from_xargs",
+    "read_meta",
     "trace_output_lengths",
     "weight_from_priority",
 ]
@@ -86,50 +82,18 @@ class OutputLengthSampler:
         return int(self._lengths[self._rng.integers(0, self._lengths.size)])
 
 
-@dataclass(frozen=True, slots=True)
-class Scheduling:
-    """What the scheduler needs beyond lengths: objectives, weight, tier, tenant, arrival."""
-
-    slo: SLO
-    weight: float
-    tier: str
-    tenant: str
-    arrival_delay_s: float
-    """Seconds between the gateway's arrival and now (0 without ``tiergate_arrival_unix_s``)."""
-    kind: str = "latency"
-    workflow_id: str | None = None
-    stage: int = 0
-    length: LengthDistribution | None = None
-    """Kind, workflow, stage and length distribution (``tiergate_kind`` … ``tiergate_length``)."""
-
-
-def slo_from_xargs(
+def read_meta(
     xargs: Mapping[str, object] | None,
     priority: int,
     *,
     zero_load_ttft_s: float,
+    now_unix_s: float,
     defaults: BestEffortDefaults = DEFAULTS,
-    now_unix_s: float | None = None,
-) -> Scheduling:
-    """The request's scheduling fields, read by the vLLM plugins' own reader (``parse_meta``).
-
-    The plugin keeps the gateway's arrival as a Unix time; the emulated engine runs on its own
-    clock, so it keeps the delay since that arrival instead (0 without one).
-    """
-    now = time.time() if now_unix_s is None else now_unix_s
-    meta = parse_meta(
-        xargs, priority, defaults=defaults, zero_load_ttft_s=zero_load_ttft_s, now_unix_s=now
-    )
-    return Scheduling(
-        slo=meta.slo,
-        weight=meta.weight,
-        tier=meta.tier,
-        tenant=meta.tenant,
-        arrival_delay_s=0.0 if meta.arrival_s is None else now - meta.arrival_s,
-        kind=meta.kind,
-        workflow_id=meta.workflow_id,
-        stage=meta.stage,
-        length=meta.length,
+) -> RequestMeta:
+    """The request's metadata, read by the vLLM plugins' own reader (``parse_meta``); a
+    gateway arrival later than ``now_unix_s`` counts as ``now_unix_s``."""
+    return parse_meta(
+        xargs, priority, defaults=defaults, zero_load_ttft_s=zero_load_ttft_s, now_unix_s=now_unix_s
     )
 
 
@@ -176,35 +140,27 @@ def plan_output(
 def build_request(
     request_id: str,
     *,
+    meta: RequestMeta,
     now_s: float,
+    now_unix_s: float,
     prompt_tokens: int,
     output: OutputPlan,
-    scheduling: Scheduling,
     time_scale: float = 1.0,
 ) -> Request:
-    """The core's request. ``now_s`` is the engine clock; the gateway's delay moves arrival back.
+    """The core's request, with :meth:`Request.from_meta` as the plugins build theirs.
 
-    The engine, like a real one, only knows ``max_tokens``; the drawn length is the simulator's
-    oracle field (read only by the oracle baselines ``sjf``/``rr-sjf``).
+    The plugin keeps the gateway's arrival as a Unix time; the emulated engine runs on its own
+    clock (``now_s``, when the Unix clock reads ``now_unix_s``, the time ``meta`` was read at),
+    so the delay since that arrival moves the arrival back (none without one). The engine, like
+    a real one, only knows ``max_tokens``; the drawn length is the simulator's oracle field (read
+    only by the oracle baselines ``sjf``/``rr-sjf``).
     """
-    return Request(
-        request_id=request_id,
-        arrival_s=now_s - scheduling.arrival_delay_s * time_scale,
+    delay_s = 0.0 if meta.arrival_s is None else now_unix_s - meta.arrival_s
+    return Request.from_meta(
+        meta,
+        request_id,
+        arrival_s=now_s - delay_s * time_scale,
         prompt_tokens=prompt_tokens,
-        slo=scheduling.slo,
-        weight=scheduling.weight,
-        tier=scheduling.tier,
-        tenant=scheduling.tenant,
         max_output_tokens=output.max_tokens,
         true_output_tokens=output.tokens,
-        kind=scheduling.kind,
-        workflow_id=scheduling.workflow_id,
-        stage=scheduling.stage,
-        length=_capped(scheduling.length, output.max_tokens),
     )
-
-
-def _capped(length: LengthDistribution | None, max_tokens: int) -> LengthDistribution | None:
-    """The distribution bounded by the request's cap (the wire carries none), as the plugins
-    do."""
-    return None if length is None else dataclasses.replace(length, max_tokens=max_tokens)

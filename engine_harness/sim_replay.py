@@ -322,24 +322,13 @@ def slo_of(arrival: Arrival) -> SLO:
 def request_of(arrival: Arrival, profile: Profile | None = None) -> Request:
     """The simulator's request for an arrival, with the metadata the plugin would read (its
     length distribution capped by ``max_tokens``, as the plugin does)."""
-    meta = meta_of(arrival, profile)
-    length = meta.length
-    if length is not None:
-        length = dataclasses.replace(length, max_tokens=arrival.max_tokens)
-    return Request(
-        request_id=arrival.request_id,
+    return Request.from_meta(
+        meta_of(arrival, profile),
+        arrival.request_id,
         arrival_s=arrival.time,
         prompt_tokens=max(1, arrival.prompt_tokens),
-        slo=meta.slo,
-        weight=meta.weight,
-        tier=meta.tier,
-        tenant=meta.tenant,
         max_output_tokens=arrival.max_tokens,
         true_output_tokens=arrival.output_tokens,
-        kind=meta.kind,
-        workflow_id=meta.workflow_id,
-        stage=meta.stage,
-        length=length,
     )
 
 

@@ -12,10 +12,11 @@ are measured from it.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Self
 
 if TYPE_CHECKING:  # annotation only: keeps priority.lengths free to import this module
     from priority.lengths.distribution import LengthDistribution
@@ -82,6 +83,50 @@ class SLO:
         return self.deadline_s
 
 
+@dataclass(frozen=True, slots=True)
+class RequestMeta:
+    """What one request tells the scheduler about itself, beyond its tokens: defined once here,
+    in the core's units (seconds, :class:`SLO`), data only.
+
+    The gateway builds it (``gateway.app.slo.resolve_slo``, then kinds and stages), the protocol
+    writes and reads it (:func:`engine_common.protocol.encode` / ``parse``: the only code that
+    knows key names and milliseconds), and every engine turns it into its :class:`Request`
+    with :meth:`Request.from_meta`. A new objective is a field here, a key in the protocol and a
+    line in :meth:`Request.from_meta`.
+    """
+
+    slo: SLO
+    """The objectives the engine schedules for (a workflow call's deadline is its share D_s)."""
+    weight: float
+    tier: str
+    tenant: str
+    arrival_s: float | None = None
+    """The gateway's arrival time (Unix seconds), or None: the engine's own arrival counts."""
+    has_slo: bool = True
+    """False: best effort, the request named no objective and :attr:`slo` is the engine's
+    default (such a meta is written without objectives, so the engine fills its own in)."""
+    ignored: tuple[str, ...] = ()
+    """Keys the protocol's reader found malformed or out of range (they took their defaults)."""
+    kind: str = "latency"
+    """One of :data:`REQUEST_KINDS`."""
+    workflow_id: str | None = None
+    stage: int = 0
+    """The call's stage in its workflow (0 without a workflow)."""
+    workflow_deadline_s: float | None = None
+    """A workflow call given a share: the time left to its workflow's deadline, from its
+    arrival (then ``slo.deadline_s`` is the share, never more); None otherwise."""
+    length: LengthDistribution | None = None
+    """Output-length distribution, without a cap (each engine caps it by ``max_tokens``)."""
+
+    @property
+    def end_to_end_slo(self) -> SLO:
+        """The objectives the request is judged by end to end: :attr:`slo`, with a workflow
+        call's deadline being its workflow's rather than its share (the gateway's view)."""
+        if self.workflow_deadline_s is None:
+            return self.slo
+        return dataclasses.replace(self.slo, deadline_s=self.workflow_deadline_s)
+
+
 class RequestStatus(Enum):
     WAITING = "waiting"  # not holding KV: new, or preempted (to be recomputed)
     RUNNING = "running"  # holding KV blocks on an engine
@@ -137,6 +182,44 @@ class Request:
             raise ValueError(f"kind must be one of {', '.join(REQUEST_KINDS)}, got {self.kind!r}")
         if self.stage < 0:
             raise ValueError(f"stage must be >= 0, got {self.stage}")
+
+    @classmethod
+    def from_meta(
+        cls,
+        meta: RequestMeta,
+        request_id: str,
+        *,
+        arrival_s: float,
+        prompt_tokens: int,
+        max_output_tokens: int,
+        true_output_tokens: int | None = None,
+        end_to_end: bool = False,
+    ) -> Self:
+        """The one constructor from a request's metadata (engines, replays, the gateway).
+
+        ``arrival_s`` is on the caller's clock (the meta's is a Unix time, or None);
+        ``end_to_end`` judges a workflow call by its workflow's deadline instead of its share
+        (:attr:`RequestMeta.end_to_end_slo`). The length distribution is capped by
+        ``max_output_tokens``: the wire carries no cap.
+        """
+        length = meta.length
+        if length is not None:
+            length = dataclasses.replace(length, max_tokens=max_output_tokens)
+        return cls(
+            request_id=request_id,
+            arrival_s=arrival_s,
+            prompt_tokens=prompt_tokens,
+            slo=meta.end_to_end_slo if end_to_end else meta.slo,
+            weight=meta.weight,
+            tier=meta.tier,
+            tenant=meta.tenant,
+            max_output_tokens=max_output_tokens,
+            true_output_tokens=true_output_tokens,
+            kind=meta.kind,
+            workflow_id=meta.workflow_id,
+            stage=meta.stage,
+            length=length,
+        )
 
     @property
     def num_tokens(self) -> int:

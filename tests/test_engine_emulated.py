@@ -8,6 +8,7 @@ orderings, never as wall-clock bounds beyond "not faster than the profile".
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 import re
 import time
@@ -30,10 +31,9 @@ from engine_emulated.loop import WallClockEngine
 from engine_emulated.mapping import (
     OutputLengthSampler,
     RequestMappingError,
-    Scheduling,
     build_request,
     plan_output,
-    slo_from_xargs,
+    read_meta,
     trace_output_lengths,
     weight_from_priority,
 )
@@ -41,7 +41,7 @@ from gateway.tokens import count_chat_tokens, count_text_tokens
 from priority.estimator import LatencyCoefficients
 from priority.policies import SchedulerInput, SchedulingPolicy, StepPlan, make_policy
 from priority.profiles import EngineConfig, Profile
-from priority.request import SLO, Request
+from priority.request import SLO, Request, RequestMeta
 from priority.sim.engine import EngineCore
 
 WAIT_S = 10.0
@@ -569,9 +569,11 @@ def test_many_concurrent_streams_all_complete(engines: dict[str, RunningEngine])
 
 
 def _request(rid: str, now: float, prompt: int, tokens: int) -> Request:
-    scheduling = Scheduling(SLO(ttft_s=1.0, tpot_s=0.1), 1.0, "t", "t", 0.0)
+    meta = RequestMeta(SLO(ttft_s=1.0, tpot_s=0.1), 1.0, "t", "t")
     output = plan_output(prompt, tokens, 0, max_model_len=10**6, sampler=OutputLengthSampler(0))
-    return build_request(rid, now_s=now, prompt_tokens=prompt, output=output, scheduling=scheduling)
+    return build_request(
+        rid, meta=meta, now_s=now, now_unix_s=0.0, prompt_tokens=prompt, output=output
+    )
 
 
 def test_token_times_follow_the_profile_and_never_run_ahead() -> None:
@@ -677,28 +679,37 @@ def test_token_counting_stand_in() -> None:
     assert count_chat_tokens(["abcd", ""]) == 3 + 4 + 1 + 4
 
 
-def test_slo_from_xargs_defaults_and_partial_streaming() -> None:
-    best_effort = slo_from_xargs(None, 0, zero_load_ttft_s=0.1)
+def test_read_meta_defaults_partial_streaming_and_the_gateways_arrival() -> None:
+    def read(xargs: dict[str, Any] | None, now_unix_s: float = 100.0) -> RequestMeta:
+        return read_meta(xargs, 0, zero_load_ttft_s=0.1, now_unix_s=now_unix_s)
+
+    best_effort = read(None)
     assert best_effort.slo == SLO(ttft_s=0.5, tpot_s=0.1)  # 5 x zero-load TTFT, 100 ms TPOT
-    assert best_effort.weight == 1.0 and best_effort.arrival_delay_s == 0.0
-    ttft_only = slo_from_xargs({"tiergate_ttft_ms": "250"}, 0, zero_load_ttft_s=0.1)
-    assert ttft_only.slo == SLO(ttft_s=0.25, tpot_s=0.1)
-    both = slo_from_xargs(
-        {"tiergate_ttft_ms": 500, "tiergate_tpot_ms": 50, "tiergate_deadline_ms": 9000},
-        0,
-        zero_load_ttft_s=0.1,
-    )
+    assert best_effort.weight == 1.0 and best_effort.arrival_s is None
+    assert read({"tiergate_ttft_ms": "250"}).slo == SLO(ttft_s=0.25, tpot_s=0.1)
+    both = read({"tiergate_ttft_ms": 500, "tiergate_tpot_ms": 50, "tiergate_deadline_ms": 9000})
     assert both.slo == SLO(ttft_s=0.5, tpot_s=0.05, deadline_s=9.0)
-    skewed = slo_from_xargs(
-        {"tiergate_arrival_unix_s": 200.0}, 0, zero_load_ttft_s=0.1, now_unix_s=100.0
-    )
-    assert skewed.arrival_delay_s == 0.0  # a future gateway timestamp counts as now
-    late = slo_from_xargs(
-        {"tiergate_arrival_unix_s": 97.5}, 0, zero_load_ttft_s=0.1, now_unix_s=100.0
-    )
-    assert late.arrival_delay_s == pytest.approx(2.5)
+    output = plan_output(10, 5, 0, max_model_len=100, sampler=OutputLengthSampler(0))
+
+    def arrival(meta: RequestMeta, time_scale: float = 1.0) -> float:
+        request = build_request(
+            "r",
+            meta=meta,
+            now_s=50.0,
+            now_unix_s=100.0,
+            prompt_tokens=10,
+            output=output,
+            time_scale=time_scale,
+        )
+        return request.arrival_s
+
+    assert arrival(best_effort) == 50.0  # no gateway arrival: now on the engine's clock
+    assert arrival(read({"tiergate_arrival_unix_s": 200.0})) == 50.0  # the future counts as now
+    assert arrival(read({"tiergate_arrival_unix_s": 97.5})) == pytest.approx(47.5)
+    assert arrival(read({"tiergate_arrival_unix_s": 97.5}), time_scale=2.0) == pytest.approx(45.0)
     for bad in ({"tiergate_deadline_ms": 0}, {"tiergate_weight": True}, {"tiergate_tpot_ms": "x"}):
-        assert slo_from_xargs(bad, 0, zero_load_ttft_s=0.1) == best_effort  # ignored, as in vLLM
+        meta = read(bad)  # ignored, as in vLLM
+        assert dataclasses.replace(meta, ignored=()) == best_effort and meta.ignored
 
 
 def test_malformed_xargs_are_served_with_defaults(

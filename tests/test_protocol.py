@@ -1,6 +1,8 @@
 """The gateway→engine protocol (:mod:`engine_common.protocol`): one writer, one reader, one rule.
 
-The writer is strict (a value the engine would ignore is a ``ValueError`` in the gateway), the
+One metadata type (:class:`~priority.request.RequestMeta`) goes through both: ``parse(encode(m))``
+is ``m`` for every field, and the bytes on the wire are those the gateway always sent. The writer
+is strict (a value the engine would ignore is a ``ValueError`` in the gateway), the
 reader lenient (a malformed or out-of-range value takes its default and is counted), and the
 emulated engine reads a body exactly as the vLLM plugins do. The same comparison against the real
 vLLM schedulers is ``tests/engines/test_protocol_agreement.py``.
@@ -9,6 +11,7 @@ vLLM schedulers is ``tests/engines/test_protocol_agreement.py``.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import math
 import time
@@ -26,10 +29,11 @@ from engine_common.settings import EngineSettings
 from engine_common.slo import ignored_counts, parse_meta
 from engine_emulated.app import build_engine_sim, core_request
 from engine_emulated.schemas import ChatCompletionRequest
-from gateway.app.slo import RequestSLO, engine_priority, engine_xargs
+from gateway.app.slo import engine_priority, resolve_slo
+from gateway.db.identity import EffectivePolicy
 from priority.lengths.distribution import LengthDistribution
 from priority.profiles import load_profile
-from priority.request import SLO, Request
+from priority.request import REQUEST_KINDS, SLO, Request, RequestMeta
 from priority.sim.workload import SloPolicy
 
 DEFAULTS = p.BestEffortDefaults()
@@ -84,46 +88,171 @@ def test_what_the_gateway_writes_the_engine_reads_back(
     tier: str,
     tenant: str,
 ) -> None:
-    slo = RequestSLO(ttft_ms=ttft, tpot_ms=tpot, deadline_ms=deadline)
-    xargs = engine_xargs(slo, weight=weight, arrival_unix_s=arrival, tier=tier, tenant=tenant)
-    meta = read(xargs, engine_priority(weight), now_unix_s=2e9)
-    assert meta.ignored == ()
-    assert meta.slo == SLO(
-        ttft_s=ttft / 1e3,
-        tpot_s=tpot / 1e3,
-        deadline_s=None if deadline is None else deadline / 1e3,
-    )
-    assert (meta.weight, meta.tier, meta.tenant) == (weight, tier.strip(), tenant.strip())
-    assert meta.arrival_s == arrival and meta.has_slo
+    slo = SLO(ttft / 1e3, tpot / 1e3, None if deadline is None else deadline / 1e3)
+    meta = RequestMeta(slo, weight=weight, tier=tier, tenant=tenant, arrival_s=arrival)
+    xargs = p.encode(meta)
+    back = read(xargs, engine_priority(weight), now_unix_s=2e9)
+    assert back == dataclasses.replace(meta, tier=tier.strip(), tenant=tenant.strip())
+    assert back.slo == slo  # to the last bit: the engine schedules for the gateway's seconds
     assert (p.DEADLINE_MS in xargs) == (deadline is not None)
 
 
+def _gateway_meta(**change: Any) -> RequestMeta:
+    return dataclasses.replace(
+        RequestMeta(SLO(0.4, 0.04, 20.0), weight=4.0, tier="gold", tenant="acme", arrival_s=7.5),
+        **change,
+    )
+
+
+LENGTH = LengthDistribution(levels=(0.5, 0.95), values=(40.0, 160.0))
+ROUND_TRIPS: dict[str, RequestMeta] = {
+    "gateway": _gateway_meta(),
+    "no-deadline": _gateway_meta(slo=SLO(0.25, 0.1)),
+    "deadline-only": _gateway_meta(slo=SLO(deadline_s=1.5), kind="deadline", tenant="beta"),
+    "arrival-at-zero": _gateway_meta(arrival_s=0.0),
+    "no-arrival": _gateway_meta(arrival_s=None),
+    "best-effort-kind": _gateway_meta(kind="best-effort", weight=2.0**-10),
+    "workflow-call": _gateway_meta(
+        slo=SLO(0.4, 0.04, 15.0),
+        kind="compound",
+        workflow_id="agent-1",
+        stage=2,
+        workflow_deadline_s=60.0,
+        length=LENGTH,
+    ),
+    "workflow-without-share": _gateway_meta(kind="compound", workflow_id="w", stage=0),
+    "conversation-stage": _gateway_meta(slo=SLO(0.4, 0.04), workflow_id="conv-ab", stage=3),
+    "best-effort-meta": read({}),  # no objective: the engine's defaults, which it fills in again
+    "best-effort-meta-with-a-weight": read({}, priority=2),
+}
+
+
+@pytest.mark.parametrize("name", list(ROUND_TRIPS))
+def test_encode_then_parse_gives_the_same_meta(name: str) -> None:
+    meta = ROUND_TRIPS[name]
+    assert read(p.encode(meta), p.priority_from_weight(meta.weight), now_unix_s=2e9) == meta
+
+
+seconds_st = st.floats(1e-3, 1e8).map(lambda ms: ms / 1e3)
+"""Seconds as the gateway makes them: from milliseconds (a header's, a tier's, a workflow's)."""
+metas_st = st.builds(
+    lambda slo, weight, tier, tenant, arrival, kind, workflow, share, length: RequestMeta(
+        dataclasses.replace(slo, deadline_s=share[0]) if share and slo.deadline_s else slo,
+        weight=weight,
+        tier=tier,
+        tenant=tenant,
+        arrival_s=arrival,
+        kind=kind,
+        workflow_id=workflow[0] if workflow else None,
+        stage=workflow[1] if workflow else 0,
+        workflow_deadline_s=share[1] if share and slo.deadline_s else None,
+        length=length,
+    ),
+    st.one_of(
+        st.builds(SLO, seconds_st, seconds_st, st.none() | seconds_st),
+        st.builds(SLO, deadline_s=seconds_st),
+    ),
+    weights,
+    st.text(min_size=1).map(str.strip).filter(bool),
+    st.text(min_size=1).map(str.strip).filter(bool),
+    st.none() | st.floats(0, 2e9),
+    st.sampled_from(REQUEST_KINDS),
+    st.none()
+    | st.tuples(st.text(min_size=1).map(str.strip).filter(bool), st.integers(0, 2**31 - 1)),
+    st.none() | st.tuples(seconds_st, seconds_st).map(sorted),
+    st.none() | st.just(LENGTH),
+)
+
+
+@given(metas_st)
+def test_every_field_survives_encode_then_parse(meta: RequestMeta) -> None:
+    assert read(p.encode(meta), None, now_unix_s=2e9) == meta
+
+
+def test_the_wire_is_byte_for_byte_what_the_gateway_always_sent() -> None:
+    """Pinned from the keyword-per-field writer this encoder replaced (same keys, same order,
+    the milliseconds as they were written)."""
+    gateway = _gateway_meta(arrival_s=1_700_000_000.25)
+    workflow = _gateway_meta(
+        slo=SLO(7 / 1e3, 33.3 / 1e3, 15.0),  # from headers' milliseconds, as the gateway does
+        weight=1.0,
+        arrival_s=1_700_000_001.5,
+        kind="compound",
+        workflow_id="agent-1",
+        stage=2,
+        workflow_deadline_s=60.0,
+        length=LENGTH,
+    )
+    free = RequestMeta(
+        SLO(250.5 / 1e3, 0.001 / 1e3), 0.5, "free", "t", arrival_s=0.0, kind="best-effort"
+    )
+    wire = [json.dumps(p.encode(m), separators=(",", ":")) for m in (gateway, workflow, free)]
+    assert wire == [
+        '{"tiergate_weight":4.0,"tiergate_ttft_ms":400.0,"tiergate_tpot_ms":40.0,'
+        '"tiergate_arrival_unix_s":1700000000.25,"tiergate_tier":"gold","tiergate_tenant":"acme",'
+        '"tiergate_kind":"latency","tiergate_deadline_ms":20000.0}',
+        '{"tiergate_weight":1.0,"tiergate_ttft_ms":7.0,"tiergate_tpot_ms":33.3,'
+        '"tiergate_arrival_unix_s":1700000001.5,"tiergate_tier":"gold","tiergate_tenant":"acme",'
+        '"tiergate_kind":"compound","tiergate_deadline_ms":60000.0,"tiergate_workflow_id":"agent-1",'
+        '"tiergate_stage":2,"tiergate_sub_deadline_ms":15000.0,'
+        '"tiergate_length":[0.5,40.0,0.95,160.0]}',
+        '{"tiergate_weight":0.5,"tiergate_ttft_ms":250.5,"tiergate_tpot_ms":0.001,'
+        '"tiergate_arrival_unix_s":0.0,"tiergate_tier":"free","tiergate_tenant":"t",'
+        '"tiergate_kind":"best-effort"}',
+    ]
+
+
+@given(
+    st.decimals(
+        min_value="0.001", max_value="86400000", places=6, allow_nan=False, allow_infinity=False
+    )
+)
+def test_milliseconds_come_back_as_they_were_written(written: Any) -> None:
+    """A header's milliseconds (up to 15 significant digits) leave as they came, though the
+    meta holds seconds; and any seconds come back exactly in the engine."""
+    ms = float(written)
+    assert p.milliseconds(ms / 1e3) == ms
+    assert p.milliseconds(ms / 1e3) / 1e3 == ms / 1e3
+
+
+@given(st.floats(1e-6, 1e12))
+def test_the_engine_reads_back_exactly_the_gateways_seconds(ms: float) -> None:
+    seconds = ms / 1e3  # any milliseconds, as the gateway turns them into seconds
+    assert p.milliseconds(seconds) / 1e3 == seconds
+
+
+@given(st.floats(1e-9, 1e9))
+def test_other_seconds_come_back_within_a_unit_in_the_last_place(seconds: float) -> None:
+    """Not every double of seconds is some double of milliseconds / 1e3 (the division skips a
+    few): those come back as the nearest there is."""
+    assert abs(p.milliseconds(seconds) / 1e3 - seconds) <= math.ulp(seconds)
+
+
 @pytest.mark.parametrize(
-    "change",
+    ("change", "key"),
     [
-        {"weight": 0.0},
-        {"weight": -1.0},
-        {"weight": math.inf},
-        {"ttft_ms": 0.0},
-        {"tpot_ms": math.nan},
-        {"deadline_ms": -5.0},
-        {"arrival_unix_s": -1.0},
-        {"tier": "  "},
-        {"tenant": ""},
+        ({"weight": 0.0}, p.WEIGHT),
+        ({"weight": -1.0}, p.WEIGHT),
+        ({"weight": math.inf}, p.WEIGHT),
+        ({"arrival_s": -1.0}, p.ARRIVAL_UNIX_S),
+        ({"arrival_s": math.nan}, p.ARRIVAL_UNIX_S),
+        ({"tier": "  "}, p.TIER),
+        ({"tenant": ""}, p.TENANT),
     ],
 )
-def test_the_writer_refuses_what_the_reader_would_ignore(change: dict[str, Any]) -> None:
-    fields: dict[str, Any] = {
-        "weight": 1.0,
-        "ttft_ms": 500.0,
-        "tpot_ms": 50.0,
-        "deadline_ms": None,
-        "arrival_unix_s": 1.0,
-        "tier": "gold",
-        "tenant": "acme",
-    }
-    with pytest.raises(ValueError, match=p.KEY_PREFIX + next(iter(change))):
-        p.encode_xargs(**(fields | change))
+def test_the_writer_refuses_what_the_reader_would_ignore(change: dict[str, Any], key: str) -> None:
+    with pytest.raises(ValueError, match=key):
+        p.encode(_gateway_meta(**change))
+
+
+def test_an_slo_out_of_range_is_refused_before_it_is_a_meta() -> None:
+    for bad in (
+        {"ttft_s": 0.0, "tpot_s": 0.1},
+        {"ttft_s": 0.1, "tpot_s": math.nan},
+        {"deadline_s": -5.0},
+    ):
+        with pytest.raises(ValueError):
+            SLO(**bad)
 
 
 @given(st.integers(-p.PRIORITY_CLIP, p.PRIORITY_CLIP))
@@ -252,19 +381,14 @@ def test_any_metadata_yields_a_valid_request(args: dict[str, object], priority: 
     assert meta.weight > 0 and math.isfinite(meta.weight)
     assert meta.tier.strip() == meta.tier != "" and meta.tenant.strip() == meta.tenant != ""
     assert set(meta.ignored) <= {*p.XARG_KEYS, p.PRIORITY}
-    Request(
-        "r",
-        0.0,
-        1,
+    request = Request.from_meta(meta, "r", arrival_s=0.0, prompt_tokens=1, max_output_tokens=9)
+    assert (request.slo, request.weight, request.kind, request.stage) == (
         meta.slo,
-        weight=meta.weight,
-        tier=meta.tier,
-        tenant=meta.tenant,
-        kind=meta.kind,
-        workflow_id=meta.workflow_id,
-        stage=meta.stage,
-        length=meta.length,
+        meta.weight,
+        meta.kind,
+        meta.stage,
     )
+    assert request.length is None or request.length.max_tokens == 9  # capped by the request
 
 
 def test_ignored_values_are_counted_and_logged(caplog: pytest.LogCaptureFixture) -> None:
@@ -395,27 +519,23 @@ def test_body_types_are_checked_as_vllms_api_server_does(case: dict[str, Any], p
 
 
 def test_a_workflow_call_reads_back_with_its_sub_deadline_as_its_deadline() -> None:
-    length = LengthDistribution(levels=(0.5, 0.95), values=(40.0, 200.0))
-    xargs = p.encode_xargs(
-        weight=1.0,
-        ttft_ms=500.0,
-        tpot_ms=50.0,
-        deadline_ms=60_000.0,  # the time left to the workflow's deadline
-        arrival_unix_s=1.0,
-        tier="gold",
-        tenant="acme",
+    meta = _gateway_meta(
+        slo=SLO(0.5, 0.05, 12.0),  # D_s: the call's share
         kind="compound",
         workflow_id="agent-7",
         stage=3,
-        sub_deadline_ms=12_000.0,
-        length=length,
+        workflow_deadline_s=60.0,  # the time left to the workflow's deadline
+        length=LENGTH,
     )
-    assert xargs[p.LENGTH] == [0.5, 40.0, 0.95, 200.0]  # a flat list: vLLM's xargs take it
-    meta = read(xargs, 0, now_unix_s=2.0)
-    assert meta.ignored == ()
-    assert (meta.kind, meta.workflow_id, meta.stage) == ("compound", "agent-7", 3)
-    assert meta.slo.deadline_s == 12.0  # D_s, not the workflow's 60 s
-    assert meta.length == length
+    xargs = p.encode(meta)
+    assert xargs[p.LENGTH] == [0.5, 40.0, 0.95, 160.0]  # a flat list: vLLM's xargs take it
+    assert (xargs[p.DEADLINE_MS], xargs[p.SUB_DEADLINE_MS]) == (60_000.0, 12_000.0)
+    back = read(xargs, 0, now_unix_s=8.0)
+    assert back.ignored == ()
+    assert (back.kind, back.workflow_id, back.stage) == ("compound", "agent-7", 3)
+    assert back.slo.deadline_s == 12.0  # D_s, not the workflow's 60 s
+    assert back.end_to_end_slo.deadline_s == 60.0  # what the gateway judges it by
+    assert back.length == LENGTH
 
 
 @pytest.mark.parametrize(
@@ -465,30 +585,37 @@ def test_stage_and_length_accept_numbers_as_text() -> None:
 
 
 @pytest.mark.parametrize(
-    "change",
+    ("change", "key"),
     [
-        {"kind": "urgent"},
-        {"workflow_id": " "},
-        {"workflow_id": "w", "stage": -1},
-        {"sub_deadline_ms": 0.0},
+        ({"kind": "urgent"}, p.KIND),
+        ({"workflow_id": " "}, p.WORKFLOW_ID),
+        ({"workflow_id": "w", "stage": -1}, p.STAGE),
+        ({"workflow_id": "w", "stage": True}, p.STAGE),
+        ({"stage": 2}, p.STAGE),  # a stage belongs to a workflow
+        ({"slo": SLO(0.5, 0.05), "workflow_deadline_s": 9.0}, p.SUB_DEADLINE_MS),
     ],
 )
-def test_the_writer_refuses_bad_kind_fields(change: dict[str, Any]) -> None:
-    fields: dict[str, Any] = {
-        "weight": 1.0,
-        "ttft_ms": 500.0,
-        "tpot_ms": 50.0,
-        "deadline_ms": None,
-        "arrival_unix_s": 1.0,
-        "tier": "gold",
-        "tenant": "acme",
-    }
-    with pytest.raises(ValueError, match=p.KEY_PREFIX):
-        p.encode_xargs(**(fields | change))
+def test_the_writer_refuses_bad_kind_fields(change: dict[str, Any], key: str) -> None:
+    with pytest.raises(ValueError, match=key):
+        p.encode(_gateway_meta(**change))
 
 
 def test_the_gateway_writes_the_kind_of_every_request() -> None:
-    slo = RequestSLO(ttft_ms=500.0, tpot_ms=50.0, deadline_ms=None)
-    xargs = engine_xargs(slo, weight=1.0, arrival_unix_s=1.0, tier="t", tenant="a")
+    policy = EffectivePolicy(
+        weight=1.0,
+        ttft_ms=500.0,
+        tpot_ms=50.0,
+        deadline_ms=None,
+        min_ttft_ms=None,
+        min_tpot_ms=None,
+        min_deadline_ms=None,
+        best_effort_allowed=False,
+        rpm_limit=None,
+        tpm_limit=None,
+        max_concurrency=None,
+    )
+    meta = resolve_slo({}, policy, "t", tenant="a", arrival_unix_s=1.0)
+    xargs = p.encode(meta)
     assert xargs[p.KIND] == "latency"
     assert not {p.WORKFLOW_ID, p.STAGE, p.SUB_DEADLINE_MS, p.LENGTH} & set(xargs)
+    assert (xargs[p.TTFT_MS], xargs[p.TPOT_MS]) == (500.0, 50.0)

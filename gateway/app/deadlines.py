@@ -26,8 +26,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gateway.app.slo import RequestSLO
 from gateway.settings import Settings
+from priority.request import RequestMeta
 
 
 def _clamp(value: float, low: float, high: float) -> float:
@@ -50,7 +50,7 @@ class AttemptBudget:
 
 def attempt_budget(
     settings: Settings,
-    slo: RequestSLO,
+    meta: RequestMeta,
     *,
     stream: bool,
     expected_output: int,
@@ -58,23 +58,34 @@ def attempt_budget(
     arrival: float,
     first_dispatch: float,
 ) -> AttemptBudget:
-    """The budget of a request's attempts, starting at its first dispatch (module docstring)."""
+    """The budget of a request's attempts, starting at its first dispatch (module docstring);
+    a workflow call's deadline is its workflow's (:attr:`RequestMeta.end_to_end_slo`)."""
+    slo = meta.end_to_end_slo
+    ttft_s, tpot_s = _streaming(meta)
     floor = settings.first_token_timeout_min_s
     factor = settings.first_token_timeout_factor
     if stream:
         ceiling = settings.first_token_timeout_max_s
-        wanted = ceiling if best_effort else factor * slo.ttft_ms / 1e3
+        wanted = ceiling if best_effort else factor * ttft_s
     else:
         ceiling = settings.upstream_timeout_s
-        at_slo = (slo.ttft_ms + slo.tpot_ms * max(0, expected_output)) / 1e3
+        at_slo = ttft_s + tpot_s * max(0, expected_output)
         wanted = ceiling if best_effort else factor * at_slo
     end = first_dispatch + _clamp(wanted, floor, ceiling)
-    if slo.deadline_ms is not None and not best_effort:  # best effort gave its deadline up
-        end = min(end, arrival + slo.deadline_ms / 1e3)
+    if slo.deadline_s is not None and not best_effort:  # best effort gave its deadline up
+        end = min(end, arrival + slo.deadline_s)
     return AttemptBudget(end=end, floor_s=floor)
 
 
-def stall_timeout(settings: Settings, slo: RequestSLO) -> float:
+def stall_timeout(settings: Settings, meta: RequestMeta) -> float:
     """Seconds a stream may go without an event after its first token."""
-    wanted = settings.stall_timeout_factor * slo.tpot_ms / 1e3
+    wanted = settings.stall_timeout_factor * _streaming(meta)[1]
     return _clamp(wanted, settings.stall_timeout_min_s, settings.stall_timeout_max_s)
+
+
+def _streaming(meta: RequestMeta) -> tuple[float, float]:
+    """The request's TTFT and TPOT: the gateway gives every request both (its tier's)."""
+    ttft_s, tpot_s = meta.slo.ttft_s, meta.slo.tpot_s
+    if ttft_s is None or tpot_s is None:
+        raise ValueError("a gateway request's SLO has a TTFT and a TPOT (its tier's at least)")
+    return ttft_s, tpot_s

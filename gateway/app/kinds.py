@@ -48,7 +48,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from gateway.app.schemas import ChatBody, CompletionBody
-from gateway.app.slo import DEADLINE_HEADER, RequestSLO, _floor, _floor_check
+from gateway.app.slo import DEADLINE_HEADER, _floor, _floor_check
 from gateway.app.workflows import (
     MemoryWorkflowStore,
     WorkflowCall,
@@ -61,6 +61,7 @@ from gateway.bounds import MAX_SLO_MS, MIN_SLO_MS
 from gateway.db.identity import EffectivePolicy
 from gateway.errors import INVALID_VALUE, ApiError
 from priority.lengths.distribution import LengthDistribution
+from priority.request import RequestMeta
 
 if TYPE_CHECKING:  # the predictor loads only with TIERGATE_LENGTH_MODEL (imported when used)
     from gateway.app.patterns import CallEnd, WorkflowPatterns
@@ -129,14 +130,16 @@ class RequestKinds:
     async def resolve(
         self,
         headers: Mapping[str, str],
-        slo: RequestSLO,
+        meta: RequestMeta,
         policy: EffectivePolicy,
         *,
         tier: str,
         tenant_key: str,
-    ) -> RequestSLO:
-        """``slo`` (from :func:`~gateway.app.slo.resolve_slo`) with its kind, and for a
-        workflow call its stage and deadlines; :class:`ApiError` 400/409 as documented."""
+    ) -> RequestMeta:
+        """``meta`` (from :func:`~gateway.app.slo.resolve_slo`) with its kind, and for a
+        workflow call its stage and deadlines (the share as its SLO's deadline, the time left
+        to the workflow's as ``workflow_deadline_s``); :class:`ApiError` 400/409 as
+        documented."""
         workflow_id = _workflow_id(headers)
         total = _milliseconds(headers, WORKFLOW_DEADLINE_HEADER)
         if workflow_id is None:
@@ -148,7 +151,7 @@ class RequestKinds:
                     code=INVALID_VALUE,
                     param=WORKFLOW_DEADLINE_HEADER,
                 )
-            return dataclasses.replace(slo, kind=_single_kind(headers, policy))
+            return dataclasses.replace(meta, kind=_single_kind(headers, policy))
         if total is not None:
             default = policy.deadline_ms if policy.deadline_ms is not None else policy.ttft_ms
             floor, source = _floor(policy.min_deadline_ms, default)
@@ -159,7 +162,7 @@ class RequestKinds:
             self.served_without_workflow += 1
             self._degraded(tier, DEGRADED_DEFAULT_KIND)
             log.warning("workflow call served as its tier's default kind: Redis unreachable")
-            return dataclasses.replace(slo, kind=_single_kind(headers, policy))
+            return dataclasses.replace(meta, kind=_single_kind(headers, policy))
         except WorkflowUnknown:
             raise ApiError(
                 400,
@@ -179,16 +182,16 @@ class RequestKinds:
                 param=WORKFLOW_ID_HEADER,
             ) from None
         self._degraded_if_local(tier)
-        share = self._share(call)
-        if DEADLINE_HEADER in headers and slo.deadline_ms is not None:
-            share = min(share, slo.deadline_ms)  # the call's own deadline, when it names one
+        share_s = self._share(call) / 1e3
+        if DEADLINE_HEADER in headers and meta.slo.deadline_s is not None:
+            share_s = min(share_s, meta.slo.deadline_s)  # the call's own, when it names one
         return dataclasses.replace(
-            slo,
+            meta,
+            slo=dataclasses.replace(meta.slo, deadline_s=share_s),
             kind="compound",
             workflow_id=workflow_id,
             stage=call.stage,
-            deadline_ms=call.remaining_ms,
-            sub_deadline_ms=share,
+            workflow_deadline_s=call.remaining_ms / 1e3,
         )
 
     def call_ended(self, end: CallEnd) -> None:

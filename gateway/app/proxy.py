@@ -64,7 +64,7 @@ from pydantic import ValidationError
 from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
-from engine_common.protocol import without_protocol_keys
+from engine_common.protocol import encode, milliseconds, without_protocol_keys
 from gateway.app.accounting import (
     Account,
     Outcome,
@@ -82,7 +82,7 @@ from gateway.app.metrics import objectives_met
 from gateway.app.patterns import CallEnd
 from gateway.app.schemas import ChatBody, CompletionBody
 from gateway.app.shedding import Action, Verdict, decode_s, judge, lone_prefill_s, shed_message
-from gateway.app.slo import RequestSLO, engine_priority, engine_xargs, resolve_slo
+from gateway.app.slo import engine_priority, resolve_slo
 from gateway.app.slo_admission import PlanOutcome
 from gateway.app.stages import mark_stage, record_stage
 from gateway.app.state import GatewayState
@@ -98,6 +98,7 @@ from gateway.limits.backlog import gain_density
 from gateway.limits.budget import BudgetHold
 from priority.gain import kind_slo
 from priority.lengths.features import RequestFeatures
+from priority.request import SLO, RequestMeta
 from priority.request import Request as CoreRequest
 from priority.routing import NoHealthyInstanceError, RouteDecision
 
@@ -239,7 +240,8 @@ class Job:
         self.model: str | None = None
         self.stream = False
         self.include_usage = False
-        self.slo: RequestSLO | None = None
+        self.meta: RequestMeta | None = None
+        """What the engine is told about the request (built by admission's stages)."""
         self.core: CoreRequest | None = None
         self.prompt_tokens = 0
         self.expected_output = 0
@@ -269,14 +271,20 @@ class Job:
     async def admit(self, http: Request) -> None:
         state, policy = self.state, self.identity.policy
         body = self._parse(await http.body())
-        self.slo = resolve_slo(http.headers, policy, self.tier)
-        self.slo = await state.kinds.resolve(  # kind, workflow stage, sub-deadline
-            http.headers, self.slo, policy, tier=self.tier, tenant_key=str(self.identity.tenant_id)
+        meta = resolve_slo(
+            http.headers,
+            policy,
+            self.tier,
+            tenant=self.identity.tenant_name,
+            arrival_unix_s=self.arrival_unix,
+        )
+        meta = await state.kinds.resolve(  # kind, workflow stage, sub-deadline
+            http.headers, meta, policy, tier=self.tier, tenant_key=str(self.identity.tenant_id)
         )
         assert self.model is not None
         # a tool response sent back for a new turn: a new prefill stage of its conversation
-        self.slo = mark_stage(
-            self.slo, self.body, tenant=str(self.identity.tenant_id), model=self.model
+        self.meta = meta = mark_stage(
+            meta, self.body, tenant=str(self.identity.tenant_id), model=self.model
         )
         group = state.pool.group(self.model)
         if group is None:
@@ -295,18 +303,13 @@ class Job:
         self.length = state.kinds.predict_length(features)
         if state.length_samples is not None and single_sequence(body):
             self.length_features = features
-        self.core = CoreRequest(
-            request_id=self.request_id,
+        self.core = CoreRequest.from_meta(  # judged end to end: a workflow by its deadline
+            meta,
+            self.request_id,
             arrival_s=self.arrival,
             prompt_tokens=self.prompt_tokens,
-            slo=self.slo.core(),
-            weight=policy.weight,
-            tier=self.tier,
-            tenant=self.identity.tenant_name,
             max_output_tokens=self.expected_output,
-            kind=self.slo.kind,
-            workflow_id=self.slo.workflow_id,
-            stage=self.slo.stage,
+            end_to_end=True,
         )
         # a spent budget refuses before the rate limits are charged for the request
         self.budget_hold = await state.budgets.admit(
@@ -324,7 +327,7 @@ class Job:
         decision = self._route(now)
         # SLO-aware shedding (gateway.app.shedding): predicted TTFT, queue wait included; a
         # request of an end-to-end kind (deadline, workflow) by its predicted finish and deadline
-        judged = kind_slo(self.slo.kind, self.core.slo)
+        judged = kind_slo(meta.kind, self.core.slo)
         end_to_end = not judged.is_streaming
         due_s = judged.token_due_s(1)
         priority = gain_density(state.pool.weights, policy.weight, self.prompt_tokens)
@@ -345,7 +348,7 @@ class Job:
         self.verdict = verdict
         if verdict.action is Action.SHED:
             assert verdict.reason is not None
-            due_ms = due_s * 1e3 if end_to_end else self.slo.ttft_ms
+            due_ms = due_s * 1e3 if end_to_end else milliseconds(self._ttft_s())
             message = shed_message(
                 verdict, self.tier, due_ms, policy.shed_slack, end_to_end=end_to_end
             )
@@ -357,7 +360,7 @@ class Job:
             self.tier,
             priority=priority,
             ttl_s=self._queue_ttl(demoted=verdict.action is Action.DEMOTE),
-            aging_s=self.slo.ttft_ms / 1e3,
+            aging_s=self._ttft_s(),
             slo_wait_s=verdict.slo_wait_s,
             demotable=policy.best_effort_allowed,
             model=self.model,
@@ -406,13 +409,13 @@ class Job:
             # idle engine (dispatched at once, a best-effort prefill step delays promised ones)
             self.slot = False
             self.state.queue.release()
-            assert self.model is not None and self.slo is not None
+            assert self.model is not None
             item = QueueItem(
                 self.request_id,
                 self.tier,
                 priority=-float(self.prompt_tokens),
                 ttl_s=self._queue_ttl(demoted=True),
-                aging_s=self.slo.ttft_ms / 1e3,
+                aging_s=self._ttft_s(),
                 slo_wait_s=0.0,
                 demotable=True,
                 model=self.model,
@@ -459,10 +462,21 @@ class Job:
         its deadline, for which waiting longer is pointless — unless it is demoted at admission:
         best effort has given its deadline up and waits like any best-effort request."""
         ttl = self.state.settings.queue_ttl_s
-        assert self.slo is not None
-        if self.slo.deadline_ms is not None and not demoted:
-            ttl = min(ttl, max(1e-3, self.arrival + self.slo.deadline_ms / 1e3 - time.monotonic()))
+        deadline_s = self._deadline_s()
+        if deadline_s is not None and not demoted:
+            ttl = min(ttl, max(1e-3, self.arrival + deadline_s - time.monotonic()))
         return ttl
+
+    def _deadline_s(self) -> float | None:
+        """The request's end-to-end deadline from its arrival (a workflow call's: its
+        workflow's), or None."""
+        assert self.meta is not None
+        return self.meta.end_to_end_slo.deadline_s
+
+    def _ttft_s(self) -> float:
+        """The request's TTFT objective: the gateway gives every request one (its tier's)."""
+        assert self.meta is not None and self.meta.slo.ttft_s is not None
+        return self.meta.slo.ttft_s
 
     def _engine_ttft(self, decision: RouteDecision, *, idle: bool = False) -> float:
         """Predicted dispatch-to-first-token time on the decision's backend: the router's
@@ -513,29 +527,27 @@ class Job:
     # ---- dispatch -----------------------------------------------------------------------
 
     def _payload(self) -> bytes:
-        assert self.slo is not None
-        weight = MIN_WEIGHT if self.demoted else self.identity.policy.weight  # demoted: overload
+        assert self.meta is not None
+        meta = self.meta
+        if self.length is not None:  # the length distribution, if predicted by now
+            meta = dataclasses.replace(meta, length=self.length.now())
+        if self.demoted:  # it gave its deadline up at admission: the engine serves it as such
+            slo = SLO(ttft_s=meta.slo.ttft_s, tpot_s=meta.slo.tpot_s)
+            meta = dataclasses.replace(
+                meta,
+                slo=slo,
+                weight=MIN_WEIGHT,  # overload: the smallest weight
+                kind="best-effort",
+                workflow_id=None,
+                stage=0,
+                workflow_deadline_s=None,
+            )
         body = dict(self.body)
-        body["priority"] = engine_priority(weight)
+        body["priority"] = engine_priority(meta.weight)
         # a client's own tiergate_* keys never reach the engine: only the gateway sets them (a
         # tier without a deadline must not let the client pick one)
         xargs = without_protocol_keys(body.get("vllm_xargs"))
-        slo = self.slo
-        if self.length is not None:  # the length distribution, if predicted by now
-            slo = dataclasses.replace(slo, length=self.length.now())
-        if self.demoted:  # it gave its deadline up at admission: the engine serves it as such
-            slo = dataclasses.replace(
-                slo, kind="best-effort", deadline_ms=None, sub_deadline_ms=None, workflow_id=None
-            )
-        xargs.update(
-            engine_xargs(
-                slo,
-                weight=weight,
-                arrival_unix_s=self.arrival_unix,
-                tier=self.tier,
-                tenant=self.identity.tenant_name,
-            )
-        )
+        xargs.update(encode(meta))
         body["vllm_xargs"] = xargs
         if self.stream:  # the gateway needs the usage chunk; it strips it if not asked for
             body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
@@ -593,10 +605,10 @@ class Job:
         )
 
     def _budget(self, decision: RouteDecision, now: float) -> AttemptBudget:
-        assert self.slo is not None
+        assert self.meta is not None
         return attempt_budget(
             self.state.settings,
-            self.slo,
+            self.meta,
             stream=self.stream,
             expected_output=self.expected_output,
             best_effort=self._best_effort(decision),
@@ -673,10 +685,10 @@ class Job:
     def _patience_s(self) -> float:
         """How long a request may keep waiting in a serving engine's queue when no other
         backend could take it: to its deadline, else the upstream read timeout."""
-        assert self.slo is not None
         limit = self.state.settings.upstream_timeout_s
-        if self.slo.deadline_ms is not None and not self.demoted:
-            limit = min(limit, self.arrival + self.slo.deadline_ms / 1e3 - time.monotonic())
+        deadline_s = self._deadline_s()
+        if deadline_s is not None and not self.demoted:
+            limit = min(limit, self.arrival + deadline_s - time.monotonic())
         return max(0.0, limit)
 
     def _retry_tried(self, budget: AttemptBudget) -> bool:
@@ -850,10 +862,10 @@ class Job:
             elif opening:
                 await write(opening)
         backend, pool = self.backend, self.state.pool
-        assert backend is not None and self.slo is not None
+        assert backend is not None and self.meta is not None
         # the watchdog (gateway.app.watchdog) expires the deadline if the engine goes quiet
         watch = StreamWatch(
-            backend, stall_timeout(settings, self.slo), settings.client_write_timeout_s
+            backend, stall_timeout(settings, self.meta), settings.client_write_timeout_s
         )
         if pace:
             write = _watched(write, watch)
@@ -1054,10 +1066,11 @@ class Job:
             except Exception:  # a budget store's outage must not lose the usage record
                 log.exception("could not settle the budget of %s", self.request_id)
         self._account(outcome, http_status, reason, times, token_times, result, now)
-        if self.slo is not None and self.slo.kind == "compound" and self.slo.workflow_id:
+        meta = self.meta
+        if meta is not None and meta.kind == "compound" and meta.workflow_id:
             end = CallEnd(  # the workflow history learns from every call
-                f"{self.identity.tenant_id}:{self.slo.workflow_id}",
-                self.slo.stage,
+                f"{self.identity.tenant_id}:{meta.workflow_id}",
+                meta.stage,
                 model=self.model or "",
                 prompt_tokens=result.prompt_tokens,
                 output_tokens=result.completion_tokens,
@@ -1095,8 +1108,8 @@ class Job:
             if result.slo_met is not None and self.core is not None:
                 met = objectives_met(self.arrival, self.core.slo, token_times)
             metrics.record_served(tenant, tier, result.prompt_tokens, result.completion_tokens, met)
-            if self.slo is not None and self.slo.workflow_id is not None:  # a conversation's stage
-                record_stage(state.stages, metrics, self.slo, tier, met=bool(result.slo_met))
+            if self.meta is not None and self.meta.workflow_id is not None:  # a stage
+                record_stage(state.stages, metrics, self.meta, tier, met=bool(result.slo_met))
         if reason is not None:
             metrics.rejections.labels(tenant, tier, reason).inc()
         samples = state.length_samples
@@ -1134,7 +1147,7 @@ class Job:
     ) -> RequestExplain:
         """The request log's row beyond the usage record: from what the stages left on the job
         (no lookups, a few float operations)."""
-        verdict, slo = self.verdict, self.slo
+        verdict, meta = self.verdict, self.meta
         decision: RouteDecision | None = getattr(self, "decision_live", None)
         predicted = decision.predicted_ttft_s if decision is not None else None
         predicted_ms = predicted * 1e3 if predicted is not None else None
@@ -1145,8 +1158,9 @@ class Job:
         engine_ms = None
         if token_times and self.dispatched_at:
             engine_ms = (token_times[0] - self.dispatched_at) * 1e3
-        slo_ttft = slo.ttft_ms if slo is not None else None
-        slo_tpot = slo.tpot_ms if slo is not None else None
+        slo_ttft = slo_tpot = None
+        if meta is not None and meta.slo.ttft_s is not None and meta.slo.tpot_s is not None:
+            slo_ttft, slo_tpot = milliseconds(meta.slo.ttft_s), milliseconds(meta.slo.tpot_s)
         why = miss_reason(
             outcome,
             reject_reason=reason,

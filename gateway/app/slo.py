@@ -1,5 +1,6 @@
 """A request's SLO: its tier's defaults, or what it asks for in headers — never tighter than
-the tier allows — and how that SLO travels to the engine (wire format: engine_common.protocol).
+the tier allows — as the start of its metadata (:class:`~priority.request.RequestMeta`, which
+:func:`engine_common.protocol.encode` writes for the engine).
 
 Headers (milliseconds, from a microsecond to a day: :data:`gateway.bounds.MIN_SLO_MS` and
 ``MAX_SLO_MS``): ``x-slo-ttft-ms``, ``x-slo-tpot-ms``, ``x-slo-deadline-ms``. The floor of each is
@@ -13,37 +14,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
 
-from engine_common.protocol import encode_xargs, priority_from_weight
+from engine_common.protocol import priority_from_weight
 from gateway.bounds import MAX_SLO_MS, MIN_SLO_MS
 from gateway.db.identity import EffectivePolicy
 from gateway.errors import bad_request
-from priority.lengths.distribution import LengthDistribution
-from priority.request import SLO
+from priority.request import SLO, RequestMeta
 
 TTFT_HEADER = "x-slo-ttft-ms"
 TPOT_HEADER = "x-slo-tpot-ms"
 DEADLINE_HEADER = "x-slo-deadline-ms"
-
-
-@dataclass(frozen=True, slots=True)
-class RequestSLO:
-    ttft_ms: float
-    tpot_ms: float
-    deadline_ms: float | None
-    """A workflow call's is the time left to its workflow's deadline (:mod:`gateway.app.kinds`)."""
-    kind: str = "latency"
-    workflow_id: str | None = None
-    stage: int = 0
-    sub_deadline_ms: float | None = None
-    """A workflow call's share of the time left: the deadline its engine schedules for."""
-    length: LengthDistribution | None = None
-
-    def core(self) -> SLO:
-        """The scheduling core's SLO (seconds)."""
-        deadline = self.deadline_ms / 1e3 if self.deadline_ms is not None else None
-        return SLO(ttft_s=self.ttft_ms / 1e3, tpot_s=self.tpot_ms / 1e3, deadline_s=deadline)
 
 
 def _header(headers: Mapping[str, str], name: str) -> float | None:
@@ -74,8 +54,17 @@ def _floor_check(name: str, value: float, floor: float, tier: str, source: str) 
         )
 
 
-def resolve_slo(headers: Mapping[str, str], policy: EffectivePolicy, tier: str) -> RequestSLO:
-    """The request's SLO from its headers and its tier/tenant policy (400 if not allowed)."""
+def resolve_slo(
+    headers: Mapping[str, str],
+    policy: EffectivePolicy,
+    tier: str,
+    *,
+    tenant: str,
+    arrival_unix_s: float,
+) -> RequestMeta:
+    """The request's metadata from its SLO headers and its tier/tenant policy (400 if not
+    allowed): its SLO in seconds, the tier's weight, its tier and tenant, its arrival (Unix
+    seconds); its kind is the tier's concern next (:mod:`gateway.app.kinds`)."""
     ttft = _header(headers, TTFT_HEADER)
     tpot = _header(headers, TPOT_HEADER)
     deadline = _header(headers, DEADLINE_HEADER)
@@ -89,10 +78,15 @@ def resolve_slo(headers: Mapping[str, str], policy: EffectivePolicy, tier: str) 
         default = policy.deadline_ms if policy.deadline_ms is not None else policy.ttft_ms
         floor, source = _floor(policy.min_deadline_ms, default)
         _floor_check(DEADLINE_HEADER, deadline, floor, tier, source)
-    return RequestSLO(
-        ttft_ms=ttft if ttft is not None else policy.ttft_ms,
-        tpot_ms=tpot if tpot is not None else policy.tpot_ms,
-        deadline_ms=deadline if deadline is not None else policy.deadline_ms,
+    if deadline is None:
+        deadline = policy.deadline_ms
+    slo = SLO(
+        ttft_s=(ttft if ttft is not None else policy.ttft_ms) / 1e3,
+        tpot_s=(tpot if tpot is not None else policy.tpot_ms) / 1e3,
+        deadline_s=deadline / 1e3 if deadline is not None else None,
+    )
+    return RequestMeta(
+        slo=slo, weight=policy.weight, tier=tier, tenant=tenant, arrival_s=arrival_unix_s
     )
 
 
@@ -106,24 +100,3 @@ def engine_priority(weight: float) -> int:
     """vLLM's ``priority`` (lower served first) for a tier weight (larger more important):
     :func:`engine_common.protocol.priority_from_weight` (4 / 2 / 1 → -2 / -1 / 0, within ±10)."""
     return priority_from_weight(weight)
-
-
-def engine_xargs(
-    slo: RequestSLO, *, weight: float, arrival_unix_s: float, tier: str, tenant: str
-) -> dict[str, str | float | list[float]]:
-    """The ``tiergate_*`` keys of ``vllm_xargs`` (:mod:`engine_common.protocol`; ``ValueError``
-    for a value the engine would ignore)."""
-    return encode_xargs(
-        weight=weight,
-        ttft_ms=slo.ttft_ms,
-        tpot_ms=slo.tpot_ms,
-        deadline_ms=slo.deadline_ms,
-        arrival_unix_s=arrival_unix_s,
-        tier=tier,
-        tenant=tenant,
-        kind=slo.kind,
-        workflow_id=slo.workflow_id,
-        stage=slo.stage,
-        sub_deadline_ms=slo.sub_deadline_ms,
-        length=slo.length,
-    )

@@ -31,7 +31,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from gateway.app.slo import RequestSLO
+from priority.request import RequestMeta
 
 if TYPE_CHECKING:
     from gateway.app.metrics import GatewayMetrics
@@ -64,19 +64,21 @@ def conversation_id(messages: Sequence[Any], *, tenant: str, model: str) -> str:
     return CONVERSATION_PREFIX + hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 
-def mark_stage(slo: RequestSLO, body: Mapping[str, Any], *, tenant: str, model: str) -> RequestSLO:
-    """``slo`` with the conversation and stage of a tool continuation (module docstring);
+def mark_stage(
+    meta: RequestMeta, body: Mapping[str, Any], *, tenant: str, model: str
+) -> RequestMeta:
+    """``meta`` with the conversation and stage of a tool continuation (module docstring);
     unchanged for anything else, and for a workflow call."""
-    if slo.workflow_id is not None or slo.kind != "latency":
-        return slo
+    if meta.workflow_id is not None or meta.kind != "latency":
+        return meta
     messages = body.get("messages")
     if not isinstance(messages, list):
-        return slo  # a completions request: no turns to continue
+        return meta  # a completions request: no turns to continue
     stage = tool_stage(messages, offers_tools=bool(body.get("tools")))
     if stage is None:
-        return slo
+        return meta
     return dataclasses.replace(
-        slo, workflow_id=conversation_id(messages, tenant=tenant, model=model), stage=stage
+        meta, workflow_id=conversation_id(messages, tenant=tenant, model=model), stage=stage
     )
 
 
@@ -107,12 +109,12 @@ class StageAttainment:
 
 
 def record_stage(
-    tracker: StageAttainment, metrics: GatewayMetrics, slo: RequestSLO, tier: str, *, met: bool
+    tracker: StageAttainment, metrics: GatewayMetrics, meta: RequestMeta, tier: str, *, met: bool
 ) -> None:
     """Count a served request that is a stage of a conversation (:func:`mark_stage`)."""
-    if slo.workflow_id is None or not slo.workflow_id.startswith(CONVERSATION_PREFIX):
+    if meta.workflow_id is None or not meta.workflow_id.startswith(CONVERSATION_PREFIX):
         return
-    first, missed = tracker.stage_ended(slo.workflow_id, met=met)
+    first, missed = tracker.stage_ended(meta.workflow_id, met=met)
     metrics.multistage_stages.labels(tier, "true" if met else "false").inc()
     if first:
         metrics.multistage_conversations.labels(tier).inc()

@@ -27,7 +27,7 @@ from pydantic import ValidationError  # noqa: E402
 from engine_common import protocol as p  # noqa: E402
 from priority.lengths.distribution import LengthDistribution  # noqa: E402
 from priority.profiles import load_profile  # noqa: E402
-from priority.request import Request  # noqa: E402
+from priority.request import SLO, Request, RequestMeta  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("tiergate_env")]
 
@@ -40,28 +40,24 @@ ARRIVAL_TOLERANCE_S = 0.5
 
 def bodies(now: float) -> dict[str, dict[str, Any]]:
     """Body fields by case: valid, missing, malformed, out of range (``now``: Unix seconds)."""
-    gateway = p.encode_xargs(
-        weight=4.0,
-        ttft_ms=400.0,
-        tpot_ms=40.0,
-        deadline_ms=20_000.0,
-        arrival_unix_s=now - 2.0,
-        tier="gold",
-        tenant="acme",
+    gateway = p.encode(
+        RequestMeta(
+            SLO(0.4, 0.04, 20.0), weight=4.0, tier="gold", tenant="acme", arrival_s=now - 2.0
+        )
     )
-    workflow = p.encode_xargs(
-        weight=1.0,
-        ttft_ms=400.0,
-        tpot_ms=40.0,
-        deadline_ms=60_000.0,
-        arrival_unix_s=now - 1.0,
-        tier="gold",
-        tenant="acme",
-        kind="compound",
-        workflow_id="agent-1",
-        stage=2,
-        sub_deadline_ms=15_000.0,
-        length=LengthDistribution(levels=(0.5, 0.95), values=(40.0, 160.0)),
+    workflow = p.encode(
+        RequestMeta(
+            SLO(0.4, 0.04, 15.0),  # the call's share of its workflow's deadline
+            weight=1.0,
+            tier="gold",
+            tenant="acme",
+            arrival_s=now - 1.0,
+            kind="compound",
+            workflow_id="agent-1",
+            stage=2,
+            workflow_deadline_s=60.0,
+            length=LengthDistribution(levels=(0.5, 0.95), values=(40.0, 160.0)),
+        )
     )
     return {
         # valid
@@ -106,7 +102,7 @@ def bodies(now: float) -> dict[str, dict[str, Any]]:
     }
 
 
-REFUSED = {  # vLLM's API server answers 400: so must the emulated engine
+REFUSED: dict[str, dict[str, Any]] = {  # vLLM's API server answers 400: so must the emulated one
     "null-value": {"vllm_xargs": {p.TIER: None}},
     "object-value": {"vllm_xargs": {p.WEIGHT: {"value": 2}}},
     "fractional-priority": {"priority": 1.5},

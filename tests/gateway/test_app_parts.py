@@ -35,6 +35,7 @@ from gateway.db.session import make_engine, make_session_factory
 from gateway.embedded import Listening
 from gateway.errors import ApiError
 from gateway.settings import Settings
+from priority.request import SLO, RequestMeta
 
 times_st = st.lists(st.floats(0, 1e3, allow_nan=False), min_size=1, max_size=40).map(sorted)
 
@@ -74,9 +75,12 @@ def _policy(**overrides: Any) -> EffectivePolicy:
 
 
 def test_slo_defaults_and_looser_headers_are_accepted() -> None:
-    assert resolve_slo({}, _policy(), "standard").ttft_ms == 2000.0
-    slo = resolve_slo({"x-slo-ttft-ms": "500", "x-slo-tpot-ms": "150"}, _policy(), "standard")
-    assert (slo.ttft_ms, slo.tpot_ms, slo.deadline_ms) == (500.0, 150.0, None)
+    meta = resolve_slo({}, _policy(), "standard", tenant="acme", arrival_unix_s=7.0)
+    expected = RequestMeta(SLO(2.0, 0.1), weight=2.0, tier="standard", tenant="acme", arrival_s=7.0)
+    assert meta == expected  # the tier's SLO in seconds, its weight, who and when
+    headers = {"x-slo-ttft-ms": "500", "x-slo-tpot-ms": "150", "x-slo-deadline-ms": "9000"}
+    meta = resolve_slo(headers, _policy(), "standard", tenant="acme", arrival_unix_s=7.0)
+    assert meta.slo == SLO(ttft_s=0.5, tpot_s=0.15, deadline_s=9.0)
 
 
 @pytest.mark.parametrize(
@@ -90,7 +94,7 @@ def test_slo_defaults_and_looser_headers_are_accepted() -> None:
 )
 def test_slo_headers_tighter_than_allowed_are_refused(headers: dict[str, str], needle: str) -> None:
     with pytest.raises(ApiError) as info:
-        resolve_slo(headers, _policy(), "standard")
+        resolve_slo(headers, _policy(), "standard", tenant="acme", arrival_unix_s=7.0)
     assert info.value.status == 400 and needle in info.value.message
 
 

@@ -38,14 +38,13 @@ from gateway.app.deadlines import attempt_budget, stall_timeout
 from gateway.app.metrics import GatewayMetrics
 from gateway.app.proxy import EngineRefused, UpstreamFailed, _has_output, _well_formed
 from gateway.app.server import GatewayThread
-from gateway.app.slo import RequestSLO
 from gateway.app.upstream import Upstream, UpstreamError, UpstreamTimeout
 from gateway.app.watchdog import StreamWatch, stalled_backends
 from gateway.db import crud
 from gateway.db.models import UsageRecord
 from gateway.db.seed import seed_defaults
 from gateway.settings import Settings
-from priority.request import SLO, Request
+from priority.request import SLO, Request, RequestMeta
 
 MODEL = "qwen2-7b"
 SECRET = "engine-faults-secret"
@@ -465,7 +464,9 @@ def test_breaker_opened_by_a_probe_closes_on_the_next_good_probe() -> None:
 
 
 def _slo(ttft_ms: float = 1000.0, tpot_ms: float = 50.0, deadline_ms: float | None = None) -> Any:
-    return RequestSLO(ttft_ms=ttft_ms, tpot_ms=tpot_ms, deadline_ms=deadline_ms)
+    deadline_s = deadline_ms / 1e3 if deadline_ms is not None else None
+    slo = SLO(ttft_s=ttft_ms / 1e3, tpot_s=tpot_ms / 1e3, deadline_s=deadline_s)
+    return RequestMeta(slo, weight=1.0, tier="t", tenant="a")
 
 
 def test_first_token_budget_comes_from_the_ttft_objective_and_shrinks_across_attempts() -> None:

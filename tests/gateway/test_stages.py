@@ -4,6 +4,7 @@ the gateway to an emulated engine with the ``openai`` client."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -14,10 +15,10 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gateway.app import create_app
 from gateway.app.server import GatewayThread
-from gateway.app.slo import RequestSLO
 from gateway.app.stages import StageAttainment, conversation_id, mark_stage, tool_stage
 from gateway.db import crud
 from gateway.settings import Settings
+from priority.request import SLO, RequestMeta
 from tests.gateway.engine_spy import spied_engine
 
 MODEL = "stages-model"
@@ -82,13 +83,15 @@ def test_every_turn_of_a_conversation_has_its_id_and_others_differ() -> None:
 
 
 def test_only_latency_requests_outside_a_workflow_are_marked() -> None:
-    slo = RequestSLO(ttft_ms=500.0, tpot_ms=50.0, deadline_ms=None)
+    slo = RequestMeta(SLO(ttft_s=0.5, tpot_s=0.05), weight=1.0, tier="t", tenant="a")
     marked = mark_stage(slo, {"messages": _turns(2)}, tenant="1", model="m")
     assert marked.stage == 2 and marked.workflow_id == conversation_id(
         _turns(2), tenant="1", model="m"
     )
-    assert (marked.kind, marked.ttft_ms, marked.tpot_ms) == ("latency", 500.0, 50.0)  # own TTFT
-    workflow = RequestSLO(500.0, 50.0, 9000.0, kind="compound", workflow_id="wf-1", stage=4)
+    assert (marked.kind, marked.slo) == ("latency", slo.slo)  # its own TTFT and TPOT
+    workflow = dataclasses.replace(
+        slo, slo=SLO(0.5, 0.05, 9.0), kind="compound", workflow_id="wf-1", stage=4
+    )
     assert mark_stage(workflow, {"messages": _turns(2)}, tenant="1", model="m") is workflow
     assert mark_stage(slo, {"prompt": "text"}, tenant="1", model="m") is slo
     assert mark_stage(slo, {"messages": OPENING}, tenant="1", model="m") is slo

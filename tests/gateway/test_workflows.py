@@ -17,7 +17,6 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from gateway.app.kinds import DEGRADED_OUTCOMES, RequestKinds
 from gateway.app.metrics import GatewayMetrics
-from gateway.app.slo import RequestSLO
 from gateway.app.workflows import (
     FailoverWorkflowStore,
     MemoryWorkflowStore,
@@ -30,6 +29,7 @@ from gateway.app.workflows import (
 )
 from gateway.db.identity import EffectivePolicy
 from gateway.errors import ApiError
+from priority.request import SLO, RequestMeta
 
 REDIS_URL = os.environ.get("TIERGATE_REDIS_URL") or "redis://127.0.0.1:6379/0"
 DEAD_REDIS = "redis://127.0.0.1:1/0"  # nothing listens on port 1
@@ -106,15 +106,15 @@ POLICY = EffectivePolicy(
     tpm_limit=None,
     max_concurrency=None,
 )
-SLO = RequestSLO(ttft_ms=500.0, tpot_ms=50.0, deadline_ms=None)
+META = RequestMeta(SLO(ttft_s=0.5, tpot_s=0.05), weight=1.0, tier="t", tenant="a")
 
 
-def _resolve(kinds: RequestKinds, headers: dict[str, str]) -> RequestSLO:
-    async def go() -> RequestSLO:
-        return await kinds.resolve(headers, SLO, POLICY, tier="t", tenant_key="1")
+def _resolve(kinds: RequestKinds, headers: dict[str, str]) -> RequestMeta:
+    async def go() -> RequestMeta:
+        return await kinds.resolve(headers, META, POLICY, tier="t", tenant_key="1")
 
     result = _run(go())
-    assert isinstance(result, RequestSLO)
+    assert isinstance(result, RequestMeta)
     return result
 
 
@@ -128,10 +128,10 @@ def test_the_sub_deadline_hook_is_used_clipped_and_survived() -> None:
     kinds = RequestKinds(MemoryWorkflowStore(), sub_deadline=quarter)
     start = {"x-tiergate-workflow-id": "w", "x-tiergate-workflow-deadline-ms": "40000"}
     first = _resolve(kinds, start)
-    assert first.sub_deadline_ms == first.deadline_ms  # clipped to the time left
+    assert first.slo.deadline_s == first.workflow_deadline_s  # clipped to the time left
     second = _resolve(kinds, {"x-tiergate-workflow-id": "w"})
-    assert second.stage == 1 and second.deadline_ms is not None
-    assert second.sub_deadline_ms == pytest.approx(second.deadline_ms / 4)
+    assert second.stage == 1 and second.workflow_deadline_s is not None
+    assert second.slo.deadline_s == pytest.approx(second.workflow_deadline_s / 4)
     assert [c.stage for c in calls] == [0, 1]
 
     def broken(call: WorkflowCall) -> float:
@@ -139,7 +139,7 @@ def test_the_sub_deadline_hook_is_used_clipped_and_survived() -> None:
 
     kinds.sub_deadline = broken
     third = _resolve(kinds, {"x-tiergate-workflow-id": "w"})
-    assert third.sub_deadline_ms == third.deadline_ms  # the cold start, not a 500
+    assert third.slo.deadline_s == third.workflow_deadline_s  # the cold start, not a 500
 
 
 def test_the_workflow_deadline_respects_the_tiers_floor() -> None:
@@ -148,7 +148,7 @@ def test_the_workflow_deadline_respects_the_tiers_floor() -> None:
 
     async def go() -> None:
         headers = {"x-tiergate-workflow-id": "w", "x-tiergate-workflow-deadline-ms": "1000"}
-        await kinds.resolve(headers, SLO, strict, tier="gold", tenant_key="1")
+        await kinds.resolve(headers, META, strict, tier="gold", tenant_key="1")
 
     with pytest.raises(ApiError) as info:
         _run(go())
@@ -254,14 +254,14 @@ def test_a_dead_redis_never_fails_the_request() -> None:
         kinds = RequestKinds(store, on_degraded=metrics.workflow_call_degraded)
         try:
             start = {"x-tiergate-workflow-id": "w", "x-tiergate-workflow-deadline-ms": "9000"}
-            slo = await kinds.resolve(start, SLO, POLICY, tier="t", tenant_key="1")
+            slo = await kinds.resolve(start, META, POLICY, tier="t", tenant_key="1")
             assert slo.kind == "compound" and slo.stage == 0
             slo = await kinds.resolve(
-                {"x-tiergate-workflow-id": "w"}, SLO, POLICY, tier="t", tenant_key="1"
+                {"x-tiergate-workflow-id": "w"}, META, POLICY, tier="t", tenant_key="1"
             )
             assert slo.kind == "compound" and slo.stage == 1  # this process's copy answers
             unseen = {"x-tiergate-workflow-id": "from-another-gateway"}
-            slo = await kinds.resolve(unseen, SLO, POLICY, tier="t", tenant_key="1")
+            slo = await kinds.resolve(unseen, META, POLICY, tier="t", tenant_key="1")
             assert slo.kind == "latency" and slo.workflow_id is None  # served, as its tier's
             assert kinds.served_without_workflow == 1
             # every degraded call is in the metric, by what became of it
@@ -287,9 +287,9 @@ def test_workflow_calls_with_their_state_in_reach_are_not_counted_degraded(
             kinds = RequestKinds(store, on_degraded=metrics.workflow_call_degraded)
             try:
                 start = {"x-tiergate-workflow-id": "w", "x-tiergate-workflow-deadline-ms": "9000"}
-                await kinds.resolve(start, SLO, POLICY, tier="t", tenant_key="1")
+                await kinds.resolve(start, META, POLICY, tier="t", tenant_key="1")
                 await kinds.resolve(
-                    {"x-tiergate-workflow-id": "w"}, SLO, POLICY, tier="t", tenant_key="1"
+                    {"x-tiergate-workflow-id": "w"}, META, POLICY, tier="t", tenant_key="1"
                 )
             finally:
                 await kinds.aclose()
