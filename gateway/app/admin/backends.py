@@ -8,21 +8,18 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Query
 from starlette.concurrency import run_in_threadpool
 
-from gateway.app.admin.deps import ActorDep, AdminRoute, SessionDep, StateDep
+from gateway.app.admin.deps import ActorDep, AdminRoute, PageDep, SessionDep, StateDep
 from gateway.app.admin.helpers import delete_row, patch_row, resolve
 from gateway.app.admin.schemas import (
-    TOTAL_HEADER,
     BackendCreate,
     BackendOut,
     BackendUpdate,
     DeletedOut,
     ListOut,
     LiveBackendOut,
-    PageLimit,
-    PageOffset,
 )
 from gateway.app.fleet import fleet_view
 from gateway.db import crud
@@ -40,9 +37,7 @@ async def list_backends(
         Query(description="only backends from this source (`database`: the table's rows)"),
     ] = None,
     *,
-    response: Response,
-    limit: PageLimit = None,
-    offset: PageOffset = 0,
+    page: PageDep,
 ) -> ListOut[LiveBackendOut]:
     """Every backend this gateway routes to (the emulated engines `tiergate serve` starts
     included) and every row of the backends table, by name, with health, breaker state and
@@ -54,9 +49,8 @@ async def list_backends(
         and (model is None or b.model == model)
         and (source is None or b.source == source)
     ]
-    response.headers[TOTAL_HEADER] = str(len(shown))
-    page = shown[offset:] if limit is None else shown[offset : offset + limit]
-    return ListOut(data=[LiveBackendOut.model_validate(b) for b in page])
+    end = None if page.limit is None else page.offset + page.limit
+    return page.of(len(shown), map(LiveBackendOut.model_validate, shown[page.offset : end]))
 
 
 @router.post("/backends", status_code=201)

@@ -12,20 +12,20 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Query, Response
+from fastapi import APIRouter, Path, Query
 from sqlalchemy.orm import Session
 
-from gateway.app.admin.deps import ActorDep, AdminRoute, PrincipalDep, SessionDep, StateDep
+from gateway.app.admin.deps import (
+    ActorDep,
+    AdminRoute,
+    PageDep,
+    PrincipalDep,
+    SessionDep,
+    StateDep,
+)
 from gateway.app.admin.helpers import changes_of, resolve, tenant_resolver
 from gateway.app.admin.roles import Principal
-from gateway.app.admin.schemas import (
-    INT32_MAX,
-    TOTAL_HEADER,
-    DeletedOut,
-    ListOut,
-    PageLimit,
-    PageOffset,
-)
+from gateway.app.admin.schemas import INT32_MAX, DeletedOut, ListOut
 from gateway.app.admin.spend_schemas import BudgetCreate, BudgetOut, BudgetUpdate
 from gateway.app.state import GatewayState
 from gateway.db import crud
@@ -85,16 +85,14 @@ def _reload(state: GatewayState) -> None:
 def list_budgets(
     session: SessionDep,
     who: PrincipalDep,
-    response: Response,
+    page: PageDep,
     tenant: Annotated[str | None, Query(description="tenant name or id")] = None,
-    limit: PageLimit = None,
-    offset: PageOffset = 0,
 ) -> ListOut[BudgetOut]:
     """Budgets by id (a tenant admin's: its tenant's), each with its current spend."""
     tenant_id = who.tenant_filter(tenant, tenant_resolver(session))
-    rows = budgets.list_budgets(session, tenant=tenant_id, limit=limit, offset=offset)
-    response.headers[TOTAL_HEADER] = str(budgets.count_budgets(session, tenant=tenant_id))
-    return ListOut(data=[present(session, r) for r in rows])
+    rows = budgets.list_budgets(session, tenant=tenant_id, limit=page.limit, offset=page.offset)
+    total = budgets.count_budgets(session, tenant=tenant_id)
+    return page.of(total, (present(session, r) for r in rows))
 
 
 @router.post("/budgets", status_code=201)

@@ -18,8 +18,8 @@ PostgreSQL's text refuses and SQLite would store: both databases answer alike.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine, Iterator
-from typing import Annotated, Any
+from collections.abc import Callable, Coroutine, Iterable, Iterator
+from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, Request, Response
 from fastapi.exceptions import RequestValidationError
@@ -38,6 +38,7 @@ from gateway.app.admin.credentials import (
 )
 from gateway.app.admin.roles import OWNER_KEY, Principal, access_for
 from gateway.app.admin.rules import API_RULES
+from gateway.app.admin.schemas import TOTAL_HEADER, ListOut, PageLimit, PageOffset
 from gateway.app.state import StateDep, get_state
 from gateway.db.errors import DomainError
 from gateway.errors import (
@@ -223,3 +224,25 @@ ActorDep = Annotated[str, Depends(request_actor)]
 SessionDep = Annotated[Session, Depends(_session)]
 """A session for the request. Reads use it as is; a change runs in ``with session.begin():``,
 so it is committed before the route drops cached identities or reloads the pool."""
+
+
+ItemT = TypeVar("ItemT")
+
+
+class Page:
+    """A list route's page: ``limit`` rows (the whole list without it) from ``offset``. The
+    answer's body keeps its shape; the whole list's count is in the ``x-total-count`` header."""
+
+    def __init__(self, response: Response, limit: PageLimit = None, offset: PageOffset = 0) -> None:
+        self.response = response
+        self.limit = limit
+        self.offset = offset
+
+    def of(self, total: int, items: Iterable[ItemT]) -> ListOut[ItemT]:
+        """The answer: this page's ``items``, and ``total`` in the header."""
+        self.response.headers[TOTAL_HEADER] = str(total)
+        return ListOut(data=list(items))
+
+
+PageDep = Annotated[Page, Depends()]
+"""The page a list route answers (its ``limit`` and ``offset`` query parameters)."""

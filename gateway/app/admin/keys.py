@@ -8,12 +8,21 @@ next request. ``/keys/secret-status`` says whether a previous server secret is s
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from datetime import datetime
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Query
 from sqlalchemy.orm import Session
 
-from gateway.app.admin.deps import ActorDep, AdminRoute, PrincipalDep, SessionDep, StateDep
+from gateway.app.admin.deps import (
+    ActorDep,
+    AdminRoute,
+    PageDep,
+    PrincipalDep,
+    SessionDep,
+    StateDep,
+)
 from gateway.app.admin.helpers import (
     change_and_invalidate,
     changes_of,
@@ -24,7 +33,6 @@ from gateway.app.admin.helpers import (
     tenant_resolver,
 )
 from gateway.app.admin.schemas import (
-    TOTAL_HEADER,
     CreatedKeyOut,
     DeletedOut,
     KeyCreate,
@@ -32,8 +40,6 @@ from gateway.app.admin.schemas import (
     KeyRotate,
     KeyUpdate,
     ListOut,
-    PageLimit,
-    PageOffset,
     RotatedKeyOut,
     SecretStatusOut,
 )
@@ -44,6 +50,22 @@ from gateway.db.security import display_prefix
 router = APIRouter(route_class=AdminRoute, tags=["keys"])
 
 
+def listed_keys(
+    session: Session,
+    tenant_id: int | None,
+    active_only: bool,
+    now: datetime,
+    limit: int | None,
+    offset: int,
+) -> tuple[Sequence[ApiKey], int]:
+    """A page of keys, newest first, and how many the whole list holds (the API's list and the
+    dashboard's Keys page)."""
+    rows = crud.list_keys(
+        session, tenant=tenant_id, active_only=active_only, now=now, limit=limit, offset=offset
+    )
+    return rows, crud.count_keys(session, tenant=tenant_id, active_only=active_only, now=now)
+
+
 @router.get("/keys")
 def list_keys(
     session: SessionDep,
@@ -51,20 +73,14 @@ def list_keys(
     tenant: Annotated[str | None, Query(description="tenant name or id")] = None,
     active_only: Annotated[bool, Query(description="hide revoked and expired keys")] = False,
     *,
-    response: Response,
-    limit: PageLimit = None,
-    offset: PageOffset = 0,
+    page: PageDep,
 ) -> ListOut[KeyOut]:
     """Keys, newest first (a tenant admin's: its tenant's only); the total is in
     ``x-total-count``."""
     tenant_id = who.tenant_filter(tenant, tenant_resolver(session))
     now = utcnow()
-    rows = crud.list_keys(
-        session, tenant=tenant_id, active_only=active_only, now=now, limit=limit, offset=offset
-    )
-    total = crud.count_keys(session, tenant=tenant_id, active_only=active_only, now=now)
-    response.headers[TOTAL_HEADER] = str(total)
-    return ListOut(data=[KeyOut.of(k, now) for k in rows])
+    rows, total = listed_keys(session, tenant_id, active_only, now, page.limit, page.offset)
+    return page.of(total, (KeyOut.of(k, now) for k in rows))
 
 
 @router.post("/keys", status_code=201)

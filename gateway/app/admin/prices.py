@@ -8,11 +8,11 @@ rewrites those already written. Every change is audited (``price``).
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter
 
-from gateway.app.admin.deps import ActorDep, AdminRoute, SessionDep, StateDep
-from gateway.app.admin.helpers import changes_of, resolve
-from gateway.app.admin.schemas import TOTAL_HEADER, DeletedOut, ListOut, PageLimit, PageOffset
+from gateway.app.admin.deps import ActorDep, AdminRoute, PageDep, SessionDep, StateDep
+from gateway.app.admin.helpers import changes_of, delete_row, resolve
+from gateway.app.admin.schemas import DeletedOut, ListOut
 from gateway.app.admin.spend_schemas import PriceCreate, PriceOut, PriceUpdate
 from gateway.app.state import GatewayState
 from gateway.db.crud import prices
@@ -29,13 +29,10 @@ def _stale(state: GatewayState) -> None:
 
 
 @router.get("/prices")
-def list_prices(
-    session: SessionDep, response: Response, limit: PageLimit = None, offset: PageOffset = 0
-) -> ListOut[PriceOut]:
+def list_prices(session: SessionDep, page: PageDep) -> ListOut[PriceOut]:
     """Prices by model; the total is in ``x-total-count``."""
-    rows = prices.list_prices(session, limit=limit, offset=offset)
-    response.headers[TOTAL_HEADER] = str(prices.count_prices(session))
-    return ListOut(data=[PriceOut.of(r) for r in rows])
+    rows = prices.list_prices(session, limit=page.limit, offset=page.offset)
+    return page.of(prices.count_prices(session), map(PriceOut.of, rows))
 
 
 @router.post("/prices", status_code=201)
@@ -72,7 +69,6 @@ def delete_price(ref: str, session: SessionDep, actor: ActorDep, state: StateDep
     """Remove a price: later records of the model carry no cost."""
     with session.begin():
         row = resolve(prices.get_price, session, ref)
-        out = DeletedOut(object="price", id=row.id, name=row.model)
-        prices.delete_price(session, row.id, actor=actor)
+        out = delete_row(session, actor, prices.delete_price, "price", row.id, row.model)
     _stale(state)
     return out

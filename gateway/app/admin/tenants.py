@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Query
 from sqlalchemy.orm import Session
 
 from gateway.app.admin import helpers
-from gateway.app.admin.deps import ActorDep, AdminRoute, SessionDep, StateDep
+from gateway.app.admin.deps import ActorDep, AdminRoute, PageDep, SessionDep, StateDep
 from gateway.app.admin.helpers import (
     change_and_invalidate,
     changes_of,
@@ -22,11 +22,8 @@ from gateway.app.admin.helpers import (
     resolve,
 )
 from gateway.app.admin.schemas import (
-    TOTAL_HEADER,
     DeletedOut,
     ListOut,
-    PageLimit,
-    PageOffset,
     TenantCreate,
     TenantOut,
     TenantUpdate,
@@ -44,16 +41,15 @@ def list_tenants(
     tier: Annotated[str | None, Query(description="tier name or id")] = None,
     status: Annotated[str | None, Query(description="active | suspended")] = None,
     *,
-    response: Response,
-    limit: PageLimit = None,
-    offset: PageOffset = 0,
+    page: PageDep,
 ) -> ListOut[TenantOut]:
     """Tenants by name; the total is in ``x-total-count``."""
     tier_id = resolve(crud.get_tier, session, tier).id if tier is not None else None
-    rows = crud.list_tenants(session, tier=tier_id, status=status, limit=limit, offset=offset)
+    rows = crud.list_tenants(
+        session, tier=tier_id, status=status, limit=page.limit, offset=page.offset
+    )
     total = crud.count_tenants(session, tier=tier_id, status=status)
-    response.headers[TOTAL_HEADER] = str(total)
-    return ListOut(data=[TenantOut.of(t) for t in rows])
+    return page.of(total, map(TenantOut.of, rows))
 
 
 @router.post("/tenants", status_code=201)

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter
 
-from gateway.app.admin.deps import ActorDep, AdminRoute, SessionDep, StateDep
+from gateway.app.admin.deps import ActorDep, AdminRoute, PageDep, SessionDep, StateDep
 from gateway.app.admin.helpers import delete_row, invalidate, patch_row, resolve
 from gateway.app.admin.schemas import (
-    TOTAL_HEADER,
     DeletedOut,
     ListOut,
-    PageLimit,
-    PageOffset,
     TierCreate,
     TierOut,
     TierUpdate,
@@ -22,13 +19,10 @@ router = APIRouter(route_class=AdminRoute, tags=["tiers"])
 
 
 @router.get("/tiers")
-def list_tiers(
-    session: SessionDep, response: Response, limit: PageLimit = None, offset: PageOffset = 0
-) -> ListOut[TierOut]:
+def list_tiers(session: SessionDep, page: PageDep) -> ListOut[TierOut]:
     """Tiers, most important first; the total is in ``x-total-count``."""
-    rows = crud.list_tiers(session, limit=limit, offset=offset)
-    response.headers[TOTAL_HEADER] = str(crud.count_tiers(session))
-    return ListOut(data=[TierOut.model_validate(t) for t in rows])
+    rows = crud.list_tiers(session, limit=page.limit, offset=page.offset)
+    return page.of(crud.count_tiers(session), map(TierOut.model_validate, rows))
 
 
 @router.post("/tiers", status_code=201)

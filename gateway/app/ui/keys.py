@@ -30,6 +30,7 @@ from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from gateway.app.admin.helpers import invalidate, own_prefix, scoped_key, tenant_resolver
+from gateway.app.admin.keys import listed_keys
 from gateway.app.admin.roles import Principal
 from gateway.app.admin.schemas import KeyCreate, KeyOut, KeyRotate
 from gateway.app.ui.deps import (
@@ -77,15 +78,7 @@ def _list_context(
     """The list, filtered (a tenant admin's: always to its own tenant, named or not)."""
     tenant_id = who.tenant_filter(tenant or None, tenant_resolver(session))
     now = utcnow()
-    rows = crud.list_keys(
-        session,
-        tenant=tenant_id,
-        active_only=active_only,
-        now=now,
-        limit=page.limit,
-        offset=page.offset,
-    )
-    total = crud.count_keys(session, tenant=tenant_id, active_only=active_only, now=now)
+    rows, total = listed_keys(session, tenant_id, active_only, now, page.limit, page.offset)
     return {
         "keys": [KeyOut.of(k, now) for k in rows],
         "filters": {"tenant": tenant or "", "active_only": active_only},
