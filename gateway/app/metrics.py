@@ -530,6 +530,13 @@ class GatewayMetrics:
             "Times the limits fell back from Redis to per-process shares (Redis lost).",
             registry=reg,
         )
+        self.budget_degraded = gauge(
+            "tiergate_budget_degraded",
+            "1 while Redis budgets are unreachable or slow and each process enforces its share "
+            "of what each budget had left, in process (degraded-local). Workers: 1 if any is.",
+            registry=reg,
+            mode="livemax",
+        )
         # request kinds: workflow calls answered without Redis (gateway.app.workflows)
         self.workflow_degraded = Counter(
             "tiergate_workflow_degraded_calls",
@@ -610,6 +617,10 @@ class GatewayMetrics:
         self.limiter_degraded.set(1 if degraded else 0)
         if degraded:
             self.limiter_fallbacks.inc()
+
+    def budget_switched(self, degraded: bool) -> None:
+        """The budget guard's ``on_change``: Redis lost (True) or back (False)."""
+        self.budget_degraded.set(1 if degraded else 0)
 
     def workflow_call_degraded(self, tier: str, outcome: str) -> None:
         """:class:`~gateway.app.kinds.RequestKinds`'s ``on_degraded``: a workflow call answered

@@ -76,6 +76,7 @@ class GatewayState:
                 timeout_s=config.redis_timeout_s,
                 on_refused=self._budget_refused,
                 on_soft=self._budget_soft,
+                on_change=self.metrics.budget_switched,
                 prices=self.prices,
             )
 

@@ -12,11 +12,43 @@ gateway's estimate).
 
 With Redis the counters are shared by every worker and replica (one Lua script per
 operation); without it each process counts its own share (``amount / share``, ``share`` being
-its processes), as the rate limits do. While Redis cannot be reached requests are admitted
-without a budget check (fail open, counted in ``unavailable`` and logged): a cache outage must
-not stop every tenant with a budget; the usage records still charge what they cost. A request
-of a model without a price costs nothing and reserves nothing; it is still refused while a
-budget is exhausted.
+its processes), as the rate limits do. A request of a model without a price costs nothing and
+reserves nothing; it is still refused while a budget is exhausted.
+
+**Redis away or slow.** Neither fail open (any tenant past its budget for as long as Redis is
+away) nor closed (a cache outage stopping every tenant with a budget): the guard degrades as
+the rate limits do, with their machinery (:class:`~gateway.limits.failover.RedisSwitch`). The
+first call that fails or passes ``redis_timeout_s`` switches this process to deciding budgets
+in process (logged once per switch, ``on_change`` for the ``tiergate_budget_degraded``
+gauge); no request waits on Redis after it. On each counter the process may then add at most
+:func:`~gateway.limits.failover.share_of_rest` of it — ``(amount - seen) // share``, ``seen``
+being the counter's value as Redis last showed it to this process (every reservation and
+settlement returns it; the heartbeat re-reads every known counter each second; a counter never
+seen: what the usage records show spent) and ``share`` (``outage_share``) the gateway
+processes — net of what its settlements give back, and keeps counting its own spend. A refusal
+then is 429 ``budget_exceeded`` with a ``retry-after`` of the longest probe period. When
+Redis answers, each process writes back what it counted (one operation per tenant), stays
+degraded ``settle_s`` more so the others have written theirs, and switches back.
+
+**The bound.** A process in degraded mode adds at most ``(amount - seen) // share`` to a
+counter, plus what its requests' real costs exceed their reservations by (as with Redis). So
+when Redis is away for every process (an outage) and each had seen the counter as it was at
+the loss, the fleet spends **no more than the budget** while Redis is away, plus those
+excesses (as with Redis). A process whose view was older adds 1/``share`` of what the fleet
+spent since it last read the counter (at most about a second's spend: the heartbeat). When
+Redis is away for some processes only (one process's call past its timeout), the others cannot
+see the degraded ones' spend until it is written back: the budget may then be passed by at
+most 1/``share`` of what was left, per degraded process. ``test_budget_outage.py`` shows each.
+
+**Nothing lost, nothing twice.** Every operation carries a marker (its op key) that Redis keeps
+``MARKER_TTL_S`` (10 minutes) and that makes it run at most once. A call whose answer never
+came (Redis may have run it: a frozen server runs what it had received when it thaws) is
+replayed under its own marker when admitted in process — counted once whether or not it ran —
+or cancelled when refused in process (taken back if it ran, never run later). So once every
+process has written back, Redis's counter is exactly what was charged. An outage longer than
+the markers live may count a call that Redis ran but never answered (at most the calls in
+flight at the loss) twice. The soft-threshold notice is not sent for spend counted in process:
+it is sent by the first settlement through Redis past the threshold after it answers.
 
 Once a settled charge takes a budget past ``soft_fraction`` of it, the first process to see
 it (a flag in the store) counts ``tiergate_budget_soft_crossings_total`` once for the period
@@ -35,6 +67,8 @@ import calendar
 import contextlib
 import logging
 import time
+import uuid
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -60,6 +94,13 @@ from gateway.limits.budget_store import (
     MemoryBudgetStore,
     RedisBudgetStore,
     Refusal,
+)
+from gateway.limits.failover import (
+    CHECK_EVERY_S,
+    PROBE_MAX_S,
+    PROBE_MIN_S,
+    RedisSwitch,
+    share_of_rest,
 )
 
 log = logging.getLogger(__name__)
@@ -141,12 +182,20 @@ class BudgetExceeded(AdmissionRejected):
         now: datetime,
         *,
         too_large: bool = False,
+        briefly: tuple[int, float] | None = None,
     ) -> None:
         scope = "the API key's" if rule.key_id is not None else "the tenant's"
         self.rule = rule
         self.resets_at = resets_at
         reset = resets_at.isoformat().replace("+00:00", "Z")
-        if too_large:
+        if briefly is not None and not too_large:  # degraded: this process's share, for now
+            share, wait = briefly
+            text = (
+                f"{scope} {ADJECTIVE[rule.period]} budget of {plain(rule.amount)}: while shared "
+                f"budgets are briefly unavailable this gateway process may spend 1/{share} of "
+                "what was left of it, and that is spent; retry shortly"
+            )
+        elif too_large:
             wait = None
             text = (
                 f"this request could cost more than {scope} whole "
@@ -190,6 +239,12 @@ class BudgetGuard:
         self,
         store: BudgetStore,
         *,
+        outage_share: int = 1,
+        probe_min_s: float = PROBE_MIN_S,
+        probe_max_s: float = PROBE_MAX_S,
+        settle_s: float | None = None,
+        check_every_s: float = CHECK_EVERY_S,
+        on_change: Callable[[bool], None] | None = None,
         load: Loader | None = None,
         seed: Seeder | None = None,
         prefix: str = "tiergate",
@@ -222,8 +277,35 @@ class BudgetGuard:
         self._seeds: dict[str, int] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self.unavailable = 0
-        """Operations the store could not do (Redis away): those requests were admitted."""
-        self._logged_at = -float("inf")
+        """Operations the store could not do (Redis away or slow): decided in process."""
+        self._outage_share = max(1, outage_share)
+        self._seen: dict[str, tuple[int, float]] = {}  # counter -> Redis's value, expires_at
+        self._taken: dict[str, int] = {}  # counter -> nanos this process added while degraded
+        self._unsent: dict[str, Charge] = {}  # counter -> degraded nanos not yet in an op
+        self._journal: OrderedDict[str, tuple[str, list[Charge]]] = OrderedDict()
+        """Operations for Redis when it answers (op key -> mode, charges), oldest first."""
+        self.switch: RedisSwitch | None = None
+        """Redis or degraded (the rate limits' machinery); None for an in-process store."""
+        if store.shared:
+            self.switch = RedisSwitch(
+                "Redis budgets",
+                f"each gateway process enforces 1/{self._outage_share} of what each budget had "
+                "left, in process, until Redis answers",
+                recover=self._recover,
+                heartbeat=self.heartbeat,
+                check_every_s=check_every_s,
+                probe_min_s=probe_min_s,
+                probe_max_s=probe_max_s,
+                settle_s=settle_s,
+                clock=monotonic,
+                on_change=on_change,
+                on_trip=self._taken.clear,
+            )
+
+    @property
+    def degraded(self) -> bool:
+        """True while Redis is away and this process decides budgets on its own."""
+        return self.switch is not None and self.switch.degraded
 
     # -- the budgets in force ---------------------------------------------------------------
 
@@ -348,19 +430,99 @@ class BudgetGuard:
         now = self._clock()
         nanos = to_nanos(max_cost) if max_cost is not None and max_cost > 0 else 0
         charges = [(rule, await self._charge(rule, nanos, now)) for rule in rules]
-        try:
-            result = await self.store.reserve([c for _, c in charges])
-        except (RedisError, OSError) as exc:  # the store is away: admit, never fail the request
-            self._unavailable("reserve", exc)
-            return None
-        if isinstance(result, Refusal):
-            rule, charge = charges[result.index]
-            if self.on_refused is not None:
-                self.on_refused(rule)
-            spent = from_nanos(result.spent * self._share)
-            _, end = period_bounds(rule.period, now)
-            raise BudgetExceeded(rule, spent, end, now, too_large=nanos > charge.limit)
+        lost: str | None = None  # a call whose answer never came: Redis may have run it
+        if self.switch is not None:
+            self.switch.ensure_task()  # the heartbeat: an idle process notices an outage
+        if not self.degraded:
+            op = self._op_key(rules[0]) if self.switch is not None else None
+            try:
+                result = await self.store.reserve([c for _, c in charges], op)
+            except (RedisError, OSError) as exc:  # away or slow: decide in process
+                self._lost(exc)
+                lost = op
+            else:
+                if isinstance(result, Refusal):
+                    rule, charge = charges[result.index]
+                    self._saw(charge, result.spent)
+                    self._refused(rule)
+                    spent = from_nanos(result.spent * self._share)
+                    _, end = period_bounds(rule.period, now)
+                    raise BudgetExceeded(rule, spent, end, now, too_large=nanos > charge.limit)
+                for (_, charge), value in zip(charges, result, strict=True):
+                    self._saw(charge, value)
+                return BudgetHold(charges=charges, reserved=nanos)
+        return await self._reserve_here(charges, nanos, now, lost)
+
+    async def _reserve_here(
+        self,
+        charges: list[tuple[BudgetRule, Charge]],
+        nanos: int,
+        now: datetime,
+        lost: str | None,
+    ) -> BudgetHold:
+        """Degraded admission: on every counter, this process may add at most its share of
+        what Redis last showed left (:func:`~gateway.limits.failover.share_of_rest`)."""
+        for rule, charge in charges:
+            seen = await self._last_seen(rule, charge, now)
+            allowed = share_of_rest(charge.limit, seen, self._outage_share)
+            taken = self._taken.get(charge.key, 0)
+            if taken >= allowed or taken + nanos > allowed:
+                if lost is not None:  # the call that timed out must not count if Redis ran it
+                    self._journal[lost] = ("cancel", [c for _, c in charges])
+                self._refused(rule)
+                _, end = period_bounds(rule.period, now)
+                wait = PROBE_MAX_S if self.switch is None else self.switch.probe_max_s
+                raise BudgetExceeded(
+                    rule,
+                    from_nanos(seen + taken),
+                    end,
+                    now,
+                    too_large=nanos > charge.limit,
+                    briefly=(self._outage_share, wait),
+                )
+        self._here([c for _, c in charges], nanos, lost)
         return BudgetHold(charges=charges, reserved=nanos)
+
+    def _here(self, charges: Sequence[Charge], nanos: int, lost: str | None) -> None:
+        """Count ``nanos`` on each counter in this process, for Redis when it answers: the
+        call that timed out replayed under its own op (at most once, whether or not Redis ran
+        it), else merged into one operation per tenant at the next write-back."""
+        for charge in charges:
+            self._taken[charge.key] = self._taken.get(charge.key, 0) + nanos
+        if lost is not None:
+            self._journal[lost] = ("add", [_with_nanos(c, nanos) for c in charges])
+            return
+        for charge in charges:
+            pending = self._unsent.get(charge.key)
+            total = nanos + (pending.nanos if pending is not None else 0)
+            self._unsent[charge.key] = _with_nanos(charge, total)
+
+    async def _last_seen(self, rule: BudgetRule, charge: Charge, now: datetime) -> int:
+        """What Redis last showed on ``charge``'s counter; never seen by this process: what
+        the usage records show spent in the period (read once), else the counter's seed."""
+        found = self._seen.get(charge.key)
+        if found is not None:
+            return found[0]
+        value = charge.seed
+        if self._seed is not None:
+            start, end = period_bounds(rule.period, now)
+            try:
+                value = to_nanos(await asyncio.to_thread(self._seed, rule, start, end))
+            except SQLAlchemyError as exc:
+                log.warning("could not read a budget's spend (%s): from its seed", describe(exc))
+        self._seen[charge.key] = (value, charge.expires_at)
+        return value
+
+    def _saw(self, charge: Charge, value: int) -> None:
+        self._seen[charge.key] = (value, charge.expires_at)
+
+    def _refused(self, rule: BudgetRule) -> None:
+        if self.on_refused is not None:
+            self.on_refused(rule)
+
+    def _op_key(self, rule: BudgetRule) -> str:
+        """A fresh operation's marker, in its tenant's hash slot."""
+        return f"{self._prefix}:budget:{{tenant:{rule.tenant_id}}}:op:{uuid.uuid4().hex}"
 
     async def settle(self, hold: BudgetHold | None, cost: Decimal | None) -> None:
         """Replace the reservation with ``cost`` (None: nothing was charged). Idempotent."""
@@ -373,26 +535,85 @@ class BudgetGuard:
         if delta == 0 and not watched:
             return
         charges = [(rule, _with_nanos(c, delta)) for rule, c in hold.charges]
-        try:
-            values = await self.store.add([c for _, c in charges])
-        except (RedisError, OSError) as exc:
-            self._unavailable("settle", exc)
+        if self.degraded:
+            if delta:
+                self._here([c for _, c in hold.charges], delta, None)
             return
+        op = self._op_key(hold.charges[0][0]) if self.switch is not None else None
+        try:
+            values = await self.store.add([c for _, c in charges], op)
+        except (RedisError, OSError) as exc:
+            self._lost(exc)
+            if op is not None:
+                self._here([c for _, c in hold.charges], delta, op)
+            return
+        for (_, charge), value in zip(charges, values, strict=True):
+            self._saw(charge, value)
         if actual > 0:
-            await self._crossed(charges, values)
+            try:
+                await self._crossed(charges, values)
+            except (RedisError, OSError) as exc:
+                self._lost(exc)
 
-    def _unavailable(self, what: str, exc: Exception) -> None:
-        """Count and log (at most every 10 s) an operation the store could not do."""
+    def _lost(self, exc: Exception) -> None:
+        """A store call failed or timed out: degraded mode (logged once, by the switch)."""
         self.unavailable += 1
-        now = self._monotonic()
-        if now - self._logged_at >= 10.0:
-            self._logged_at = now
-            log.warning(
-                "budget store unavailable (%s: %s): admitting without budgets (%d so far)",
-                what,
-                type(exc).__name__,
-                self.unavailable,
-            )
+        if self.switch is not None:
+            self.switch.trip(exc)
+        else:  # an in-process store does not fail; should one, say so
+            log.warning("budget store failed (%s)", type(exc).__name__)
+
+    # -- Redis away: the switch's heartbeat and write-back ------------------------------------
+
+    async def heartbeat(self) -> None:
+        """While Redis answers (every ``check_every_s``): re-read every counter this process
+        knows, so that what it last saw is at most that old when Redis goes away. Tests call it;
+        a Redis fault propagates (the switch trips)."""
+        now = time.time()
+        self._seen = {k: v for k, v in self._seen.items() if v[1] > now}
+        keys = list(self._seen)
+        if self._journal or self._unsent:
+            await self._write_back()
+        if not keys:
+            await self.store.ping()
+            return
+        for key, value in zip(keys, await self.store.values(keys), strict=True):
+            if value is not None and key in self._seen:
+                self._seen[key] = (value, self._seen[key][1])
+
+    async def probe(self) -> bool:
+        """While degraded: write back and switch to Redis once it answers and settling is over
+        (what the background task does; tests call it). True when on Redis."""
+        return True if self.switch is None else await self.switch.probe()
+
+    async def _recover(self) -> str:
+        """Write back to Redis what this process counted while degraded, then re-read."""
+        await self.store.ping()
+        written = await self._write_back()
+        await self.heartbeat()
+        return f"budgets counted in Redis again ({written} operations written back)"
+
+    async def _write_back(self) -> int:
+        """Replay the journal, oldest first: each operation at most once (its op key)."""
+        by_tenant: dict[int, list[Charge]] = {}
+        for key, charge in self._unsent.items():
+            by_tenant.setdefault(_tenant_of(key), []).append(charge)
+        self._unsent = {}
+        for tenant, charges in by_tenant.items():
+            op = f"{self._prefix}:budget:{{tenant:{tenant}}}:op:{uuid.uuid4().hex}"
+            self._journal[op] = ("add", charges)
+        written = 0
+        while self._journal:
+            op, (mode, charges) = next(iter(self._journal.items()))
+            if mode == "cancel":
+                values = await self.store.cancel(charges, op)
+            else:
+                values = await self.store.add(charges, op)
+            for charge, value in zip(charges, values, strict=True):
+                self._saw(charge, value)
+            self._journal.pop(op, None)
+            written += 1
+        return written
 
     async def spent(self, rule: BudgetRule) -> Decimal | None:
         """What the counter of ``rule``'s current period holds (reservations included), for
@@ -425,11 +646,18 @@ class BudgetGuard:
     async def aclose(self) -> None:
         for task in list(self._tasks):
             task.cancel()
+        if self.switch is not None:
+            await self.switch.aclose()
         await self.store.aclose()
 
 
 def _with_nanos(charge: Charge, nanos: int) -> Charge:
     return Charge(charge.key, nanos, charge.limit, charge.seed, charge.expires_at)
+
+
+def _tenant_of(key: str) -> int:
+    """The tenant of a counter's key (its hash tag): an operation's keys are one tenant's."""
+    return int(key.split("{tenant:", 1)[1].split("}", 1)[0])
 
 
 async def _quietly(work: Any) -> None:
@@ -486,14 +714,18 @@ def make_budget_guard(
     **kwargs: Any,
 ) -> BudgetGuard:
     """The guard a gateway process runs: counters in Redis when ``redis_url`` is set (exact
-    across every process), else in this process with ``share`` = its processes."""
+    across every process; while Redis is away, ``1/share`` of what was left in each process),
+    else in this process with ``share`` = its processes. ``on_change`` (a keyword) is told of
+    every switch to and from degraded mode (the ``tiergate_budget_degraded`` gauge)."""
     store: BudgetStore
+    outage_share = share  # while Redis is away each process enforces 1/share of what was left
     if redis_url:
         store, share = RedisBudgetStore.from_url(redis_url, timeout_s=timeout_s), 1
     else:
         store = MemoryBudgetStore()
     return BudgetGuard(
         store,
+        outage_share=outage_share,
         load=load_rules(factory) if factory is not None else None,
         seed=seed_from(factory) if factory is not None else None,
         prefix=prefix,

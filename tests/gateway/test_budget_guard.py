@@ -222,19 +222,35 @@ def test_a_burst_from_four_processes_never_overspends(redis_url: str) -> None:  
 
 
 class _Away(MemoryBudgetStore):
-    async def reserve(self, charges: Any) -> Any:
+    shared = True  # a store other processes share, that can be away
+
+    async def reserve(self, charges: Any, op: str | None = None) -> Any:
         raise ConnectionError("redis is away")
 
-    async def add(self, charges: Any) -> Any:
+    async def add(self, charges: Any, op: str | None = None) -> Any:
+        raise ConnectionError("redis is away")
+
+    async def ping(self) -> None:
         raise ConnectionError("redis is away")
 
 
 @pytest.mark.asyncio
-async def test_an_unreachable_store_admits_and_counts_it() -> None:
-    guard = BudgetGuard(_Away(), clock=lambda: NOW)
+async def test_an_unreachable_store_degrades_to_this_process_share() -> None:
+    """Never fail open: with the store away, ``1/outage_share`` of the budget in process (the
+    real Redis outages: ``test_budget_outage.py``)."""
+    guard = BudgetGuard(_Away(), clock=lambda: NOW, outage_share=4)
     guard.set_rules([TENANT_DAY])
-    assert await guard.reserve(7, None, Decimal("0.5")) is None
-    assert guard.unavailable == 1
+    try:
+        hold = await guard.reserve(7, None, Decimal("0.25"))  # 1.00 / 4
+        assert hold is not None and guard.degraded and guard.unavailable == 1
+        with pytest.raises(BudgetExceeded) as refused:
+            await guard.reserve(7, None, Decimal("0.01"))
+        assert "briefly unavailable" in refused.value.message
+        await guard.settle(hold, Decimal("0.20"))  # what it gives back is free again
+        assert await guard.reserve(7, None, Decimal("0.05")) is not None
+        assert guard.unavailable == 1  # decided in process since: no call waits on the store
+    finally:
+        await guard.aclose()
 
 
 @pytest.mark.asyncio
