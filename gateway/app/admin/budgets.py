@@ -23,14 +23,11 @@ from gateway.app.admin.deps import (
     SessionDep,
     StateDep,
 )
-from gateway.app.admin.helpers import changes_of, resolve, tenant_resolver
-from gateway.app.admin.roles import Principal
+from gateway.app.admin.helpers import changes_of, reread, resolve, scoped, tenant_resolver
 from gateway.app.admin.schemas import INT32_MAX, DeletedOut, ListOut
 from gateway.app.admin.spend_schemas import BudgetCreate, BudgetOut, BudgetUpdate
-from gateway.app.state import GatewayState
 from gateway.db import crud
 from gateway.db.crud import budgets
-from gateway.db.errors import NotFound
 from gateway.db.models import Budget, utcnow
 from gateway.limits.budget import period_bounds
 
@@ -62,25 +59,6 @@ def insert_budget(session: Session, actor: str, body: BudgetCreate) -> Budget:
     )
 
 
-def _scoped(session: Session, who: Principal, budget_id: int) -> Budget:
-    """Budget ``budget_id``, if ``who`` may see it (a tenant admin: 403 alike for another
-    tenant's and for none)."""
-    try:
-        row = budgets.get_budget(session, budget_id)
-    except NotFound:
-        if who.tenant_bound:
-            raise who.foreign("budget") from None
-        raise
-    who.check_tenant(row.tenant_id, "budget")
-    return row
-
-
-def _reload(state: GatewayState) -> None:
-    guard = getattr(state, "budgets", None)
-    if guard is not None:
-        guard.invalidate()
-
-
 @router.get("/budgets")
 def list_budgets(
     session: SessionDep,
@@ -103,13 +81,13 @@ def create_budget(
     period (409)."""
     with session.begin():
         out = present(session, insert_budget(session, actor, body))
-    _reload(state)
+    reread(state, "budgets")
     return out
 
 
 @router.get("/budgets/{budget_id}")
 def get_budget(budget_id: BudgetId, session: SessionDep, who: PrincipalDep) -> BudgetOut:
-    return present(session, _scoped(session, who, budget_id))
+    return present(session, scoped(who, "budget", lambda: budgets.get_budget(session, budget_id)))
 
 
 @router.patch("/budgets/{budget_id}")
@@ -122,7 +100,7 @@ def update_budget(
         changes.pop("amount")  # an amount cannot be null: leave it
     with session.begin():
         out = present(session, budgets.update_budget(session, budget_id, changes, actor=actor))
-    _reload(state)
+    reread(state, "budgets")
     return out
 
 
@@ -134,5 +112,5 @@ def delete_budget(
         row = budgets.get_budget(session, budget_id)
         out = DeletedOut(object="budget", id=row.id, name=f"{row.target}/{row.period}")
         budgets.delete_budget(session, budget_id, actor=actor)
-    _reload(state)
+    reread(state, "budgets")
     return out

@@ -56,18 +56,43 @@ def tenant_resolver(session: Session) -> Callable[[int | str], int]:
     return lambda ref: resolve(crud.get_tenant, session, ref).id
 
 
-def scoped_key(session: Session, who: Principal, prefix: str) -> ApiKey:
-    """Key ``prefix``, if ``who`` may see it. A tenant admin gets 403 alike for another
-    tenant's key and for one that does not exist: whether a prefix exists elsewhere is not
-    theirs to learn."""
+class _Owned(Protocol):
+    """A row of one tenant (a key, a budget; none: a budget of no tenant)."""
+
+    @property
+    def tenant_id(self) -> int | None: ...
+
+
+OwnedT = TypeVar("OwnedT", bound=_Owned)
+
+
+def scoped(who: Principal, param: str, find: Callable[[], OwnedT]) -> OwnedT:
+    """The row ``find`` reads, if ``who`` may see it. A tenant admin gets 403 (naming
+    ``param``) alike for another tenant's row and for one that does not exist: whether it
+    exists elsewhere is not theirs to learn."""
     try:
-        key = crud.get_key(session, prefix)
+        row = find()
     except NotFound:
         if who.tenant_bound:
-            raise who.foreign("prefix") from None
+            raise who.foreign(param) from None
         raise
-    who.check_tenant(key.tenant_id, "prefix")
-    return key
+    who.check_tenant(row.tenant_id, param)
+    return row
+
+
+def scoped_key(session: Session, who: Principal, prefix: str) -> ApiKey:
+    """Key ``prefix``, if ``who`` may see it (:func:`scoped`)."""
+    return scoped(who, "prefix", lambda: crud.get_key(session, prefix))
+
+
+def reread(state: GatewayState, *names: str) -> None:
+    """Mark the gateway's caches ``names`` (``"prices"``: the price book, ``"budgets"``: the
+    budget guard) stale once a change is committed: the next request re-reads them. A state
+    without one (an admin API mounted alone) has nothing to mark."""
+    for name in names:
+        cache = getattr(state, name, None)
+        if cache is not None:
+            cache.invalidate()
 
 
 def changes_of(body: BaseModel) -> dict[str, Any]:

@@ -11,21 +11,12 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from gateway.app.admin.deps import ActorDep, AdminRoute, PageDep, SessionDep, StateDep
-from gateway.app.admin.helpers import changes_of, delete_row, resolve
+from gateway.app.admin.helpers import changes_of, delete_row, reread, resolve
 from gateway.app.admin.schemas import DeletedOut, ListOut
 from gateway.app.admin.spend_schemas import PriceCreate, PriceOut, PriceUpdate
-from gateway.app.state import GatewayState
 from gateway.db.crud import prices
 
 router = APIRouter(route_class=AdminRoute, tags=["prices"])
-
-
-def _stale(state: GatewayState) -> None:
-    """The next usage write re-reads the prices (after the change is committed); a state
-    without a price book (an admin API mounted alone) has nothing to mark."""
-    book = getattr(state, "prices", None)
-    if book is not None:
-        book.invalidate()
 
 
 @router.get("/prices")
@@ -42,7 +33,7 @@ def create_price(
     """Price a model (409 if it has a price: change that one)."""
     with session.begin():
         out = PriceOut.of(prices.create_price(session, actor=actor, **body.model_dump()))
-    _stale(state)
+    reread(state, "prices")  # the next usage write re-reads the prices
     return out
 
 
@@ -60,7 +51,7 @@ def update_price(
     with session.begin():
         row = resolve(prices.get_price, session, ref)
         out = PriceOut.of(prices.update_price(session, row.id, changes, actor=actor))
-    _stale(state)
+    reread(state, "prices")
     return out
 
 
@@ -70,5 +61,5 @@ def delete_price(ref: str, session: SessionDep, actor: ActorDep, state: StateDep
     with session.begin():
         row = resolve(prices.get_price, session, ref)
         out = delete_row(session, actor, prices.delete_price, "price", row.id, row.model)
-    _stale(state)
+    reread(state, "prices")
     return out

@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from gateway.app.admin.budgets import insert_budget, present
-from gateway.app.admin.helpers import resolve
+from gateway.app.admin.helpers import reread, resolve
 from gateway.app.admin.spend_schemas import BudgetCreate, PriceCreate
 from gateway.app.ui.deps import Change, ChangeDep, OperatorDep, SessionDep, UiRoute
 from gateway.app.ui.forms import FORM_ERROR, attempt, read_form, validate
@@ -103,10 +103,7 @@ class _Table:
 
     def _done(self, change: Change, flash: str) -> Response:
         """The price book and the budget guard re-read after the committed change."""
-        for name in ("prices", "budgets"):
-            target = getattr(change.state, name, None)
-            if target is not None:
-                target.invalidate()
+        reread(change.state, "prices", "budgets")
         return redirect(change.request, f"/ui/{self.name}", flash=flash)
 
 
