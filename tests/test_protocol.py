@@ -619,3 +619,37 @@ def test_the_gateway_writes_the_kind_of_every_request() -> None:
     assert xargs[p.KIND] == "latency"
     assert not {p.WORKFLOW_ID, p.STAGE, p.SUB_DEADLINE_MS, p.LENGTH} & set(xargs)
     assert (xargs[p.TTFT_MS], xargs[p.TPOT_MS]) == (500.0, 50.0)
+
+
+# ---- one constructor ---------------------------------------------------------------------------
+
+
+def test_from_meta_builds_every_engines_request_the_same_way() -> None:
+    """The plugins' subclass, the emulated engine's and the replays' core request and the
+    gateway's all come from :meth:`Request.from_meta`: the engine schedules a workflow call for
+    its share, the gateway judges it by its workflow's deadline; the length gets the cap."""
+    from engine_common.scheduler import EngineRequest
+
+    meta = ROUND_TRIPS["workflow-call"]
+    engine = EngineRequest.from_meta(
+        meta, "r", arrival_s=3.0, prompt_tokens=12, max_output_tokens=64, true_output_tokens=9
+    )
+    assert isinstance(engine, EngineRequest) and engine.step_tokens is None
+    assert (engine.request_id, engine.arrival_s, engine.prompt_tokens) == ("r", 3.0, 12)
+    assert (engine.max_output_tokens, engine.true_output_tokens) == (64, 9)
+    assert (engine.slo, engine.weight, engine.tier, engine.tenant) == (
+        meta.slo,
+        meta.weight,
+        meta.tier,
+        meta.tenant,
+    )
+    assert (engine.kind, engine.workflow_id, engine.stage) == ("compound", "agent-1", 2)
+    assert engine.length == dataclasses.replace(LENGTH, max_tokens=64)
+    gateway = Request.from_meta(
+        meta, "r", arrival_s=3.0, prompt_tokens=12, max_output_tokens=64, end_to_end=True
+    )
+    assert type(gateway) is Request
+    assert (engine.slo.deadline_s, gateway.slo.deadline_s) == (15.0, 60.0)
+    assert gateway.slo == dataclasses.replace(meta.slo, deadline_s=60.0)
+    plain = ROUND_TRIPS["gateway"]
+    assert plain.end_to_end_slo is plain.slo  # not a workflow call: one deadline
