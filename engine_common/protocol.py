@@ -221,6 +221,8 @@ def milliseconds(seconds: float) -> float:
     the gateway's seconds (which come from milliseconds; the few doubles of seconds that no
     double of milliseconds divides into come back within a unit in the last place)."""
     product = seconds * 1e3
+    if product / 1e3 == seconds and len(repr(product)) <= _SHORT:
+        return product  # the common case: a short decimal, the only one this near
     candidates = [product]
     for direction in (-math.inf, math.inf):
         near = product
@@ -229,6 +231,11 @@ def milliseconds(seconds: float) -> float:
             candidates.append(near)
     exact = [c for c in candidates if c / 1e3 == seconds] or [product]
     return min(exact, key=lambda c: len(repr(c)))
+
+
+_SHORT = 16
+"""A float's ``repr`` this long or shorter has at most 15 significant digits (it always holds a
+``.`` or an ``e``), and no other double within a few units in the last place has as few."""
 
 
 def _ms(key: str, seconds: float) -> float:
