@@ -332,6 +332,6 @@ class WallClockEngine:
             stream.aborted = True
             stream._close()
         self.streams.clear()
-        for queue in (core.running, core.waiting, core.landing):
+        for queue in (core.running, core.waiting):
             for request in list(queue):
                 core.abort(request.request_id, now)

@@ -10,10 +10,13 @@ policy (built per instance around that instance's estimator) and its own noise s
 instances. A prefill instance runs the prompt and emits the first token; the request then leaves
 it (its KV there is freed at once) and lands on the decode instance the router chose
 (``RouteDecision.decode_instance``, which the router may re-pick at that first token:
-``Router.decode_at_handoff``) after the KV transfer time, where it joins the running batch
-as soon as blocks are free. The transfer is modelled as a delay only (no link contention):
-``fixed_s + prompt_tokens * per_token_s``, with ``per_token_s`` either given directly or derived
-from the model shape and the link bandwidth (:meth:`KvTransferModel.from_model_shape`).
+``Router.decode_at_handoff``) after the KV transfer time, where it joins the waiting queue with
+its prompt computed, and the policy admits it as it admits any waiting request (one token to
+compute, the whole sequence's blocks: vLLM's decode side, where the KV connector's tokens count
+as computed when the scheduler admits the request). The transfer is modelled as a delay only
+(no link contention): ``fixed_s + prompt_tokens * per_token_s``, with ``per_token_s`` either
+given directly or derived from the model shape and the link bandwidth
+(:meth:`KvTransferModel.from_model_shape`).
 
 **Profile error.** ``true_time_scale`` runs each instance at a true speed other than its
 profile's (1.3: every step takes 1.3x what the profile predicts), while its policy and the

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import math
 from bisect import insort
-from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -165,11 +164,9 @@ class EngineCore:
         self.pool = KvBlockPool(cfg.num_kv_blocks, cfg.block_size)
         self.running: list[Request] = []
         self.waiting: list[Request] = []
-        """Requests holding no KV, in the engine's queue order: new ones in arrival order;
-        preempted ones at the front when ``rules.preempted_to_front`` (vLLM), else in arrival
-        order too."""
-        self.landing: deque[Request] = deque()
-        """Decode-role engines: transferred requests waiting for KV blocks, FIFO."""
+        """Requests holding no KV, in the engine's queue order: new ones in arrival order
+        (a decode-role engine's transferred ones in landing order); preempted ones at the front
+        when ``rules.preempted_to_front`` (vLLM), else in arrival order too."""
         self.rejected: list[Request] = []
         self.in_flight: StepInFlight | None = None
         self.stats = EngineStats()
@@ -180,7 +177,7 @@ class EngineCore:
 
     @property
     def has_work(self) -> bool:
-        return bool(self.running or self.waiting or self.landing)
+        return bool(self.running or self.waiting)
 
     @property
     def busy(self) -> bool:
@@ -196,7 +193,7 @@ class EngineCore:
 
     @property
     def num_waiting(self) -> int:
-        return len(self.waiting) + len(self.landing)
+        return len(self.waiting)
 
     @property
     def kv_usage(self) -> float:
@@ -226,14 +223,18 @@ class EngineCore:
     def add_transferred(self, request: Request, now: float) -> bool:
         """Accept a request whose prompt KV arrives from a prefill instance (PD mode).
 
-        It joins the running batch, keeping its computed tokens, as soon as its blocks and a
-        sequence slot are free (FIFO, before the policy plans each step).
+        It joins the back of the waiting queue with its computed tokens (the prompt; its first
+        token is out) and no blocks: vLLM's decode side, where a KV connector's tokens count as
+        computed when the scheduler admits the request, so the policy admits it like any waiting
+        request, one token to compute, under the engine's admission rule (the whole sequence's
+        blocks). Preempted, it recomputes here.
         """
         if not self.fits(request):
             self.rejected.append(request)
             self.stats.rejected += 1
             return False
-        self.landing.append(request)
+        request.status = RequestStatus.WAITING
+        self.waiting.append(request)
         self.stats.transfers_in += 1
         return True
 
@@ -245,11 +246,6 @@ class EngineCore:
                     del queue[i]
                     self._retire(request, now)
                     return True
-        for request in self.landing:
-            if request.request_id == request_id:
-                self.landing.remove(request)
-                self._retire(request, now)
-                return True
         return False
 
     def _retire(self, request: Request, now: float) -> None:
@@ -266,7 +262,6 @@ class EngineCore:
         if self.in_flight is not None:
             raise RuntimeError(f"{self.name}: a step is already in flight")
         free_before = self.pool.free
-        self._admit_landings()
         if not (self.running or self.waiting):
             return None
         cfg = self.profile.engine
@@ -533,17 +528,6 @@ class EngineCore:
             else:
                 hi = mid
         return lo, c, b
-
-    def _admit_landings(self) -> None:
-        limit = self.profile.engine.max_num_seqs
-        while self.landing and len(self.running) < limit:
-            request = self.landing[0]
-            if self.pool.blocks_for(request.num_computed_tokens) > self.pool.free:
-                break
-            self.landing.popleft()
-            self.pool.grow(request, request.num_computed_tokens)
-            request.status = RequestStatus.RUNNING
-            self.running.append(request)
 
     def _admit(self, admitted: list[Request]) -> None:
         ids = {id(r) for r in admitted}
