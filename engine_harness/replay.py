@@ -26,7 +26,14 @@ from typing import Any
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
 import torch
-from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
+from vllm.config import (
+    CacheConfig,
+    DeviceConfig,
+    KVTransferConfig,
+    ModelConfig,
+    SchedulerConfig,
+    VllmConfig,
+)
 from vllm.sampling_params import SamplingParams
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
@@ -116,9 +123,11 @@ def make_config(
     num_blocks: int = 128,
     max_model_len: int = MAX_MODEL_LEN,
     policy: str = "fcfs",
+    kv_transfer: KVTransferConfig | None = None,
 ) -> VllmConfig:
     """A CPU ``VllmConfig`` with chunked prefill, no prefix caching; ``policy`` is vLLM's
-    ``--scheduling-policy`` (only the stock scheduler reads it)."""
+    ``--scheduling-policy`` (only the stock scheduler reads it), ``kv_transfer`` vLLM's
+    ``--kv-transfer-config`` (a KV connector: PD-disaggregation)."""
     model = ModelConfig(
         model=str(model_dir), skip_tokenizer_init=True, dtype="float32", max_model_len=max_model_len
     )
@@ -137,6 +146,7 @@ def make_config(
         scheduler_config=scheduler,
         cache_config=cache,
         device_config=DeviceConfig(device="cpu"),
+        kv_transfer_config=kv_transfer,
     )
     config.cache_config.num_gpu_blocks = num_blocks
     # the CPU platform turns asynchronous scheduling off while validating; GPUs keep it on
@@ -200,9 +210,11 @@ def build_scheduler(
     max_num_seqs: int = MAX_NUM_SEQS,
     clock: Callable[[], float] | None = None,
     max_model_len: int = MAX_MODEL_LEN,
+    kv_transfer: KVTransferConfig | None = None,
 ) -> Any:
     """Stock vLLM's scheduler in ``stock_policy`` mode (``policy`` None), or
-    ``TiergateScheduler`` running ``policy`` with ``params`` and ``profile``."""
+    ``TiergateScheduler`` running ``policy`` with ``params`` and ``profile``; with
+    ``kv_transfer``, the KV connector it names."""
     config = make_config(
         model_dir,
         max_num_seqs=max_num_seqs,
@@ -211,6 +223,7 @@ def build_scheduler(
         num_blocks=num_blocks,
         max_model_len=max_model_len,
         policy=stock_policy if policy is None else "fcfs",
+        kv_transfer=kv_transfer,
     )
     if policy is None:
         return make_scheduler(Scheduler, config)

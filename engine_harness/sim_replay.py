@@ -61,6 +61,7 @@ from priority.gain import GainWeights, ideal_tdg, tdg
 from priority.policies import make_policy
 from priority.profiles import EngineConfig, Profile
 from priority.request import SLO, Request, RequestStatus
+from priority.sim.cluster import PdConfig
 from priority.sim.engine import EngineCore
 from priority.sim.metrics import kind_metrics
 from priority.sim.rules import DEFAULT_ENGINE_RULES, EngineRules
@@ -503,7 +504,11 @@ class FleetReplay:
 
     replay: Replay
     placement: dict[str, int] = field(default_factory=dict)
-    """Request id -> the instance the router chose."""
+    """Request id -> the instance the router chose (PD: the prefill instance)."""
+    decode_placement: dict[str, int] = field(default_factory=dict)
+    """PD-disaggregated: request id -> the decode instance of the router's last decision (the
+    one it was handed off to; a request that ended on its first token: the one chosen at
+    dispatch). Empty co-located."""
     steps: list[int] = field(default_factory=list)
     """Per instance: the steps it ran."""
     preemptions: list[int] = field(default_factory=list)
@@ -566,11 +571,12 @@ def replay_fleet_simulator(
     params: Mapping[str, Any] | None = None,
     router_params: Mapping[str, Any] | None = None,
     max_model_len: int | None = None,
+    pd: PdConfig | None = None,
 ) -> FleetReplay:
     """``arrivals`` through the cluster simulator (:func:`priority.sim.cluster.simulate`, step by
-    step, no noise, co-located): one instance per profile, each on a ``num_blocks`` pool, the
-    router in front; each arrival first through the API server's rule at ``max_model_len``
-    (None: from the trace and the pool)."""
+    step, no noise, co-located or, with ``pd``, PD-disaggregated): one instance per profile, each
+    on a ``num_blocks`` pool, the router in front; each arrival first through the API server's
+    rule at ``max_model_len`` (None: from the trace and the pool)."""
     from priority.sim.cluster import ClusterConfig, simulate
 
     if max_model_len is None:
@@ -585,6 +591,7 @@ def replay_fleet_simulator(
         policy_params=dict(params or {}),
         router_params=fleet_router_params(router, router_params),
         fast_forward=False,
+        pd=pd,
     )
     result = simulate(_Requests(requests), config)
     if result.rejected or result.stalled:
@@ -594,12 +601,24 @@ def replay_fleet_simulator(
     replay.token_times |= {r.request_id: list(r.token_times) for r in result.requests}
     replay.arrivals = {a.request_id: a for a in arrivals} | {a.request_id: a for a in sent}
     placement = {rid: d.instance for rid, d in result.placement.items()}
+    decode = {
+        rid: d.decode_instance
+        for rid, d in result.placement.items()
+        if d.decode_instance is not None
+    }
     stats = result.instances
-    return FleetReplay(replay, placement, [s.steps for s in stats], [s.preemptions for s in stats])
+    return FleetReplay(
+        replay, placement, decode, [s.steps for s in stats], [s.preemptions for s in stats]
+    )
 
 
 def placement_share(real: FleetReplay, sim: FleetReplay) -> float:
-    """Share of routed requests placed on the same instance on both sides."""
+    """Share of routed requests placed on the same instance on both sides (PD: the same
+    prefill and the same decode instance)."""
     ids = set(real.placement) | set(sim.placement)
-    same = sum(real.placement.get(r) == sim.placement.get(r) for r in ids)
+    same = sum(
+        real.placement.get(r) == sim.placement.get(r)
+        and real.decode_placement.get(r) == sim.decode_placement.get(r)
+        for r in ids
+    )
     return same / len(ids) if ids else math.nan

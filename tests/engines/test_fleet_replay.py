@@ -1,6 +1,7 @@
 """The fleet in the real scheduler: every instance a real vLLM scheduler on the virtual clock, the
 router in front, against the cluster simulator request by request (placement, every token time,
-steps per instance, refusals)."""
+steps per instance, refusals); co-located, and PD-disaggregated with the KV handed from prefill
+to decode schedulers through vLLM's KV-connector interface."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from engine_harness.sim_replay import (  # noqa: E402
     replay_fleet_simulator,
 )
 from priority.profiles import load_profile  # noqa: E402
-from priority.sim import build_workload, load_trace  # noqa: E402
+from priority.sim import KvTransferModel, PdConfig, build_workload, load_trace  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("tiergate_env")]
 
@@ -98,3 +99,70 @@ def test_stock_vllm_fleet_and_refusals(tiny_model_dir: Path) -> None:
     assert real.replay.refused == sim.replay.refused and real.replay.refused
     assert placement_share(real, sim) == 1.0 and real.steps == sim.steps
     assert identical_share(real.replay, sim.replay, cases) == 1.0
+
+
+PD = PdConfig(num_prefill=1, transfer=KvTransferModel(per_token_s=2e-6, fixed_s=1e-3))
+"""One prefill instance (the A100) in front of two decode instances (a 910B, an A100)."""
+
+
+@pytest.mark.parametrize(
+    ("policy", "router", "blocks"),
+    [
+        (None, "min-load", 67_659),  # stock vLLM
+        (None, "least-predicted-ttft", 300),  # the decode pools bind: preemptions, recompute
+        ("vllm-v1", "goroute", 67_659),
+        ("vllm-v1", "power-of-two", 300),
+    ],
+)
+def test_pd_fleet_agrees_request_by_request(
+    policy: str | None, router: str, blocks: int, tiny_model_dir: Path
+) -> None:
+    """Prefill schedulers hand each request's KV to the decode scheduler the router binds at the
+    first token; the decode side admits it with the prompt computed, as the simulator does."""
+    cases = arrivals()
+    profiles = [load_profile(p) for p in FLEET]
+    params = {"seed": 0} if router == "goroute" else {}
+    sim = replay_fleet_simulator(
+        cases, profiles, policy or "vllm-v1", router, num_blocks=blocks, router_params=params, pd=PD
+    )
+    real = fleet.replay_fleet_vllm(
+        cases,
+        tiny_model_dir,
+        profiles,
+        router,
+        num_blocks=blocks,
+        policy=policy,
+        router_params=params,
+        pd=PD,
+    )
+    assert set(real.placement.values()) == {0}
+    assert set(real.decode_placement.values()) <= {1, 2} and real.decode_placement
+    if router != "goroute":  # GoRouting decodes on the A100 alone at this load
+        assert set(real.decode_placement.values()) == {1, 2}
+    assert placement_share(real, sim) == 1.0  # prefill and decode instance, request by request
+    assert real.steps == sim.steps and real.preemptions == sim.preemptions
+    assert (sum(real.preemptions[1:]) > 0) is (blocks < 10_000) and real.preemptions[0] == 0
+    assert identical_share(real.replay, sim.replay, cases) == 1.0
+    for a in cases:
+        assert len(real.replay.token_times[a.request_id]) == a.target_tokens
+
+
+def test_pd_handoff_decodes_without_recomputing_the_prompt(tiny_model_dir: Path) -> None:
+    """One request: the prefill scheduler runs the prompt and the first token; the decode
+    scheduler, given the KV by the connector, computes only one token a step, and its first
+    decode step starts when the KV lands (the transfer time after the first token)."""
+    slo = {k: v for k, v in arrivals()[0].extra_args.items()}
+    case = [Arrival(0.0, "solo", 1_000, 8, slo)]
+    profiles = [load_profile(p) for p in FLEET]
+    real = fleet.replay_fleet_vllm(
+        case, tiny_model_dir, profiles, "min-load", num_blocks=4_096, pd=PD
+    )
+    sim = replay_fleet_simulator(case, profiles, "vllm-v1", "min-load", num_blocks=4_096, pd=PD)
+    times = real.replay.token_times["solo"]
+    decode = real.decode_placement["solo"]
+    assert real.steps[0] == 1 and real.steps[decode] == 7 and sum(real.steps) == 8
+    assert times == pytest.approx(sim.replay.token_times["solo"], abs=1e-9, rel=0)
+    coefficients = profiles[decode].coefficients
+    landed = times[0] + PD.transfer.transfer_s(1_000)
+    step = coefficients.t_c + coefficients.a_d * 1_000 + coefficients.b_d  # a decode at l_kv 1000
+    assert times[1] == pytest.approx(landed + step, abs=1e-12, rel=0)
