@@ -4,6 +4,7 @@
         --trace azure_conv --requests 1000 --rate-scale 1.0,1.5 \\
         --kv-blocks 67659,12288,8192 --policy vllm-v1,vllm-v1-priority,sarathi-priority,slide \\
         [--profile a100-qwen2-7b] [--seed 0] [--jobs 2] [--json]
+        [--cluster a100-qwen2-7b,910b-qwen2-7b,... [--router R,...] [--pd-prefill N]]
 
 **Workload.** The first ``--requests`` requests of the trace with the project's default tiers
 and SLOs (``priority.sim.workload``, from ``--seed``), arriving at ``rate-scale x capacity``.
@@ -51,8 +52,17 @@ each a real vLLM scheduler on the virtual clock, every ``--router`` in front (de
 (``priority.sim.cluster``, step by step) on the other. Capacity is the fleet's (stock vLLM behind
 Min-Load, as ``bench/fleet_gain.py`` measures it). Each row adds its router and the share of
 requests the router placed on the same instance on both sides. Latency mix only (a workflow
-stage's arrival depends on the run). Not replayed: PD-disaggregation (the real side would need a
-KV connector between the schedulers).
+stage's arrival depends on the run).
+
+**``--pd-prefill N``** (with ``--cluster``) disaggregates the fleet as ``bench/policy_sweep.py``
+and ``bench/fleet_gain.py --modes pd`` do: the first N instances prefill, the others decode, the
+KV moves over their link model (Qwen2-7B's bf16 KV over 100 Gb/s, ``policy_sweep.kv_transfer``).
+Real side: prefill and decode instances are real vLLM schedulers joined by vLLM's KV-connector
+interface (``engine_harness.fleet_replay.HandoffConnector``): a prefill instance computes the
+prompt and the first token, the router binds the decode instance, and after the transfer time
+the decode instance's scheduler admits the request with the prompt's KV counted as computed
+(``get_num_new_matched_tokens``). Capacity is the PD fleet's; "placed alike" counts a request
+when both its prefill and its decode instance agree.
 
 Needs vLLM (run it with a ``.ci/venvs/vllm-*`` interpreter); ``--sim-only`` runs the simulator
 side alone (no vLLM) to check a configuration quickly.
@@ -94,7 +104,7 @@ from priority.gain import GainWeights
 from priority.policies import POLICY_NAMES, policy_class
 from priority.profiles import load_profile
 from priority.routing import ROUTER_NAMES
-from priority.sim import ClusterConfig, build_workload, load_trace
+from priority.sim import ClusterConfig, PdConfig, build_workload, load_trace
 from priority.sim.capacity import (
     CAPACITY_POLICY,
     CAPACITY_ROUTER,
@@ -107,6 +117,7 @@ from priority.sim.workflows import LENGTH_MODES
 
 sys.path.append(str(Path(__file__).resolve().parent))  # bench/ is no package
 import goodput as goodput_bench  # the mix of --mix goodput: that bench's own
+from policy_sweep import kv_transfer  # --pd-prefill's link: that sweep's own
 
 DEFAULT_PROFILE = "a100-qwen2-7b"
 DEFAULT_KV_BLOCKS = (67_659, 12_288, 8_192)
@@ -157,6 +168,17 @@ class Cell:
     """``--cluster``: one profile per instance (empty: one instance of ``profile``)."""
     router: str | None = None
     """``--cluster``: the router in front."""
+    pd_prefill: int = 0
+    """``--pd-prefill``: the fleet's first N instances prefill, the rest decode (0: co-located)."""
+
+    def pd(self) -> PdConfig | None:
+        """The cell's PD-disaggregation (None: co-located)."""
+        return pd_config(self.pd_prefill)
+
+
+def pd_config(pd_prefill: int) -> PdConfig | None:
+    """``--pd-prefill N``'s disaggregation: N prefill instances, the sweeps' KV link (0: none)."""
+    return PdConfig(num_prefill=pd_prefill, transfer=kv_transfer()) if pd_prefill else None
 
 
 def policy_params(
@@ -196,6 +218,7 @@ def row(cell: Cell, name: str, real: Replay | None, sim: Replay) -> dict[str, An
         "refused_sim": len(sim.refused),
         "refused_real": None,
         "router": cell.router,
+        "pd_prefill": cell.pd_prefill or None,
         "placement_share": None,
     }
     if real is not None:
@@ -247,6 +270,7 @@ def run_fleet_cell(cell: Cell, *, sim_only: bool = False) -> list[dict[str, Any]
         num_blocks=cell.kv_blocks,
         params=params,
         max_model_len=model_len,
+        pd=cell.pd(),
     )
     if sim_only:
         return [row(cell, cell.policy, None, sim.replay)]
@@ -254,7 +278,11 @@ def run_fleet_cell(cell: Cell, *, sim_only: bool = False) -> list[dict[str, Any]
 
     model_dir = replay.write_tiny_model(Path(tempfile.mkdtemp(prefix="tiny-llama-")))
     runs: list[tuple[str, FleetReplay]] = []
-    common: dict[str, Any] = {"num_blocks": cell.kv_blocks, "max_model_len": model_len}
+    common: dict[str, Any] = {
+        "num_blocks": cell.kv_blocks,
+        "max_model_len": model_len,
+        "pd": cell.pd(),
+    }
     real = fleet_replay.replay_fleet_vllm(
         cell.arrivals,
         model_dir,
@@ -366,6 +394,8 @@ class Config:
     """``--cluster``: one profile per instance (empty: single-instance replays)."""
     routers: tuple[str, ...] = ()
     """``--cluster``: the routers replayed."""
+    pd_prefill: int = 0
+    """``--pd-prefill``: prefill instances of the fleet (0: co-located)."""
 
 
 def build_cells(cfg: Config) -> tuple[list[Cell], float]:
@@ -379,7 +409,9 @@ def build_cells(cfg: Config) -> tuple[list[Cell], float]:
     elif cfg.fleet:
         segment = trace_first(load_trace(cfg.trace), cfg.requests)
         profiles = [load_profile(name) for name in cfg.fleet]
-        config = ClusterConfig(profiles, CAPACITY_POLICY, CAPACITY_ROUTER, seed=cfg.seed)
+        config = ClusterConfig(
+            profiles, CAPACITY_POLICY, CAPACITY_ROUTER, seed=cfg.seed, pd=pd_config(cfg.pd_prefill)
+        )
         capacity = find_capacity(segment, config, seed=cfg.seed).rps
     else:
         segment = trace_first(load_trace(cfg.trace), cfg.requests)
@@ -409,6 +441,7 @@ def build_cells(cfg: Config) -> tuple[list[Cell], float]:
                             cfg.max_model_len,
                             cfg.fleet,
                             router,
+                            cfg.pd_prefill,
                         )
                     )
     return cells, capacity
@@ -417,9 +450,10 @@ def build_cells(cfg: Config) -> tuple[list[Cell], float]:
 def run(cfg: Config) -> list[dict[str, Any]]:
     cells, capacity = build_cells(cfg)
     size = len(cells[0].arrivals) if cells else 0
+    split = f" (PD: {cfg.pd_prefill} prefill)" if cfg.pd_prefill else ""
     console.log(
         f"{cfg.mix} mix of {cfg.trace}: {size} requests, capacity {capacity:.3f} req/s on "
-        f"{', '.join(cfg.fleet) or cfg.profile}; {len(cells)} cells, {cfg.jobs} job(s)"
+        f"{', '.join(cfg.fleet) or cfg.profile}{split}; {len(cells)} cells, {cfg.jobs} job(s)"
     )
     work = _run_cell_sim if cfg.sim_only else _run_cell_real
     rows: list[dict[str, Any]] = []
@@ -636,6 +670,12 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
     parser.add_argument(
         "--router", help=f"--cluster: routers, comma-separated ({','.join(DEFAULT_ROUTERS)})"
     )
+    parser.add_argument(
+        "--pd-prefill",
+        type=int,
+        default=0,
+        help="--cluster: PD-disaggregated, the first N instances prefill (0: co-located)",
+    )
     parser.add_argument("--profile", default=DEFAULT_PROFILE)
     parser.add_argument("--seed", type=int, default=0, help="workload seed (tiers, SLOs)")
     parser.add_argument("--jobs", type=int, default=1, help="worker processes (cells in parallel)")
@@ -695,8 +735,10 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
         for name in routers:
             if name not in ROUTER_NAMES:
                 parser.error(f"unknown router {name!r}; known: {', '.join(ROUTER_NAMES)}")
-    elif args.router:
-        parser.error("--router needs --cluster")
+        if args.pd_prefill and not 0 < args.pd_prefill < len(fleet):
+            parser.error("--pd-prefill must leave at least one decode instance")
+    elif args.router or args.pd_prefill:
+        parser.error("--router and --pd-prefill need --cluster")
     try:
         load_profile(args.profile)
     except (KeyError, ValueError, OSError) as exc:
@@ -718,6 +760,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
         max_model_len=model_len,
         fleet=fleet,
         routers=routers,
+        pd_prefill=args.pd_prefill,
     )
 
 
