@@ -1,7 +1,7 @@
 """Routing decision time at fleet scale: every router, 64 instances x 1,024 queued prefills each.
 
     python bench/routing_scale.py [--instances 64] [--queued 1024] [--decisions 2000] [--seed 0]
-        [--baseline COMMIT]
+        [--baseline COMMIT] [--gc-freeze]
 
 Each decision routes a new request, dispatches it where the router chose and then sees one first
 token on a random instance (so that two queues change per decision, as in a busy fleet, and
@@ -13,12 +13,15 @@ can (the fallback: ``expected-gain`` and the paper's ``random``). Heterogeneous 
 time is printed beside it, since on a shared machine the wall-clock tail is mostly other
 processes' time slices. ``--baseline COMMIT`` times GoRouting as it was at that commit beside the
 current one, one decision of each in turn on identical sequences, and says whether every
-decision was the same.
+decision was the same. ``--gc-freeze`` moves everything built before the timed decisions (the
+fleet's queues) out of the garbage collector's sight (:func:`gc.freeze`), as a gateway worker
+could after its start-up: the collector's passes then walk only what the decisions made.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import subprocess
 import sys
 import time
@@ -187,6 +190,11 @@ def main(argv: list[str] | None = None) -> int:
         metavar="COMMIT",
         help="also time GoRouting as it was at COMMIT, in lockstep on the same sequence",
     )
+    parser.add_argument(
+        "--gc-freeze",
+        action="store_true",
+        help="gc.freeze() after each case's warm-up (the fleet built before it is never walked)",
+    )
     args = parser.parse_args(argv)
 
     cases: list[tuple[str, str, dict[str, Any], float | None]] = [
@@ -228,6 +236,9 @@ def main(argv: list[str] | None = None) -> int:
             for _ in range(50):  # warm the caches and memos
                 driver.step()
             drivers.append(driver)
+        if args.gc_freeze:
+            gc.collect()
+            gc.freeze()
         samples, alike = lockstep(drivers, args.decisions)
         for (row, _), (wall, cpu) in zip(routers, samples, strict=True):
             p50, p99 = np.percentile(wall, [50, 99])

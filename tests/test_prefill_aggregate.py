@@ -134,6 +134,9 @@ def check_order(queue: PrefillQueue) -> None:
         for r in queue.values()
     )
     assert order.deadlines == [d for d, _, _ in rows]
+    # the earliest deadline then comes from the order, not a heap
+    earliest = rows[0][0] if rows else math.inf
+    assert queue.totals(*PRICINGS[0]).earliest_deadline_s == earliest
     assert sorted(zip(order.deadlines, order.weights, order.stream_weights, strict=True)) == rows
     decode = math.fsum(
         r.weight * max(0, r.expected_output_tokens - 1)

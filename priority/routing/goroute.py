@@ -116,14 +116,13 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import compress, count, repeat
-from operator import attrgetter, getitem, is_, is_not, ne, or_
+from operator import attrgetter, getitem, is_, ne
 from typing import Any, cast
 
 import numpy as np
 
 from priority.estimator import BatchLatencyEstimator, LatencyCoefficients
 from priority.gain import GainWeights
-from priority.profiles import Profile
 from priority.request import Request
 from priority.routing.base import (
     ExternalPrefills,
@@ -292,17 +291,29 @@ class _Estimates:
         ]
 
 
-_ESTIMATOR = attrgetter("estimator")
-_BETA = attrgetter("beta")
-_COEFFICIENTS = attrgetter("coefficients")
-_PROFILE = attrgetter("profile")
-_ROLE = attrgetter("role")
+_READS = attrgetter(
+    "estimator",
+    "estimator.beta",
+    "estimator.coefficients",
+    "profile",
+    "role",
+    "prefill_queue",
+    "queue_updated_s",
+    "external_prefills",
+    "num_decoding",
+    "num_free_kv_blocks",
+)
+"""What a decision reads of each view, in one tuple: the first :data:`_PRICED` price its
+estimates (a change re-prices every position), up to :data:`_QUEUED` fingerprint its queue (with
+its length), the rest are its decodes. Compared by value where they differ in identity (an equal
+profile, coefficients or other routers' summary estimates alike)."""
+_PRICED = 5
+_QUEUED = 8
 _QUEUE = attrgetter("prefill_queue")
-_UPDATED = attrgetter("queue_updated_s")
-_EXTERNAL = attrgetter("external_prefills")
-_NUM_DECODING = attrgetter("num_decoding")
-_FREE_KV = attrgetter("num_free_kv_blocks")
+_ROLE = attrgetter("role")
 _UNSEEN = object()
+_WORK_MEMO = 1 << 14
+"""Prompt lengths whose work a candidate list keeps (then it starts over)."""
 
 
 class _Columns:
@@ -317,18 +328,11 @@ class _Columns:
         self.eta = eta
         self.indices = [v.index for v in views]
         self.position = {index: k for k, index in enumerate(self.indices)}
-        # as last read of the views; None / NaN / -1 / _UNSEEN: never read
-        self.estimators: list[BatchLatencyEstimator | None] = [None] * n
-        self.betas: list[float] = [math.nan] * n
-        self.coefficients: list[LatencyCoefficients | None] = [None] * n
-        self.profiles: list[Profile | None] = [None] * n
-        self.roles: list[InstanceRole | None] = [None] * n
-        self.queues: list[object] = [None] * n
+        self.reads: list[tuple[Any, ...]] = [(_UNSEEN,) * _QUEUED] * n
+        """What was last read of each view (:data:`_READS`; never read: unlike any read)."""
         self.lengths: list[int] = [-1] * n
-        self.updated_raw: list[float] = [math.nan] * n
-        self.externals: list[object] = [_UNSEEN] * n
-        self.decoding_seen: list[int | None] = [None] * n
-        self.free_seen: list[object] = [_UNSEEN] * n
+        """The queues' lengths, as last read."""
+        self.betas: list[float] = []
         # the estimators' terms (price)
         self.t_c_list: list[float] = []
         self.beta = self.t_c = self.two_t_c = self.b_d = self.a_d = np.zeros(n)
@@ -336,6 +340,8 @@ class _Columns:
         self.any_prefill = self.any_colocated = False
         self.groups: list[tuple[LatencyCoefficients, int]] = []
         self.group_of = np.zeros(n, dtype=np.intp)
+        self.works: dict[int, list[tuple[float, float]]] = {}
+        """:meth:`request_work`'s memo."""
         self.engines: list[tuple[float, float, float]] = []
         """Per position: max_num_seqs, num_kv_blocks and block_size, as floats."""
         # the queues (set_queue)
@@ -362,11 +368,12 @@ class _Columns:
         self.gap_floor = np.zeros(n)
         """``GAP_FLOOR`` times the queue's smallest TPOT SLO."""
         # searches kept between decisions: position k's last answer stands while the time
-        # searched for stays within [lo[k], hi[k]) (the deadlines around it); NaN: search again
-        self.live_lo = np.full(n, math.nan)
+        # searched for stays within [lo[k], hi[k]) (the deadlines around it); lo = inf: search
+        # again
+        self.live_lo = np.full(n, math.inf)
         self.live_hi = np.zeros(n)
         """The first deadline after the last ``now`` (inf if none), and the one before it."""
-        self.cut_lo = np.full(n, math.nan)
+        self.cut_lo = np.full(n, math.inf)
         self.cut_hi = np.zeros(n)
         self.cut: list[int] = [0] * n
         """How many deadlines fall at or before ``now + Exec(p)`` (gain_before's search)."""
@@ -398,16 +405,12 @@ class _Columns:
         """``t_c + running_decodes_s``: a decode step before the request's own decode joins."""
 
     def price(self, estimators: list[BatchLatencyEstimator]) -> None:
-        """Read the estimators, profiles and roles again (all positions); the queues and the
-        decodes are then derived again too."""
+        """Read the estimators, profiles and roles again (all positions; their queues and
+        decodes must then be set again, :meth:`set_queue` and :meth:`set_decode`)."""
         views = self.views
-        n = len(views)
-        self.estimators = list(estimators)
         self.betas = [e.beta for e in estimators]
         coefficients = [e.coefficients for e in estimators]
-        self.coefficients = list(coefficients)
-        self.profiles = [v.profile for v in views]
-        self.roles = [v.role for v in views]
+        roles = [v.role for v in views]
         self.beta = np.array(self.betas)
         self.t_c = self.beta * np.array([c.t_c for c in coefficients])
         self.t_c_list = self.t_c.tolist()
@@ -418,7 +421,7 @@ class _Columns:
             (float(e.max_num_seqs), float(e.num_kv_blocks), float(e.block_size))
             for e in (v.profile.engine for v in views)
         ]
-        self.prefill = np.array([r is InstanceRole.PREFILL for r in self.roles])
+        self.prefill = np.array([r is InstanceRole.PREFILL for r in roles])
         self.any_prefill = bool(self.prefill.any())
         self.any_colocated = not bool(self.prefill.all())
         groups: dict[tuple[int, int], int] = {}
@@ -432,9 +435,22 @@ class _Columns:
                 self.groups.append((c, chunk))
             of.append(groups[key])
         self.group_of = np.array(of, dtype=np.intp)
-        # every position's queue and decodes are derived anew with these terms
-        self.lengths = [-1] * n
-        self.decoding_seen = [None] * n
+        self.works = {}
+
+    def request_work(self, prompt_tokens: int) -> list[tuple[float, float]]:
+        """The raw prefill work and chunks of a prompt under each group's profile
+        (:func:`raw_prefill_work`), memoized per group by prompt length (its own cache keys on
+        the coefficients, whose hash is several float hashes per call)."""
+        memo = self.works
+        work = memo.get(prompt_tokens)
+        if work is None:
+            if len(memo) >= _WORK_MEMO:
+                memo.clear()
+            work = memo[prompt_tokens] = [
+                (w, float(k))
+                for w, k in (raw_prefill_work(c, chunk, prompt_tokens) for c, chunk in self.groups)
+            ]
+        return work
 
     def searched(
         self, t: np.ndarray | float, lo: np.ndarray, hi: np.ndarray, cut: list[int] | None
@@ -442,7 +458,7 @@ class _Columns:
         """Refresh the kept searches ``bisect_right(padded[k], t[k], 0, sizes[k])`` where
         ``t[k]`` left ``[lo[k], hi[k])``; returns the positions refreshed. ``cut`` (if given)
         receives the new answers; ``lo``/``hi`` the deadlines around them."""
-        stale: list[int] = np.flatnonzero(~((lo <= t) & (t < hi))).tolist()  # NaN lo: stale
+        stale: list[int] = ((t < lo) | (t >= hi)).nonzero()[0].tolist()
         if not stale:
             return stale
         padded, sizes = self.padded, self.sizes
@@ -520,7 +536,7 @@ class _Columns:
         two_t_c = 2.0 * t_c
         self.floors[0, k] = scaled if scaled > two_t_c else two_t_c
         self.decode_weighted[k] = summary.decode_tokens_weighted
-        self.live_lo[k] = self.cut_lo[k] = math.nan
+        self.live_lo[k] = self.cut_lo[k] = math.inf
         self.streams[k] = None
         self.streams_stale.add(k)
         self.busy_queue[k] = summary.decode_tokens_weighted > 0.0
@@ -592,12 +608,8 @@ class GoRouter(Router):
         """Algorithm 2. Pure apart from the random draw of the fallback branch. ``exclude``:
         instances passed over as if unhealthy (:meth:`Router.route`)."""
         candidates = prefill_candidates(self.instances, exclude)
-        roles = list(map(_ROLE, self.instances))
-        if roles != self._roles:  # a co-located fleet has no decode instance to pick
-            self._roles = roles
-            self._any_decode = InstanceRole.DECODE in roles
         decode = None
-        if self._any_decode:
+        if len(candidates) < len(self.instances) and self._decode_roles():
             decode = (
                 pick_decode_by_capacity(self.instances, request, exclude)
                 if self.decode_choice == "capacity"
@@ -626,6 +638,14 @@ class GoRouter(Router):
             expected_gain=float(arrays.gain_after[k]) - float(arrays.gain_before[k]),
             predicted_ttft_s=float(arrays.exec_with_s[k]),
         )
+
+    def _decode_roles(self) -> bool:
+        """Whether any instance is a DECODE instance (a co-located fleet has none to pick)."""
+        roles = list(map(_ROLE, self.instances))
+        if roles != self._roles:
+            self._roles = roles
+            self._any_decode = InstanceRole.DECODE in roles
+        return self._any_decode
 
     def _select(self, arrays: _Estimates, delta_max: float, request: Request) -> int:
         """Algorithm 2's choice when some instance gains (``delta_max > 0``): the position of
@@ -673,14 +693,11 @@ class GoRouter(Router):
         beta, t_c, raw = cols.beta, cols.t_c, cols.raw
         req_raw: np.ndarray | float
         req_chunks: np.ndarray | float
-        if len(cols.groups) == 1:  # one profile: the request's work is one number
-            c, chunk = cols.groups[0]
-            req_raw, chunks = raw_prefill_work(c, chunk, prompt)
-            req_chunks = float(chunks)
-        else:
-            group_work = [raw_prefill_work(c, chunk, prompt) for c, chunk in cols.groups]
-            req_raw = np.array([w for w, _ in group_work])[cols.group_of]
-            req_chunks = np.array([k for _, k in group_work], dtype=np.float64)[cols.group_of]
+        works = cols.request_work(prompt)
+        if len(works) == 1:  # one profile: the request's work is one number
+            req_raw, req_chunks = works[0]
+        else:  # per position, its profile's (rows of raw work and chunks)
+            req_raw, req_chunks = np.array(works)[cols.group_of].T
         cols.searched(float(now), cols.live_lo, cols.live_hi, None)
         if cols.any_colocated:  # Eq. 8's t_b / (t_b - t_c), before (row 0) and with the request
             budget = cols.budgets
@@ -725,9 +742,7 @@ class GoRouter(Router):
         end_s = now + exec_with_s
         # where no queued deadline falls between now + Exec(p) and now + Exec(p, r), the
         # request's own work pushes no one past theirs: cut_after is cut_before, no search
-        moved: list[int] = np.flatnonzero(
-            ~((cols.cut_lo <= end_s) & (end_s < cols.cut_hi))
-        ).tolist()
+        moved: list[int] = ((end_s < cols.cut_lo) | (end_s >= cols.cut_hi)).nonzero()[0].tolist()
         moved_cuts: list[int] = []
         cut_after: list[int] | None = None
         padded, suffixes = cols.padded, cols.suffixes
@@ -770,47 +785,38 @@ class GoRouter(Router):
             or not all(map(is_, cols.views, instances))
         ):
             cols = self._cols = _Columns(list(instances), self.eta)
-        estimators = list(map(_ESTIMATOR, instances))
-        if not (
-            all(map(is_, estimators, cols.estimators))
-            and list(map(_BETA, estimators)) == cols.betas
-            and all(map(is_, map(_COEFFICIENTS, estimators), cols.coefficients))
-            and all(map(is_, map(_PROFILE, instances), cols.profiles))
-            and all(map(is_, map(_ROLE, instances), cols.roles))
-        ):
-            cols.price(estimators)
-        queues = list(map(_QUEUE, instances))
-        lengths = list(map(len, queues))
-        updated = list(map(_UPDATED, instances))
-        externals = list(map(_EXTERNAL, instances))
-        dirty = self._dirty
-        changed: set[int] = set()
+        # one pass reads what every position's columns come from (a tuple per view), one more
+        # the queues' lengths; only the positions whose reads differ are looked at again
+        reads = list(map(_READS, instances))
+        lengths = list(map(len, map(_QUEUE, instances)))
+        seen = cols.reads
+        queue_changed: set[int] = set()
+        decode_changed: Sequence[int] = ()
+        moved = list(compress(count(), map(ne, reads, seen)))
+        if moved:
+            if any(reads[k][:_PRICED] != seen[k][:_PRICED] for k in moved):
+                cols.price([read[0] for read in reads])
+                queue_changed.update(range(len(reads)))
+                decode_changed = range(len(reads))
+            else:
+                queue_changed.update(
+                    k for k in moved if reads[k][_PRICED:_QUEUED] != seen[k][_PRICED:_QUEUED]
+                )
+                decode_changed = [k for k in moved if reads[k][_QUEUED:] != seen[k][_QUEUED:]]
         if lengths != cols.lengths:
-            changed.update(compress(count(), map(ne, lengths, cols.lengths)))
-        if updated != cols.updated_raw:
-            changed.update(compress(count(), map(ne, updated, cols.updated_raw)))
-        if externals != cols.externals:
-            changed.update(compress(count(), map(ne, externals, cols.externals)))
-        if not all(map(is_, queues, cols.queues)):
-            changed.update(compress(count(), map(is_not, queues, cols.queues)))
+            queue_changed.update(compress(count(), map(ne, lengths, cols.lengths)))
+        dirty = self._dirty
         if dirty:
             position = cols.position
-            changed.update(position[i] for i in dirty if i in position)
+            queue_changed.update(position[i] for i in dirty if i in position)
             dirty.clear()
-        for k in changed:
+        for k in queue_changed:
             instance = instances[k]
             cols.set_queue(k, self._summary(instance), _updated_s(instance))
-        cols.queues, cols.lengths, cols.updated_raw = queues, lengths, updated
-        cols.externals = externals
-        decoding = list(map(_NUM_DECODING, instances))
-        free = list(map(_FREE_KV, instances))
-        if decoding != cols.decoding_seen or free != cols.free_seen:
-            for k in compress(
-                count(),
-                map(or_, map(ne, decoding, cols.decoding_seen), map(ne, free, cols.free_seen)),
-            ):
-                cols.set_decode(k, decoding[k], free[k])
-            cols.decoding_seen, cols.free_seen = decoding, free
+        for k in decode_changed:
+            read = reads[k]
+            cols.set_decode(k, read[_QUEUED], read[_QUEUED + 1])
+        cols.reads, cols.lengths = reads, lengths
         return cols
 
     def fallback_gains(
@@ -1075,8 +1081,8 @@ def _on_time_decode_tokens(
 
 def _first_min(values: np.ndarray, mask: np.ndarray) -> int:
     """Position of the smallest of ``values`` where ``mask``, the first one on a tie."""
-    positions = np.flatnonzero(mask)
-    return int(positions[int(np.argmin(values[positions]))])
+    positions = mask.nonzero()[0]
+    return int(positions[values[positions].argmin()])
 
 
 def _updated_s(instance: InstanceView) -> float:

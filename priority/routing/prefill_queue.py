@@ -22,10 +22,18 @@ Choices, and why:
   for the new pair from then on. Until first asked, adds and removals skip the work entirely.
 * **Minima by lazily pruned heaps.** Removing a request may remove the minimum; a rescan then
   costs O(W), and FIFO-ish queues remove their earliest deadline first, i.e. nearly always.
-  Each minimum is a heap of (value, entry) pairs whose entry is checked, when it reaches the
-  top, to still be the one queued under its id; stale pairs are dropped there, and the heap is
+  Each minimum is a heap of (value, token, id) triples checked, when they reach the top, to
+  still name the entry queued under that id with that token (no reference to the request: a
+  removed request is freed at once, not when its pair is dropped; fewer objects outlive a
+  change, so the garbage collector's young passes come less often); stale triples are dropped
+  there, and the heap is
   rebuilt from the live entries once stale ones outnumber them (checked on every push, so also
   when no one asks), so it stays O(W) in size and every operation costs amortized O(log W).
+  Equal values put the newest on top: TPOT SLOs take a few values, and a queue that loses its
+  oldest request then keeps its top (no pop on the router's next question).
+* **The earliest deadline from the deadline order**, once a router asked for that order
+  (:meth:`PrefillQueue.deadline_order`, kept sorted from then on): its first deadline, O(1),
+  and no heap of deadlines is kept beside it.
 """
 
 from __future__ import annotations
@@ -109,6 +117,9 @@ class _Entry:
     deadline_s: float
     work: int = 0
     chunks: int = 0
+    token: int = 0
+    """When it entered (the queue's count of entries so far): a heap's pair names its entry by
+    key and token, not by reference, so that a stale pair keeps no request alive."""
 
     @property
     def stream_weight(self) -> float:
@@ -173,33 +184,38 @@ def _decode_tokens(entry: _Entry) -> float:
 class _LazyMin:
     """Minimum of one value over the live entries of a queue, under removals (module docstring)."""
 
-    __slots__ = ("_heap", "_order", "_pick")
+    __slots__ = ("_heap", "_pick")
 
     def __init__(self, pick: str) -> None:
         self._pick = pick
-        self._heap: list[tuple[float, int, str, _Entry]] = []
-        self._order = count()  # breaks ties, so that entries are never compared
+        self._heap: list[tuple[float, int, str]] = []
+        """(value, -token, key): equal values put the newest on top (a FIFO queue removes its
+        oldest, so the top stays live)."""
 
     def push(self, key: str, entry: _Entry, live: Mapping[str, _Entry]) -> None:
         """Count ``entry`` (just made live under ``key``); ``live``: all the live entries."""
         value: float = getattr(entry, self._pick)
         if value < math.inf:
-            heapq.heappush(self._heap, (value, next(self._order), key, entry))
+            heapq.heappush(self._heap, (value, -entry.token, key))
         # mostly stale (removals whose pairs never reached the top): rebuild from the live
         # entries, O(W) after at least W pushes, so that the heap stays O(W) even if the
         # minimum is never asked for
         if len(self._heap) > 2 * len(live) + 16:
-            pick, order = self._pick, self._order
-            pairs = [(getattr(e, pick), next(order), k, e) for k, e in live.items()]
+            pick = self._pick
+            pairs = [(getattr(e, pick), -e.token, k) for k, e in live.items()]
             self._heap = [pair for pair in pairs if pair[0] < math.inf]
             heapq.heapify(self._heap)
 
     def get(self, live: Mapping[str, _Entry]) -> float:
         """The minimum over ``live`` (inf: none), dropping stale pairs from the top."""
         heap = self._heap
-        while heap and live.get(heap[0][2]) is not heap[0][3]:
+        while heap:
+            value, token, key = heap[0]
+            entry = live.get(key)
+            if entry is not None and entry.token == -token:
+                return value
             heapq.heappop(heap)
-        return heap[0][0] if heap else math.inf
+        return math.inf
 
     def clear(self) -> None:
         self._heap.clear()
@@ -217,6 +233,7 @@ class PrefillQueue(dict[str, Request]):
         "_last",
         "_order",
         "_prompt_tokens",
+        "_tokens",
         "_tpot",
         "_work",
     )
@@ -229,6 +246,7 @@ class PrefillQueue(dict[str, Request]):
         """The (coefficients, chunk tokens) that ``_work`` and ``_chunks`` are summed for."""
         self._work = 0
         self._chunks = 0
+        self._tokens = count(1)
         self._tpot = _LazyMin("tpot_s")
         self._deadline = _LazyMin("deadline_s")
         self._last: PrefillTotals | None = None
@@ -258,15 +276,21 @@ class PrefillQueue(dict[str, Request]):
                 self._work / _SCALE,  # int / int: correctly rounded
                 self._chunks,
                 self._tpot.get(self._entries),
-                self._deadline.get(self._entries),
+                self._earliest_deadline(),
             )
         return self._last
+
+    def _earliest_deadline(self) -> float:
+        if self._order is not None:  # kept sorted: its first (the infinite pad if empty)
+            return self._order.padded[0]
+        return self._deadline.get(self._entries)
 
     def deadline_order(self) -> DeadlineOrder:
         """The queue sorted by first-token deadline: sorted once, O(W log W), on the first call,
         then kept in order by every mutation (O(W) memmove each)."""
         if self._order is None:
             self._order = DeadlineOrder(self._entries.values())
+            self._deadline.clear()  # the order answers the earliest deadline from now on
         return self._order
 
     def _recompute_work(self, coefficients: LatencyCoefficients, chunk_tokens: int) -> None:
@@ -287,6 +311,7 @@ class PrefillQueue(dict[str, Request]):
             request.prompt_tokens,
             math.inf if tpot is None else tpot,
             request.arrival_s + request.slo.token_due_s(1),
+            token=next(self._tokens),
         )
         self._entries[key] = entry
         self._last = None
@@ -294,8 +319,9 @@ class PrefillQueue(dict[str, Request]):
         if self._key is not None:
             self._price(entry, *self._key)
         self._tpot.push(key, entry, self._entries)
-        self._deadline.push(key, entry, self._entries)
-        if self._order is not None:
+        if self._order is None:
+            self._deadline.push(key, entry, self._entries)
+        else:
             self._order.add(entry)
 
     def _leave(self, key: str) -> None:
