@@ -11,10 +11,11 @@ from __future__ import annotations
 import getpass
 import json
 import os
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import typer
 from rich.console import Console
@@ -23,6 +24,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
+from gateway.bounds import MAX_LIMIT, MAX_SLO_MS, MIN_LIMIT, MIN_SLO_MS
 from gateway.db import migrate
 from gateway.db.errors import DatabaseFailure, DomainError, classify, describe
 from gateway.db.session import SQLITE_BUSY_TIMEOUT_MS, make_engine, make_session_factory
@@ -133,9 +135,21 @@ def bounded(low: float, high: float, help_text: str, *names: str) -> Any:
     return typer.Option(*names, min=low, max=high, help=f"{help_text}; {low:g} to {high:g}")
 
 
+def slo_ms_option(help_text: str) -> Any:
+    """An SLO in milliseconds (a tier's default, a tenant's override)."""
+    return bounded(MIN_SLO_MS, MAX_SLO_MS, help_text)
+
+
+def limit_option(help_text: str, *names: str) -> Any:
+    """A rate or concurrency limit (a tier's, a tenant's override)."""
+    return bounded(MIN_LIMIT, MAX_LIMIT, help_text, *names)
+
+
 RPM_NAMES = ("--rpm-limit", "--rpm")
 """``--rpm-limit`` as the admin API's ``rpm_limit``; ``--rpm`` was its name before (alias)."""
 TPM_NAMES = ("--tpm-limit", "--tpm")
+_ALIASES = {"rpm": "rpm_limit", "tpm": "tpm_limit"}
+"""``--clear``'s names before (``rpm``, ``tpm``) for the fields they clear."""
 
 
 def read_document(path: Path) -> Any:
@@ -148,20 +162,46 @@ def read_document(path: Path) -> Any:
         raise fail(f"{path} is not valid JSON: {exc}") from None
 
 
-def partial_update(
-    given: Mapping[str, Any], cleared: Iterable[str], option_of: Mapping[str, str]
-) -> dict[str, Any]:
+class _Named(Protocol):
+    @property
+    def id(self) -> int: ...
+
+
+RowT = TypeVar("RowT", bound=_Named)
+
+
+def update_row(
+    entity: str,
+    ref: str,
+    changes: dict[str, Any],
+    get: Callable[[Session, str], RowT],
+    update: Callable[..., RowT],
+    shown: Callable[[RowT], dict[str, Any]],
+) -> None:
+    """An ``update`` command's change, audited, and what it changed (``shown``: the fields
+    reported, ``name`` among them), in one transaction."""
+    with transaction() as session:
+        row = get(session, ref)
+        before = shown(row)
+        row = update(session, row.id, changes, actor=actor())
+        after = shown(row)
+    print_changes(f"{entity} [bold]{after['name']}[/]", before, after)
+
+
+def partial_update(given: Mapping[str, Any], cleared: Iterable[StrEnum] | None) -> dict[str, Any]:
     """The changes an ``update`` command sends: the options given (not None) and the fields
     ``--clear`` names set to None, as the admin API's PATCH takes them.
 
-    ``option_of`` maps each field to its option's name for the messages. A field both given
-    and cleared, or no change at all, exits 2: an update that silently did one of the two, or
-    nothing, would hide a typo.
+    ``cleared``: members of the command's enum of what ``--clear`` takes, each named as its
+    field (or ``rpm``, ``tpm``: the names before). A field both given and cleared, or no change
+    at all, exits 2: an update that silently did one of the two, or nothing, would hide a typo.
     """
     changes = {field: value for field, value in given.items() if value is not None}
-    for field in cleared:
+    for option in cleared or ():
+        field = _ALIASES.get(option.name, option.name)
         if field in changes:
-            raise fail(f"--{option_of[field]} and --clear {option_of[field]} contradict each other")
+            name = type(option)[field]  # the option's current name, not an alias
+            raise fail(f"--{name} and --clear {name} contradict each other")
         changes[field] = None
     if not changes:
         raise fail("nothing to update: give at least one option to change (see --help)")

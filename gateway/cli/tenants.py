@@ -13,18 +13,18 @@ from typing import Annotated, Any
 
 import typer
 
-from gateway.bounds import MAX_LIMIT, MAX_SLO_MS, MIN_LIMIT, MIN_SLO_MS
 from gateway.cli._common import (
     RPM_NAMES,
     TPM_NAMES,
     actor,
-    bounded,
     console,
     fail,
+    limit_option,
     partial_update,
-    print_changes,
     print_table,
+    slo_ms_option,
     transaction,
+    update_row,
 )
 from gateway.db import crud
 from gateway.db.models import Tenant, utcnow
@@ -44,12 +44,13 @@ _SHOWN = (
 )
 
 
-def _slo_ms(help_text: str) -> Any:
-    return bounded(MIN_SLO_MS, MAX_SLO_MS, help_text)
-
-
-def _limit(help_text: str, *names: str) -> Any:
-    return bounded(MIN_LIMIT, MAX_LIMIT, help_text, *names)
+# The overrides, as create and update take them (unset: the tier's value).
+_TtftMs = Annotated[float | None, slo_ms_option("override the tier's TTFT SLO")]
+_TpotMs = Annotated[float | None, slo_ms_option("override the tier's TPOT SLO")]
+_DeadlineMs = Annotated[float | None, slo_ms_option("override the tier's deadline")]
+_Rpm = Annotated[int | None, limit_option("override the tier's RPM limit", *RPM_NAMES)]
+_Tpm = Annotated[int | None, limit_option("override the tier's TPM limit", *TPM_NAMES)]
+_MaxConcurrency = Annotated[int | None, limit_option("override the tier's")]
 
 
 class Clearable(StrEnum):
@@ -65,19 +66,6 @@ class Clearable(StrEnum):
     max_concurrency = "max-concurrency"
 
 
-_FIELD_OF = {
-    Clearable.ttft_ms: "ttft_ms",
-    Clearable.tpot_ms: "tpot_ms",
-    Clearable.deadline_ms: "deadline_ms",
-    Clearable.rpm: "rpm_limit",
-    Clearable.tpm: "tpm_limit",
-    Clearable.rpm_limit: "rpm_limit",  # last: the name errors use
-    Clearable.tpm_limit: "tpm_limit",
-    Clearable.max_concurrency: "max_concurrency",
-}
-_OPTION_OF = {field: str(option) for option, field in _FIELD_OF.items()}
-
-
 def _shown(tenant: Tenant) -> dict[str, Any]:
     """What ``update`` reports a change of: the fields, with the tier by name."""
     values = {field: getattr(tenant, field) for field in _SHOWN if field != "tier"}
@@ -88,12 +76,12 @@ def _shown(tenant: Tenant) -> dict[str, Any]:
 def tenants_create(
     name: Annotated[str, typer.Argument(help="tenant name")],
     tier: Annotated[str, typer.Option(help="tier name")],
-    rpm: Annotated[int | None, _limit("override the tier's RPM limit", *RPM_NAMES)] = None,
-    tpm: Annotated[int | None, _limit("override the tier's TPM limit", *TPM_NAMES)] = None,
-    max_concurrency: Annotated[int | None, _limit("override the tier's")] = None,
-    ttft_ms: Annotated[float | None, _slo_ms("override the tier's TTFT SLO")] = None,
-    tpot_ms: Annotated[float | None, _slo_ms("override the tier's TPOT SLO")] = None,
-    deadline_ms: Annotated[float | None, _slo_ms("override the tier's deadline")] = None,
+    rpm: _Rpm = None,
+    tpm: _Tpm = None,
+    max_concurrency: _MaxConcurrency = None,
+    ttft_ms: _TtftMs = None,
+    tpot_ms: _TpotMs = None,
+    deadline_ms: _DeadlineMs = None,
 ) -> None:
     """Create a tenant on a tier."""
     with transaction() as session:
@@ -131,12 +119,12 @@ def tenants_update(
     tenant: Annotated[str, typer.Argument(help="the tenant's current name")],
     name: Annotated[str | None, typer.Option(help="rename the tenant")] = None,
     tier: Annotated[str | None, typer.Option(help="move the tenant to this tier")] = None,
-    ttft_ms: Annotated[float | None, _slo_ms("override the tier's TTFT SLO")] = None,
-    tpot_ms: Annotated[float | None, _slo_ms("override the tier's TPOT SLO")] = None,
-    deadline_ms: Annotated[float | None, _slo_ms("override the tier's deadline")] = None,
-    rpm: Annotated[int | None, _limit("override the tier's RPM limit", *RPM_NAMES)] = None,
-    tpm: Annotated[int | None, _limit("override the tier's TPM limit", *TPM_NAMES)] = None,
-    max_concurrency: Annotated[int | None, _limit("override the tier's")] = None,
+    ttft_ms: _TtftMs = None,
+    tpot_ms: _TpotMs = None,
+    deadline_ms: _DeadlineMs = None,
+    rpm: _Rpm = None,
+    tpm: _Tpm = None,
+    max_concurrency: _MaxConcurrency = None,
     clear: Annotated[
         list[Clearable] | None,
         typer.Option(
@@ -158,15 +146,9 @@ def tenants_update(
             "tpm_limit": tpm,
             "max_concurrency": max_concurrency,
         },
-        [_FIELD_OF[option] for option in clear or ()],
-        _OPTION_OF,
+        clear,
     )
-    with transaction() as session:
-        row = crud.get_tenant(session, tenant)
-        before = _shown(row)
-        row = crud.update_tenant(session, row.id, changes, actor=actor())
-        after = _shown(row)
-    print_changes(f"tenant [bold]{after['name']}[/]", before, after)
+    update_row("tenant", tenant, changes, crud.get_tenant, crud.update_tenant, _shown)
 
 
 @tenants_app.command("suspend")

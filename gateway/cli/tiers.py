@@ -11,38 +11,25 @@ from typing import Annotated, Any
 
 import typer
 
-from gateway.bounds import (
-    MAX_LIMIT,
-    MAX_SHED_SLACK,
-    MAX_SLO_MS,
-    MAX_WEIGHT,
-    MIN_LIMIT,
-    MIN_SLO_MS,
-    MIN_WEIGHT,
-)
+from gateway.bounds import MAX_SHED_SLACK, MAX_WEIGHT, MIN_WEIGHT
 from gateway.cli._common import (
     RPM_NAMES,
     TPM_NAMES,
     actor,
     bounded,
     console,
+    limit_option,
     partial_update,
-    print_changes,
     print_table,
+    slo_ms_option,
     transaction,
+    update_row,
 )
 from gateway.db import crud
 from gateway.db.crud.tiers import UPDATABLE
+from gateway.db.models import Tier
 
 tiers_app = typer.Typer(help="Service tiers: weights, SLOs, limits.", no_args_is_help=True)
-
-
-def _slo_ms(help_text: str) -> Any:
-    return bounded(MIN_SLO_MS, MAX_SLO_MS, help_text)
-
-
-def _limit(help_text: str, *names: str) -> Any:
-    return bounded(MIN_LIMIT, MAX_LIMIT, help_text, *names)
 
 
 def _weight(help_text: str) -> Any:
@@ -53,6 +40,15 @@ _SHED_SLACK_HELP = (
     "how late (a fraction of the TTFT SLO) a predicted first token may be and the request "
     "still be admitted under overload"
 )
+
+
+# Options create and update take alike (unset: none, unlimited).
+_DeadlineMs = Annotated[float | None, slo_ms_option("end-to-end deadline, ms")]
+_MinTtftMs = Annotated[float | None, slo_ms_option("tightest TTFT allowed, ms")]
+_MinTpotMs = Annotated[float | None, slo_ms_option("tightest TPOT allowed, ms")]
+_MinDeadlineMs = Annotated[float | None, slo_ms_option("tightest deadline allowed, ms")]
+_MaxConcurrency = Annotated[int | None, limit_option("requests in flight")]
+_Description = Annotated[str | None, typer.Option(help="free text")]
 
 
 class TierKind(StrEnum):
@@ -84,41 +80,33 @@ class Clearable(StrEnum):
     max_concurrency = "max-concurrency"
 
 
-_FIELD_OF = {
-    Clearable.description: "description",
-    Clearable.deadline_ms: "deadline_ms",
-    Clearable.min_ttft_ms: "min_ttft_ms",
-    Clearable.min_tpot_ms: "min_tpot_ms",
-    Clearable.min_deadline_ms: "min_deadline_ms",
-    Clearable.rpm: "rpm_limit",
-    Clearable.tpm: "tpm_limit",
-    Clearable.rpm_limit: "rpm_limit",  # last: the name errors use
-    Clearable.tpm_limit: "tpm_limit",
-    Clearable.max_concurrency: "max_concurrency",
-}
-_OPTION_OF = {field: str(option) for option, field in _FIELD_OF.items()}
+def _shown(tier: Tier) -> dict[str, Any]:
+    """What ``update`` reports a change of: every field it may change."""
+    return {field: getattr(tier, field) for field in UPDATABLE}
 
 
 @tiers_app.command("create")
 def tiers_create(
     name: Annotated[str, typer.Argument(help="tier name")],
     weight: Annotated[float, _weight("priority weight (larger = more important)")],
-    ttft_ms: Annotated[float, _slo_ms("default time-to-first-token SLO, ms")],
-    tpot_ms: Annotated[float, _slo_ms("default time-per-output-token SLO, ms")],
-    deadline_ms: Annotated[float | None, _slo_ms("end-to-end deadline, ms")] = None,
-    min_ttft_ms: Annotated[float | None, _slo_ms("tightest TTFT allowed, ms")] = None,
-    min_tpot_ms: Annotated[float | None, _slo_ms("tightest TPOT allowed, ms")] = None,
-    min_deadline_ms: Annotated[float | None, _slo_ms("tightest deadline allowed, ms")] = None,
+    ttft_ms: Annotated[float, slo_ms_option("default time-to-first-token SLO, ms")],
+    tpot_ms: Annotated[float, slo_ms_option("default time-per-output-token SLO, ms")],
+    deadline_ms: _DeadlineMs = None,
+    min_ttft_ms: _MinTtftMs = None,
+    min_tpot_ms: _MinTpotMs = None,
+    min_deadline_ms: _MinDeadlineMs = None,
     rpm: Annotated[
-        int | None, _limit("requests per minute (unset = unlimited)", *RPM_NAMES)
+        int | None, limit_option("requests per minute (unset = unlimited)", *RPM_NAMES)
     ] = None,
-    tpm: Annotated[int | None, _limit("tokens per minute (unset = unlimited)", *TPM_NAMES)] = None,
-    max_concurrency: Annotated[int | None, _limit("requests in flight")] = None,
+    tpm: Annotated[
+        int | None, limit_option("tokens per minute (unset = unlimited)", *TPM_NAMES)
+    ] = None,
+    max_concurrency: _MaxConcurrency = None,
     best_effort: Annotated[
         bool, typer.Option(help="serve best-effort instead of shedding when the SLO is infeasible")
     ] = False,
     shed_slack: Annotated[float, bounded(0.0, MAX_SHED_SLACK, _SHED_SLACK_HELP)] = 0.0,
-    description: Annotated[str | None, typer.Option(help="free text")] = None,
+    description: _Description = None,
     default_kind: Annotated[TierKind, typer.Option(help=_KIND_HELP)] = TierKind.latency,
 ) -> None:
     """Create a tier."""
@@ -185,17 +173,17 @@ def tiers_list() -> None:
 def tiers_update(
     tier: Annotated[str, typer.Argument(help="the tier's current name")],
     name: Annotated[str | None, typer.Option(help="rename the tier")] = None,
-    description: Annotated[str | None, typer.Option(help="free text")] = None,
+    description: _Description = None,
     weight: Annotated[float | None, _weight("priority weight")] = None,
-    ttft_ms: Annotated[float | None, _slo_ms("default TTFT SLO, ms")] = None,
-    tpot_ms: Annotated[float | None, _slo_ms("default TPOT SLO, ms")] = None,
-    deadline_ms: Annotated[float | None, _slo_ms("end-to-end deadline, ms")] = None,
-    min_ttft_ms: Annotated[float | None, _slo_ms("tightest TTFT allowed, ms")] = None,
-    min_tpot_ms: Annotated[float | None, _slo_ms("tightest TPOT allowed, ms")] = None,
-    min_deadline_ms: Annotated[float | None, _slo_ms("tightest deadline allowed, ms")] = None,
-    rpm: Annotated[int | None, _limit("requests per minute", *RPM_NAMES)] = None,
-    tpm: Annotated[int | None, _limit("tokens per minute", *TPM_NAMES)] = None,
-    max_concurrency: Annotated[int | None, _limit("requests in flight")] = None,
+    ttft_ms: Annotated[float | None, slo_ms_option("default TTFT SLO, ms")] = None,
+    tpot_ms: Annotated[float | None, slo_ms_option("default TPOT SLO, ms")] = None,
+    deadline_ms: _DeadlineMs = None,
+    min_ttft_ms: _MinTtftMs = None,
+    min_tpot_ms: _MinTpotMs = None,
+    min_deadline_ms: _MinDeadlineMs = None,
+    rpm: Annotated[int | None, limit_option("requests per minute", *RPM_NAMES)] = None,
+    tpm: Annotated[int | None, limit_option("tokens per minute", *TPM_NAMES)] = None,
+    max_concurrency: _MaxConcurrency = None,
     best_effort: Annotated[
         bool | None,
         typer.Option(
@@ -236,15 +224,9 @@ def tiers_update(
             "shed_slack": shed_slack,
             "default_kind": None if default_kind is None else str(default_kind),
         },
-        [_FIELD_OF[option] for option in clear or ()],
-        _OPTION_OF,
+        clear,
     )
-    with transaction() as session:
-        row = crud.get_tier(session, tier)
-        before = {field: getattr(row, field) for field in UPDATABLE}
-        row = crud.update_tier(session, row.id, changes, actor=actor())
-        after = {field: getattr(row, field) for field in UPDATABLE}
-    print_changes(f"tier [bold]{after['name']}[/]", before, after)
+    update_row("tier", tier, changes, crud.get_tier, crud.update_tier, _shown)
 
 
 @tiers_app.command("delete")
