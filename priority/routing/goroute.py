@@ -879,15 +879,15 @@ class GoRouter(Router):
             np.copyto(loss, np.minimum(exposed * delay * rate, cols.decode_weighted), where=queued)
         # co-located: the request's decode slowing the running decodes past their TPOT
         if decode is None and tpot is not None:
-            hurt = np.flatnonzero((cols.decoding > 0.0) & (step > tpot))
-            if hurt.size:
-                late_rate = 1.0 / np.maximum(before[hurt], tpot) - 1.0 / step[hurt]
+            hurt = (cols.decoding > 0.0) & (step > tpot)
+            if hurt.any():  # computed across all (no fancy indexing), added where hurt
+                inverse_step = np.divide(1.0, step, out=np.zeros(n), where=hurt)  # step > 0
+                late_rate = 1.0 / np.maximum(before, tpot) - inverse_step
                 # the queued requests' mean weight, else the request's
                 cols.stream_suffixes()
-                mean_weight = np.where(
-                    cols.mean_known[hurt], cols.mean_weight[hurt], request.weight
-                )
-                loss[hurt] += mean_weight * cols.n_d[hurt] * late_rate * tokens * step[hurt]
+                mean_weight = np.where(cols.mean_known, cols.mean_weight, request.weight)
+                hurt_loss = mean_weight * cols.n_d * late_rate * tokens * step
+                np.add(loss, hurt_loss, out=loss, where=hurt)
         result: np.ndarray = gains - unit_value * loss
         return result
 
@@ -1047,7 +1047,7 @@ def _on_time_decode_tokens(
     deadline_slack_s: np.ndarray | None,
 ) -> np.ndarray:
     """:func:`on_time_decode_tokens` across instances (``deadline_slack_s`` None: no end-to-end
-    deadline); each branch a mask, each value computed only where the scalar form does."""
+    deadline); each branch a mask, where the divisions are computed only where they are defined."""
     n = len(slack_s)
     if tokens <= 0:
         return np.zeros(n)
@@ -1061,19 +1061,13 @@ def _on_time_decode_tokens(
     if tpot_s is None:
         return np.where(live, upper, 0.0)
     gap = tpot_s - step_s
-    ahead = gap > 0.0
-    catch_up = ahead & (slack_s < 0.0)
-    lower = np.divide(-slack_s, gap, out=np.zeros(n), where=catch_up)
-    out = np.maximum(0.0, upper - lower)
-    if not ahead.all():  # the masks below are disjoint, and empty where every decoder is ahead
-        not_ahead, early = ~ahead, slack_s > 0.0
-        np.copyto(out, 0.0, where=not_ahead & ~early)
-        behind = not_ahead & early
-        if behind.any():
-            capped = behind & (gap != 0.0)
-            cap = np.divide(slack_s, -gap, out=np.zeros(n), where=capped)
-            np.copyto(out, upper, where=behind & (gap == 0.0))
-            np.copyto(out, np.minimum(upper, cap), where=capped)
+    # -slack / gap (= slack / -gap: IEEE division is odd in each operand), inf where gap == 0:
+    # ahead (gap > 0), a late request catches up after it (lower bound, 0 if on time); behind,
+    # an early one falls behind after it (upper bound; no bound at gap == 0, none on time if late)
+    crossing = np.divide(-slack_s, gap, out=np.full(n, math.inf), where=gap != 0.0)
+    caught_up = np.maximum(0.0, upper - np.maximum(crossing, 0.0))
+    fallen_behind = np.where(slack_s > 0.0, np.minimum(upper, crossing), 0.0)
+    out: np.ndarray = np.where(gap > 0.0, caught_up, fallen_behind)
     if not live.all():
         np.copyto(out, 0.0, where=~live)
     return out
