@@ -7,27 +7,23 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel
 
 from gateway.app.admin.roles import Principal, Role
-from gateway.app.admin.schemas import Name, Ref
+from gateway.app.admin.schemas import Input, Name, Ref
 from gateway.db.models import OperatorCredential
 
 RoleName = Literal["owner", "operator", "viewer", "tenant_admin"]
 
 
-class _Input(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-
-class OperatorCreate(_Input):
+class OperatorCreate(Input):
     name: Name
     role: RoleName
     tenant: Ref | None = None
     """A tenant admin's tenant (id or name); no other role takes one."""
 
 
-class OperatorUpdate(_Input):
+class OperatorUpdate(Input):
     role: RoleName
     tenant: Ref | None = None
 

@@ -60,7 +60,7 @@ MAX_AUDIT_ROWS = 1000
 ItemT = TypeVar("ItemT")
 
 
-class _Input(BaseModel):
+class Input(BaseModel):
     """Request bodies: unknown fields and type coercion ("5" for 5) are errors, not guesses
     (``5.0`` for 5 is no coercion: JSON has one number type)."""
 
@@ -165,7 +165,7 @@ class DeletedOut(BaseModel):
 # the non-null defaults restated: one list of fields per entity.
 
 
-class TierUpdate(_Input):
+class TierUpdate(Input):
     """Only the fields sent change; ``null`` clears an optional one (e.g. a limit)."""
 
     name: Name | None = None
@@ -217,7 +217,7 @@ class TierOut(_Output):
     updated_at: datetime
 
 
-class TenantUpdate(_Input):
+class TenantUpdate(Input):
     """Rename, move to another tier, or set/clear (``null``) overrides; status has actions."""
 
     name: Name | None = None
@@ -277,7 +277,7 @@ class TenantOut(BaseModel):
 Expiry = Annotated[AwareDatetime | None, Field(strict=False)]
 
 
-class KeyUpdate(_Input):
+class KeyUpdate(Input):
     name: KeyName | None = None
     expires_at: Expiry = None
 
@@ -319,7 +319,7 @@ class CreatedKeyOut(KeyOut):
 # -- key rotation and secret status (security) ----------------------------------------------
 
 
-class KeyRotate(_Input):
+class KeyRotate(Input):
     grace_s: Annotated[
         float, Field(ge=0, le=MAX_GRACE_S, allow_inf_nan=False, description="the old key's grace")
     ] = DEFAULT_GRACE_S
@@ -364,7 +364,7 @@ def _key_fields(key: ApiKey, now: datetime | None) -> dict[str, Any]:
     }
 
 
-class BackendUpdate(_Input):
+class BackendUpdate(Input):
     name: Name | None = None
     base_url: BaseUrl | None = None
     model: ModelName | None = None
@@ -439,7 +439,7 @@ class LiveBackendOut(_Output):
     )
 
 
-class ProfileImport(_Input):
+class ProfileImport(Input):
     """A profile document (as ``tiergate profile fit`` writes it), stored under ``name`` or,
     when that is absent, under the document's own ``name``."""
 

@@ -8,9 +8,9 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr
+from pydantic import BaseModel, Field, StrictFloat, StrictInt, StrictStr
 
-from gateway.app.admin.schemas import ModelName, Ref
+from gateway.app.admin.schemas import Input, ModelName, Ref
 from gateway.db.models import Budget, ModelPrice
 from gateway.db.money import plain
 from gateway.db.security import display_prefix
@@ -22,17 +22,13 @@ MoneyIn = Annotated[
 ]
 
 
-class _Input(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-
-class PriceCreate(_Input):
+class PriceCreate(Input):
     model: ModelName
     prompt_per_mtok: MoneyIn
     completion_per_mtok: MoneyIn
 
 
-class PriceUpdate(_Input):
+class PriceUpdate(Input):
     prompt_per_mtok: MoneyIn | None = None
     completion_per_mtok: MoneyIn | None = None
 
@@ -61,9 +57,10 @@ class PriceOut(BaseModel):
 
 
 Fraction = Annotated[float, Field(gt=0.0, le=1.0, allow_inf_nan=False)]
+WebhookUrl = Annotated[StrictStr, Field(max_length=512)]
 
 
-class BudgetCreate(_Input):
+class BudgetCreate(Input):
     tenant: Ref | None = None
     """The tenant (id or name); with ``key``, the key's tenant (may be left out)."""
     key: StrictStr | None = None
@@ -71,13 +68,13 @@ class BudgetCreate(_Input):
     period: Literal["day", "month"]
     amount: MoneyIn
     soft_fraction: Fraction | None = None
-    webhook_url: Annotated[StrictStr, Field(max_length=512)] | None = None
+    webhook_url: WebhookUrl | None = None
 
 
-class BudgetUpdate(_Input):
+class BudgetUpdate(Input):
     amount: MoneyIn | None = None
     soft_fraction: Fraction | None = None
-    webhook_url: Annotated[StrictStr, Field(max_length=512)] | None = None
+    webhook_url: WebhookUrl | None = None
 
 
 class BudgetOut(BaseModel):
