@@ -45,25 +45,13 @@ def list_audit(
 ) -> ListOut[AuditOut]:
     """Audit entries in ``[since, until)``, newest first, with each change's before and after;
     the total is in ``x-total-count``."""
-    rows = crud.list_audit(
-        session,
-        entity_type=entity_type,
-        entity_id=entity_id,
-        actor=actor,
-        since=since,
-        until=until,
-        operator=operator,
-        limit=limit,
-        offset=offset,
-    )
-    total = crud.count_audit(
-        session,
-        entity_type=entity_type,
-        entity_id=entity_id,
-        actor=actor,
-        since=since,
-        until=until,
-        operator=operator,
-    )
+    filters = {
+        "entity_type": entity_type,
+        "entity_id": entity_id,
+        "actor": actor,
+        "operator": operator,
+    }
+    rows = crud.list_audit(session, since=since, until=until, limit=limit, offset=offset, **filters)
+    total = crud.count_audit(session, since=since, until=until, **filters)
     response.headers[TOTAL_HEADER] = str(total)
     return ListOut(data=[AuditOut.model_validate(r) for r in rows])
