@@ -20,11 +20,11 @@ from fastapi.responses import Response
 from sqlalchemy.orm import Session
 
 from gateway.app.admin.schemas import BackendCreate, BackendUpdate
-from gateway.app.fleet import LiveBackend, fleet_view
+from gateway.app.fleet import fleet_view
 from gateway.app.state import GatewayState
 from gateway.app.ui.deps import ChangeDep, OperatorDep, Page, PageDep, SessionDep, StateDep, UiRoute
 from gateway.app.ui.forms import Kind, convert
-from gateway.app.ui.render import Pager, pager, redirect, render
+from gateway.app.ui.render import pager, redirect, render
 from gateway.app.ui.resource import Resource, submit
 from gateway.db import crud
 from gateway.db.models import BACKEND_KINDS
@@ -47,13 +47,13 @@ NEW_DEFAULTS = {"kind": "vllm", "enabled": True}
 ENABLED: dict[str, Kind] = {"enabled": "bool"}
 
 
-async def _page_of_fleet(
-    request: Request, state: GatewayState, page: Page
-) -> tuple[list[LiveBackend], Pager]:
+async def _fleet_table(request: Request, state: GatewayState, page: Page) -> dict[str, Any]:
+    """The table's context, on the page and in its live partial: this page of the fleet, the
+    pager, and whether the list is fixed (no database backends to edit)."""
     shown = await fleet_view(state.pool, state.session_factory)
     rows = shown[page.offset : page.offset + page.limit]
     where = pager(request, total=len(shown), limit=page.limit, offset=page.offset, shown=len(rows))
-    return rows, where
+    return {"backends": rows, "pager": where, "fixed": not state.pool.reads_database}
 
 
 def _live_query(request: Request) -> str:
@@ -66,17 +66,14 @@ def _live_query(request: Request) -> str:
 async def list_backends(
     request: Request, operator: OperatorDep, state: StateDep, page: PageDep
 ) -> Response:
-    backends, where = await _page_of_fleet(request, state, page)
     return render(
         request,
         "backends.html",
         active="backends",
         title="Backends",
-        backends=backends,
-        pager=where,
-        fixed=not state.pool.reads_database,
         poll_s=POLL_S,
         live_query=_live_query(request),
+        **await _fleet_table(request, state, page),
     )
 
 
@@ -85,14 +82,8 @@ async def backends_live(
     request: Request, operator: OperatorDep, state: StateDep, page: PageDep
 ) -> Response:
     """The table alone, for htmx's poll."""
-    backends, where = await _page_of_fleet(request, state, page)
-    return render(
-        request,
-        "partials/backends_live.html",
-        backends=backends,
-        pager=where,
-        fixed=not state.pool.reads_database,
-    )
+    table = await _fleet_table(request, state, page)
+    return render(request, "partials/backends_live.html", **table)
 
 
 # ---- forms: every committed change reloads the pool ---------------------------------------
