@@ -48,7 +48,7 @@ from functools import lru_cache
 from itertools import count
 from typing import Any, NamedTuple
 
-from priority.estimator import BatchLatencyEstimator, LatencyCoefficients
+from priority.estimator import LatencyCoefficients
 from priority.request import Request
 
 _SCALE_BITS = 1074
@@ -65,13 +65,15 @@ def raw_prefill_work(
 ) -> tuple[float, int]:
     """Uncorrected (beta = 1) prefill time of a prompt in chunks, and the number of chunks.
 
-    Cached: it depends only on the profile and the prompt length, never on the queue.
+    Cached: it depends only on the profile and the prompt length, never on the queue. Each
+    chunk's time is :meth:`BatchLatencyEstimator.prefill_time` at ``beta = 1`` written out (the
+    same float operations: a product by 1.0 is exact).
     """
-    estimator = BatchLatencyEstimator(coefficients)
+    a_p, b_p, c_p, d_p = coefficients.a_p, coefficients.b_p, coefficients.c_p, coefficients.d_p
     total, done, chunks = 0.0, 0, 0
     while done < prompt_tokens:
         l_q = min(chunk_tokens, prompt_tokens - done)
-        total += estimator.prefill_time(l_q, done)
+        total += l_q * (a_p * l_q + b_p * done + c_p) + d_p * done
         done += l_q
         chunks += 1
     return total, chunks
