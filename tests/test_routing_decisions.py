@@ -158,6 +158,11 @@ def test_kept_columns_follow_every_change_of_the_views() -> None:
     views[9].prefill_queue = dataclasses.replace(views[9]).prefill_queue  # another object
     views[9].queue_updated_s = 10.3
     check(7)
+    queue = views[10].prefill_queue  # one request for another, no callback, no update time
+    del queue[next(iter(queue))]
+    extra = bench.new_request("e", rng, now=10.0)
+    queue[extra.request_id] = extra
+    check(8)
 
 
 @pytest.mark.parametrize(

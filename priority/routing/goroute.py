@@ -209,8 +209,8 @@ class _QueueSummary:
         """First-token deadlines, ascending, then an infinite one: searches stop at :attr:`n`
         (``bisect(padded, t, 0, n)``), and ``padded[i]`` is the first deadline after ``t``
         (inf if none). Usually the queue's own list (:attr:`DeadlineOrder.padded`), valid
-        until the queue changes, when the summary is dropped: a queue changed behind the
-        router's back keeping its length and update time is not seen, as before."""
+        until the queue changes, when the summary is dropped (a change behind the router's
+        back too: the queue counts its mutations; a plain dict's only by its length)."""
         self.n = len(padded) - 1
         """How many deadlines."""
         self.value_suffix = _suffix_sums(weights)
@@ -298,17 +298,34 @@ _READS = attrgetter(
     "profile",
     "role",
     "prefill_queue",
+    "prefill_queue.mutations",
     "queue_updated_s",
     "external_prefills",
     "num_decoding",
     "num_free_kv_blocks",
 )
 """What a decision reads of each view, in one tuple: the first :data:`_PRICED` price its
-estimates (a change re-prices every position), up to :data:`_QUEUED` fingerprint its queue (with
-its length), the rest are its decodes. Compared by value where they differ in identity (an equal
-profile, coefficients or other routers' summary estimates alike)."""
+estimates (a change re-prices every position), up to :data:`_QUEUED` fingerprint its queue (the
+object, its count of mutations, update time, other routers' summary), the rest are its decodes.
+Compared by value where they differ in identity (an equal profile, coefficients or other
+routers' summary estimates alike)."""
 _PRICED = 5
-_QUEUED = 8
+_QUEUED = 9
+_READS_PLAIN = attrgetter(
+    "estimator",
+    "estimator.beta",
+    "estimator.coefficients",
+    "profile",
+    "role",
+    "prefill_queue",
+    "prefill_queue",
+    "queue_updated_s",
+    "external_prefills",
+    "num_decoding",
+    "num_free_kv_blocks",
+)
+""":data:`_READS` of a view whose queue is a plain dict (assigned after construction): its length
+stands for its count of mutations (changes that keep it are not seen)."""
 _QUEUE = attrgetter("prefill_queue")
 _ROLE = attrgetter("role")
 _UNSEEN = object()
@@ -330,8 +347,8 @@ class _Columns:
         self.position = {index: k for k, index in enumerate(self.indices)}
         self.reads: list[tuple[Any, ...]] = [(_UNSEEN,) * _QUEUED] * n
         """What was last read of each view (:data:`_READS`; never read: unlike any read)."""
-        self.lengths: list[int] = [-1] * n
-        """The queues' lengths, as last read."""
+        self.lengths: list[int] = [0] * n
+        """The queues' lengths, as their summaries were set."""
         self.betas: list[float] = []
         # the estimators' terms (price)
         self.t_c_list: list[float] = []
@@ -590,7 +607,7 @@ class GoRouter(Router):
         # Memo of each queue's summary, keyed by a fingerprint of the queue; the callbacks also
         # drop it, which catches changes that leave length and timestamp alike.
         self._summaries: dict[
-            int, tuple[tuple[int, int, float, ExternalPrefills | None], _QueueSummary]
+            int, tuple[tuple[int, int, int | None, float, ExternalPrefills | None], _QueueSummary]
         ] = {}
         self._cols: _Columns | None = None
         """The last candidate list's inputs to the estimates (:meth:`_columns`)."""
@@ -776,8 +793,8 @@ class GoRouter(Router):
         """The per-instance inputs of :meth:`_estimate_arrays`, kept between decisions: rebuilt
         whole when the instances, their estimators (object or ``beta``), coefficients, profiles
         or roles change; per instance when its queue changed (a callback, or its fingerprint:
-        queue object, length, update time, other routers' summary) or its decodes did (count,
-        free KV)."""
+        queue object, its count of mutations, update time, other routers' summary) or its
+        decodes did (count, free KV)."""
         cols = self._cols
         if (
             cols is None
@@ -785,10 +802,12 @@ class GoRouter(Router):
             or not all(map(is_, cols.views, instances))
         ):
             cols = self._cols = _Columns(list(instances), self.eta)
-        # one pass reads what every position's columns come from (a tuple per view), one more
-        # the queues' lengths; only the positions whose reads differ are looked at again
-        reads = list(map(_READS, instances))
-        lengths = list(map(len, map(_QUEUE, instances)))
+        # one pass reads what every position's columns come from (a tuple per view); only the
+        # positions whose reads differ are looked at again
+        try:
+            reads = list(map(_READS, instances))
+        except AttributeError:  # some queue is a plain dict
+            reads = [_read_plain(view) for view in instances]
         seen = cols.reads
         queue_changed: set[int] = set()
         decode_changed: Sequence[int] = ()
@@ -803,8 +822,6 @@ class GoRouter(Router):
                     k for k in moved if reads[k][_PRICED:_QUEUED] != seen[k][_PRICED:_QUEUED]
                 )
                 decode_changed = [k for k in moved if reads[k][_QUEUED:] != seen[k][_QUEUED:]]
-        if lengths != cols.lengths:
-            queue_changed.update(compress(count(), map(ne, lengths, cols.lengths)))
         dirty = self._dirty
         if dirty:
             position = cols.position
@@ -813,10 +830,11 @@ class GoRouter(Router):
         for k in queue_changed:
             instance = instances[k]
             cols.set_queue(k, self._summary(instance), _updated_s(instance))
+            cols.lengths[k] = len(instance.prefill_queue)
         for k in decode_changed:
             read = reads[k]
             cols.set_decode(k, read[_QUEUED], read[_QUEUED + 1])
-        cols.reads, cols.lengths = reads, lengths
+        cols.reads = reads
         return cols
 
     def fallback_gains(
@@ -939,7 +957,13 @@ class GoRouter(Router):
 
     def _summary(self, instance: InstanceView) -> _QueueSummary:
         queue, external = instance.prefill_queue, instance.external_prefills
-        key = (id(queue), len(queue), instance.queue_updated_s, external)
+        key = (
+            id(queue),
+            len(queue),
+            getattr(queue, "mutations", None),
+            instance.queue_updated_s,
+            external,
+        )
         cached = self._summaries.get(instance.index)
         if cached is not None and cached[0] == key:
             return cached[1]
@@ -1077,6 +1101,15 @@ def _first_min(values: np.ndarray, mask: np.ndarray) -> int:
     """Position of the smallest of ``values`` where ``mask``, the first one on a tie."""
     positions = mask.nonzero()[0]
     return int(positions[values[positions].argmin()])
+
+
+def _read_plain(view: InstanceView) -> tuple[Any, ...]:
+    """:data:`_READS` of ``view`` whatever its queue (:data:`_READS_PLAIN` for a plain dict)."""
+    if isinstance(view.prefill_queue, PrefillQueue):
+        read: tuple[Any, ...] = _READS(view)
+        return read
+    read = _READS_PLAIN(view)
+    return (*read[:6], len(view.prefill_queue), *read[7:])
 
 
 def _updated_s(instance: InstanceView) -> float:

@@ -236,6 +236,7 @@ class PrefillQueue(dict[str, Request]):
         "_order",
         "_prompt_tokens",
         "_tokens",
+        "mutations",
         "_tpot",
         "_work",
     )
@@ -243,6 +244,9 @@ class PrefillQueue(dict[str, Request]):
     def __init__(self, items: Mapping[str, Request] | Iterable[tuple[str, Request]] = ()) -> None:
         super().__init__()
         self._entries: dict[str, _Entry] = {}
+        self.mutations = 0
+        """How many times a request entered or left (or the queue was cleared): a reader that
+        kept something derived from the queue knows it is stale when this moved."""
         self._prompt_tokens = 0
         self._key: tuple[LatencyCoefficients, int] | None = None
         """The (coefficients, chunk tokens) that ``_work`` and ``_chunks`` are summed for."""
@@ -316,6 +320,7 @@ class PrefillQueue(dict[str, Request]):
             token=next(self._tokens),
         )
         self._entries[key] = entry
+        self.mutations += 1
         self._last = None
         self._prompt_tokens += entry.prompt_tokens
         if self._key is not None:
@@ -330,6 +335,7 @@ class PrefillQueue(dict[str, Request]):
         entry = self._entries.pop(key, None)
         if entry is None:
             return
+        self.mutations += 1
         self._last = None
         self._prompt_tokens -= entry.prompt_tokens
         self._work -= entry.work
@@ -363,6 +369,7 @@ class PrefillQueue(dict[str, Request]):
 
     def clear(self) -> None:
         super().clear()
+        self.mutations += 1
         self._entries.clear()
         self._last = None
         self._prompt_tokens = self._work = self._chunks = 0
