@@ -132,7 +132,7 @@ from priority.routing.base import (
     Router,
 )
 from priority.routing.decode import decode_step_s, pick_decode_by_capacity
-from priority.routing.prefill_queue import PrefillQueue
+from priority.routing.prefill_queue import DeadlineOrder, PrefillQueue
 from priority.routing.prefill_queue import raw_prefill_work as raw_prefill_work
 from priority.routing.simple import pick_decode_instance, prefill_candidates
 
@@ -184,7 +184,8 @@ class _QueueSummary:
     from the queue's deadline order (numpy's running sums: no walk, no float per request)."""
 
     __slots__ = (
-        "_stream",
+        "_external_at",
+        "_order",
         "_stream_suffix",
         "chunks",
         "decode_tokens_weighted",
@@ -202,7 +203,8 @@ class _QueueSummary:
         raw_work: float,
         chunks: int,
         min_tpot_s: float,
-        stream_weights: np.ndarray,
+        order: DeadlineOrder,
+        external_at: int | None,
         decode_tokens_weighted: float,
     ) -> None:
         self.padded = padded
@@ -219,7 +221,11 @@ class _QueueSummary:
         self.raw_work = raw_work
         self.chunks = chunks
         self.min_tpot_s = min_tpot_s
-        self._stream: np.ndarray | None = stream_weights
+        self._order: DeadlineOrder | None = order
+        """The queue's deadline order, whose streaming weights are summed if the fallback asks
+        (valid as long as :attr:`padded` is)."""
+        self._external_at = external_at
+        """Where other routers' earliest deadline joined :attr:`padded` (None: it did not)."""
         self._stream_suffix: np.ndarray | None = None
         self.decode_tokens_weighted = decode_tokens_weighted
         """Sum over queued streaming requests of tier weight times expected decode tokens."""
@@ -229,9 +235,14 @@ class _QueueSummary:
         """``stream_weight_suffix[i]``: total tier weight of the streaming requests with
         deadlines[i:] (the expected-gain fallback's decode loss; summed when first asked)."""
         if self._stream_suffix is None:
-            assert self._stream is not None
-            self._stream_suffix = _suffix_sums(self._stream)
-            self._stream = None
+            assert self._order is not None
+            # read in place and summed at once (the queue's buffer must stay resizable)
+            stream = np.frombuffer(self._order.stream_weights, dtype=np.float64)
+            if self._external_at is not None:
+                stream = np.insert(stream, self._external_at, 0.0)
+            self._stream_suffix = _suffix_sums(stream)
+            del stream
+            self._order = None
         return self._stream_suffix
 
     @property
@@ -978,9 +989,9 @@ class GoRouter(Router):
         # this summary is read again
         padded = order.padded
         # the weights read in place (summed at once: the queue's buffers must stay resizable);
-        # the streaming ones copied (summed only if the fallback asks)
+        # the streaming ones only if the fallback asks
         weights = np.frombuffer(order.weights, dtype=np.float64)
-        stream = np.frombuffer(order.stream_weights, dtype=np.float64).copy()
+        external_at = None
         if external is not None:  # work and deadline pressure only: no gain of ours (docstring)
             raw_work += external.raw_work
             chunks += external.chunks
@@ -990,17 +1001,18 @@ class GoRouter(Router):
                 padded = padded.copy()  # the queue's own list stays the queue's
                 padded.insert(at, external.earliest_deadline_s)
                 weights = np.insert(weights, at, 0.0)
-                stream = np.insert(stream, at, 0.0)
+                external_at = at
         summary = _QueueSummary(
             padded,
             weights,
             raw_work,
             chunks,
             min_tpot,
-            stream,
+            order,
+            external_at,
             order.decode_tokens_weighted,
         )
-        del weights, stream  # release the queue's buffers
+        del weights  # release the queue's buffer
         self._summaries[instance.index] = (key, summary)
         return summary
 
