@@ -148,6 +148,29 @@ def prefix_cache_hit(scheduler: Any, request: Any) -> int:
     return int(found[1])
 
 
+def connector_hit(scheduler: Any, request: Any, local_hit: int = 0) -> int:
+    """Tokens of a waiting, not yet computed ``request`` beyond its prefix-cache hit
+    ``local_hit`` that vLLM's KV connector will load synchronously when it admits it, counted
+    as computed (a PD decode instance: the prompt the prefill instance computed); 0 without a
+    connector or with an asynchronous load (vLLM computes nothing of the request in the step
+    that starts the load; once loaded, the request holds computed tokens and vLLM keeps it to
+    itself). Asked as vLLM asks at admission (the local hit presented block-aligned, a remote
+    hit no longer than the local hit's partial block ignored), and only of the decode half of a
+    disaggregated request (``kv_transfer_params["do_remote_prefill"]``, vLLM's key): vLLM asks
+    a connector at admission only, and connectors and vLLM's own tests may count on that."""
+    connector = getattr(scheduler, "connector", None)
+    params = getattr(request, "kv_transfer_params", None)
+    if connector is None or not params or not params.get("do_remote_prefill"):
+        return 0
+    if request.num_computed_tokens > 0 or request.skip_reading_prefix_cache:
+        return 0
+    aligned = local_hit - local_hit % int(scheduler.cache_config.block_size)
+    tokens, load_async = connector.get_num_new_matched_tokens(request, aligned)
+    if not tokens or load_async:
+        return 0
+    return max(0, aligned + int(tokens) - local_hit)
+
+
 def defers_prefills(scheduler: Any, throttle_prefills: bool) -> bool:
     """Whether vLLM holds all prefill work this step (0.33: ``schedule(throttle_prefills=True)``
     for DP balancing, and the ``prefill_schedule_interval`` cadence), so that running prefill

@@ -14,7 +14,9 @@ tokens each computes and whom to preempt. The hooks, all as thin as vLLM allows:
    running ones, and this runs every step) whose tokens to compute are the ones vLLM
    would schedule this step (:func:`compat.step_tokens`: draft tokens of speculative decoding
    included, the chunk cut at ``long_prefill_token_threshold`` and the model length, the
-   prefix-cache hit a waiting request will find, a lone decode padded to the spec-decode width);
+   prefix-cache hit a waiting request will find, a lone decode padded to the spec-decode width;
+   what a KV connector will load synchronously on admission counts as computed, as vLLM counts
+   it: a PD decode instance's request is the one token left, :func:`compat.connector_hit`);
    the policy plans the step with :class:`EngineLimits` from the scheduler config and the KV
    pool's free blocks. Running requests with nothing to compute this step (all their tokens in
    flight, or prefill held by vLLM's prefill interval / DP throttle) are shown with 0 tokens: they
@@ -568,7 +570,10 @@ class PolicyDriver:
         view = self._tokens_view(req)
         hit = compat.prefix_cache_hit(self.scheduler, req) if lookup else 0
         view.cache_hit = hit
-        view.step_tokens = tokens_of.waiting(req, hit)
+        # what a KV connector supplies counts as computed (as vLLM counts it on admission)
+        loaded = compat.connector_hit(self.scheduler, req, hit)
+        view.num_computed_tokens += loaded
+        view.step_tokens = tokens_of.waiting(req, hit + loaded)
         # a waiting request's view stays right while it waits: vLLM changes a queued request's
         # tokens only by running it (a running view clears the stamp) or by appending to it
         # (streaming input, outputs landing late under async scheduling: the stamp changes)

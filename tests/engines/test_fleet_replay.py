@@ -110,8 +110,11 @@ PD = PdConfig(num_prefill=1, transfer=KvTransferModel(per_token_s=2e-6, fixed_s=
     [
         (None, "min-load", 67_659),  # stock vLLM
         (None, "least-predicted-ttft", 300),  # the decode pools bind: preemptions, recompute
-        ("vllm-v1", "goroute", 67_659),
         ("vllm-v1", "power-of-two", 300),
+        # the policy plans a landed request as the one token vLLM will compute (its view counts
+        # the connector's tokens as computed), as the simulator does
+        ("slide", "goroute", 67_659),
+        ("slide", "least-predicted-ttft", 300),
     ],
 )
 def test_pd_fleet_agrees_request_by_request(
