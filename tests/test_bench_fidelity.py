@@ -202,3 +202,20 @@ def test_cluster_sim_only_run(bench: ModuleType, capsys: pytest.CaptureFixture[s
     assert all(0 < r["tdg_sim"] <= 1 and r["placement_share"] is None for r in rows)
     ranks = bench.rankings(rows, ("vllm-v1", "slide"))
     assert [r["router"] for r in ranks] == ["goroute", "min-load"]
+
+
+def test_pd_arguments_and_sim_only_run(
+    bench: ModuleType, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fleet = ["--cluster", "a100-qwen2-7b,910b-qwen2-7b,a100-qwen2-7b"]
+    cfg = bench.parse_args(["--trace", "azure_conv", *fleet, "--pd-prefill", "1"])
+    assert cfg.pd_prefill == 1 and bench.parse_args(["--trace", "azure_conv"]).pd_prefill == 0
+    for argv in (["--pd-prefill", "1"], [*fleet, "--pd-prefill", "3"]):  # no --cluster; no decode
+        with pytest.raises(SystemExit):
+            bench.parse_args(["--trace", "azure_conv", *argv])
+    argv = ["--trace", "azure_conv_20min", "--requests", "40", "--rate-scale", "2"]
+    argv += ["--kv-blocks", "67659", "--policy", "vllm-v1", "--sim-only", "--json"]
+    argv += [*fleet, "--router", "min-load", "--pd-prefill", "1"]
+    assert bench.main(argv) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert row["pd_prefill"] == 1 and row["router"] == "min-load" and 0 < row["tdg_sim"] <= 1
