@@ -10,5 +10,6 @@ so ``engine_common`` stays the shared layer they import and never reaches up int
 * :mod:`~engine_harness.replay` — a real vLLM scheduler (stock, or ours with any policy) on a
   virtual clock, without a model or a GPU (imports vLLM);
 * :mod:`~engine_harness.fleet_replay` — the fleet: every instance a real vLLM scheduler, a
-  router of :mod:`priority.routing` in front (imports vLLM).
+  router of :mod:`priority.routing` in front, co-located or PD-disaggregated (prefill and decode
+  schedulers joined by vLLM's KV-connector interface; imports vLLM).
 """
