@@ -236,9 +236,9 @@ class PrefillQueue(dict[str, Request]):
         "_order",
         "_prompt_tokens",
         "_tokens",
-        "mutations",
         "_tpot",
         "_work",
+        "mutations",
     )
 
     def __init__(self, items: Mapping[str, Request] | Iterable[tuple[str, Request]] = ()) -> None:
