@@ -1148,6 +1148,16 @@ def gateway() -> Board:
             ),
         ),
         Spec(
+            "Spend budgets degraded",
+            "1 while Redis is unreachable or too slow for the budget guard and each process "
+            "enforces its share of what every budget had left, in process "
+            "(docs/operations/spend-and-budgets.md).",
+            states(
+                q("max by (instance) (tiergate_budget_degraded)", "{{instance}}"),
+                {"0": ("redis", "green"), "1": ("degraded-local", "orange")},
+            ),
+        ),
+        Spec(
             "Keys served from the cache",
             "Requests authenticated from a key's last-good identity while the database could "
             "not answer, fallbacks of the limiter from Redis, and workflow calls answered "
