@@ -34,6 +34,10 @@ and ``errors`` count both paths.
 and N worker processes on one socket (:mod:`gateway.workers`), metrics merged; the gateway's CPU
 is then that of the supervisor and all its workers.
 
+The gateway (and the ASGI relay) is served with ``tiergate serve``'s uvicorn options
+(:func:`gateway.app.http_limits.http_options`: the head-limited parser, no forwarded-header
+rewriting unless proxies are trusted), so the bench measures the server that ships.
+
 ``--relay asgi|raw|...`` puts a bare relay (:mod:`relay_floor`, ``bench/relay_floor.py``) in the
 gateway's place: no auth, admission, event parsing or accounting — an ASGI app under the same
 uvicorn configuration and upstream client, or asyncio protocols without ASGI; ``granian`` and
@@ -304,6 +308,7 @@ def _serve_role(args: argparse.Namespace) -> int:
     import uvicorn
 
     app: Any  # the engine's or the gateway's FastAPI app, or the bare ASGI relay
+    served: dict[str, Any] = {}  # the gateway's uvicorn options (the relay's: the same)
     if args.role == "engine":
         from engine_emulated.serve import EngineSpec
 
@@ -319,15 +324,21 @@ def _serve_role(args: argparse.Namespace) -> int:
     elif args.relay == "asgi":
         from relay_floor import AsgiRelay
 
+        from gateway.app.http_limits import http_options
+        from gateway.settings import get_settings
+
         app = AsgiRelay(args.engine_url)
+        served = http_options(get_settings())
     elif args.workers > 1:
         _run(_serve_gateway_workers(args))
         return 0
     else:
         from gateway.app import BackendSpec, create_app
+        from gateway.app.http_limits import http_options
 
         backend = BackendSpec("bench-engine", args.engine_url, MODEL, args.profile, kind="emulated")
         app = create_app(backends=[backend])
+        served = http_options(app.state.settings)  # as `tiergate serve` serves it
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
@@ -339,6 +350,7 @@ def _serve_role(args: argparse.Namespace) -> int:
             lifespan="on",
             timeout_graceful_shutdown=2,
             backlog=4096,
+            **served,
         )
     )
 
