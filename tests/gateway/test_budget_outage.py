@@ -304,12 +304,12 @@ async def test_calls_redis_ran_but_never_answered_are_counted_once(
     ledger = Ledger(seed=3)
     await ledger.run(guard)
     hold = await ledger.request(guard)
-    store.lose = 1  # the settlement ran in Redis; its answer is lost
+    store.lose = 2  # the settlement ran in Redis; its answer is lost, and its replay's
     await ledger.finish(guard, hold)
     assert guard.degraded
     await ledger.run(guard)
     await _recover(guard)
-    store.lose = 2  # a reservation that ran, unanswered; then the replay's answer too
+    store.lose = 3  # a reservation that ran, unanswered twice; then the write-back's too
     for _ in range(3):
         await ledger.run(guard)
     assert guard.degraded
@@ -327,12 +327,33 @@ async def test_a_reservation_refused_in_process_is_taken_back_if_redis_ran_it(
     for _ in range(2):
         await guard.settle(await guard.reserve(7, None, Decimal("0.46")), Decimal("0.46"))
     await guard.heartbeat()
-    store.lose = 1  # Redis has room for it and takes it; the answer is lost
+    store.lose = 2  # Redis has room for it and takes it; the answer is lost, and the replay's
     with pytest.raises(BudgetExceeded) as refused:  # this process's share is (1 - 0.92) / 2
         await guard.reserve(7, None, MAX_COST)
     assert "briefly unavailable" in refused.value.message
     await _recover(guard)
     assert await _counter(guard) == Decimal("0.92")  # what Redis took is taken back
+
+
+@pytest.mark.asyncio
+async def test_one_slow_answer_is_replayed_at_once_not_an_outage(
+    own_redis: PrivateRedis, guards: MakeGuard
+) -> None:
+    """A call past its timeout once (a loaded process's event loop resumed late) is replayed
+    under its marker: the process stays on Redis and the call counts once, whether it ran."""
+    store = LostReplies(redis.asyncio.Redis.from_url(own_redis.url), owns_client=True)
+    guard = guards(store)
+    ledger = Ledger(seed=5)
+    await ledger.run(guard)
+    store.lose = 1  # a reservation ran, its answer came too late; the replay is answered
+    hold = await ledger.request(guard)
+    store.lose = 1  # the same for its settlement
+    await ledger.finish(guard, hold)
+    assert not guard.degraded
+    assert guard.slow_replays == 2
+    assert guard.unavailable == 0
+    assert ledger.served == 2
+    assert await _counter(guard) == ledger.charged
 
 
 class Cut(RedisBudgetStore):
