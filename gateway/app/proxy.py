@@ -1,18 +1,9 @@
 """The data plane: admit, route, relay, account — one :class:`Job` per request.
 
-Admission, in order: authenticate (401), parse and check the body (400: nesting bounded before
-parsing, OpenAI's types), resolve the SLO (400), find the model (404), check the backends'
-context length (400 ``context_length_exceeded``, :mod:`gateway.app.context`), reserve tenant
-limits — prompt tokens plus expected output (``max_tokens``, else ``default_max_tokens``) —
-before anything is dispatched (429), predict the first token — queue wait plus GoRouting's
-estimate; for a deadline, compound or best-effort request the last token, by its deadline —
-and shed a request it makes later than its tier allows (``shed_slack``), or demote
-it to best effort where the tier allows that (503 ``slo_infeasible`` / ``slo_unattainable``,
-:mod:`gateway.app.shedding`), then wait for a dispatch slot in the gain-ordered admission queue
-(429 ``queue_full``; 503 ``slo_unattainable`` once the wait itself makes the objective
-unattainable, ``queue_ttl`` for best effort). Where engines run SLOs-Serve's admission planner,
-each is asked in turn just before dispatch, the router's choice first (503 ``slo_declined`` when
-all decline, or demoted: :mod:`gateway.app.slo_admission`).
+Admission: authenticate (401), then admission's ordered stages — body, SLO, kind, conversation
+stage, model (404), context length (400), length prediction, core request, budgets, rate limits
+(429), route and shed (503), the admission queue, the engines' admission planners — in
+:mod:`gateway.dataplane.admission`, one module per stage in :mod:`gateway.dataplane.stages`.
 
 Dispatch: the router picks a backend; a failure before the first token (connect error, 5xx,
 a stream that ends first or with a server error, garbage, no first token within the request's
@@ -52,7 +43,6 @@ import dataclasses
 import itertools
 import json
 import logging
-import math
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -60,7 +50,6 @@ from typing import Any, Literal, NamedTuple
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import ValidationError
 from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
@@ -75,28 +64,25 @@ from gateway.app.accounting import (
 )
 from gateway.app.auth import authenticate_request
 from gateway.app.backends import Backend, ModelGroup
-from gateway.app.context import check_context, context_window
 from gateway.app.deadlines import AttemptBudget, attempt_budget, stall_timeout
-from gateway.app.kinds import LengthPrediction, single_sequence
+from gateway.app.kinds import LengthPrediction
 from gateway.app.metrics import objectives_met
 from gateway.app.patterns import CallEnd
 from gateway.app.schemas import ChatBody, CompletionBody
-from gateway.app.shedding import Action, Verdict, decode_s, judge, lone_prefill_s, shed_message
-from gateway.app.slo import engine_priority, resolve_slo
-from gateway.app.slo_admission import PlanOutcome
-from gateway.app.stages import mark_stage, record_stage
+from gateway.app.shedding import Verdict, lone_prefill_s
+from gateway.app.slo import engine_priority
+from gateway.app.stages import record_stage
 from gateway.app.state import GatewayState
 from gateway.app.upstream import UpstreamError, UpstreamResponse
 from gateway.app.watchdog import StreamWatch
 from gateway.bounds import MIN_WEIGHT
+from gateway.dataplane.admission import admit as run_admission
 from gateway.db.identity import KeyIdentity
 from gateway.db.request_log import RequestExplain
 from gateway.db.usage import UsageEvent
-from gateway.errors import INVALID_REQUEST, ApiError, invalid_body, parse_json_body
-from gateway.limits import AdmissionRejected, Limits, QueueItem, RejectReason, Reservation
-from gateway.limits.backlog import gain_density
+from gateway.errors import INVALID_REQUEST, ApiError
+from gateway.limits import AdmissionRejected, Reservation
 from gateway.limits.budget import BudgetHold
-from priority.gain import kind_slo
 from priority.lengths.features import RequestFeatures
 from priority.request import SLO, RequestMeta
 from priority.request import Request as CoreRequest
@@ -241,7 +227,7 @@ class Job:
         self.stream = False
         self.include_usage = False
         self.meta: RequestMeta | None = None
-        """What the engine is told about the request (built by admission's stages)."""
+        """What the engine is told about the request (published by admission's stages)."""
         self.core: CoreRequest | None = None
         self.prompt_tokens = 0
         self.expected_output = 0
@@ -262,247 +248,29 @@ class Job:
         self.attempts = 0
         self.verdict: Verdict | None = None
         """Admission's, kept for the request log."""
+        self.parsed: ChatBody | CompletionBody | None = None
+        """The validated body (admission's ``body`` stage), for the stages after it."""
+        self.draft: RequestMeta | None = None
+        """The metadata while admission's stages build it; ``meta`` once whole."""
+        self.fits = True
+        """False when only the gateway's estimate says the request exceeds the context."""
+        self.priority = 0.0
+        """The request's place in the admission queue (gain density; negative when demoted)."""
         self.length: LengthPrediction | None = None
         self.length_features: RequestFeatures | None = None
         """Kept for the request's length sample (``TIERGATE_LENGTHS_LEARN``), else None."""
 
     # ---- admission ----------------------------------------------------------------------
 
-    async def admit(self, http: Request) -> None:
-        state, policy = self.state, self.identity.policy
-        body = self._parse(await http.body())
-        meta = resolve_slo(
-            http.headers,
-            policy,
-            self.tier,
-            tenant=self.identity.tenant_name,
-            arrival_unix_s=self.arrival_unix,
-        )
-        meta = await state.kinds.resolve(  # kind, workflow stage, sub-deadline
-            http.headers, meta, policy, tier=self.tier, tenant_key=str(self.identity.tenant_id)
-        )
-        assert self.model is not None
-        # a tool response sent back for a new turn: a new prefill stage of its conversation
-        self.meta = meta = mark_stage(
-            meta, self.body, tenant=str(self.identity.tenant_id), model=self.model
-        )
-        group = state.pool.group(self.model)
-        if group is None:
-            raise ApiError(
-                404,
-                f"The model `{self.model}` does not exist.",
-                code="model_not_found",
-                param="model",
-            )
-        self.group = group
-        fits = await self._check_context(body, group)
-        features = state.kinds.length_features(
-            body, tenant=self.identity.tenant_name, prompt_tokens=self.prompt_tokens
-        )
-        # the length: predicted beside admission, never before it; kept for a length sample
-        self.length = state.kinds.predict_length(features)
-        if state.length_samples is not None and single_sequence(body):
-            self.length_features = features
-        self.core = CoreRequest.from_meta(  # judged end to end: a workflow by its deadline
-            meta,
-            self.request_id,
-            arrival_s=self.arrival,
-            prompt_tokens=self.prompt_tokens,
-            max_output_tokens=self.expected_output,
-            end_to_end=True,
-        )
-        # a spent budget refuses before the rate limits are charged for the request
-        self.budget_hold = await state.budgets.admit(
-            self.identity.tenant_id,
-            self.identity.key_id,
-            self.model,
-            self.prompt_tokens,
-            self.expected_output,
-        )
-        limits = Limits(policy.rpm_limit, policy.tpm_limit, policy.max_concurrency)
-        self.reservation = await state.limiter.reserve(
-            str(self.identity.tenant_id), limits, self.prompt_tokens + self.expected_output
-        )
-        now = time.monotonic()
-        decision = self._route(now)
-        # SLO-aware shedding (gateway.app.shedding): predicted TTFT, queue wait included; a
-        # request of an end-to-end kind (deadline, workflow) by its predicted finish and deadline
-        judged = kind_slo(meta.kind, self.core.slo)
-        end_to_end = not judged.is_streaming
-        due_s = judged.token_due_s(1)
-        priority = gain_density(state.pool.weights, policy.weight, self.prompt_tokens)
-        wait = state.queue.predicted_wait_s(priority, self.model)
-        verdict = judge(
-            elapsed_s=now - self.arrival,
-            due_s=due_s,
-            shed_slack=policy.shed_slack,
-            best_effort=policy.best_effort_allowed,
-            wait_s=wait,
-            engine_s=self._engine_ttft(decision),
-            zero_load_s=self._engine_ttft(decision, idle=True),
-            drain_s=state.queue.drain_time_s() if wait == math.inf else None,
-            horizon_s=state.settings.dispatch_horizon_s,
-            checked=fits,  # else maybe too long: the engine's tokenizer decides, not a 503
-            decode_s=self._engine_decode(decision) if end_to_end else 0.0,
-        )
-        self.verdict = verdict
-        if verdict.action is Action.SHED:
-            assert verdict.reason is not None
-            due_ms = due_s * 1e3 if end_to_end else milliseconds(self._ttft_s())
-            message = shed_message(
-                verdict, self.tier, due_ms, policy.shed_slack, end_to_end=end_to_end
-            )
-            raise AdmissionRejected(verdict.reason, verdict.retry_after_s, message)
-        if verdict.action is Action.DEMOTE:
-            priority = -float(self.prompt_tokens)  # below every request not demoted
-        item = QueueItem(
-            self.request_id,
-            self.tier,
-            priority=priority,
-            ttl_s=self._queue_ttl(demoted=verdict.action is Action.DEMOTE),
-            aging_s=self._ttft_s(),
-            slo_wait_s=verdict.slo_wait_s,
-            demotable=policy.best_effort_allowed,
-            model=self.model,
-        )
-        before = time.monotonic()
-        grant = await state.queue.wait_for_turn(item)
-        self.slot = True
-        self.granted_at = time.monotonic()
-        self.overhead_s = before - self.arrival
-        if grant.demoted:
-            self._demote(verdict.reason or RejectReason.SLO_UNATTAINABLE)
-        self.decision = decision if grant.waited_s < 1e-3 and not grant.demoted else None
-        if not grant.demoted:
-            await self._ask_planners()
-
-    async def _ask_planners(self) -> None:
-        """Where engines run SLOs-Serve's admission planner, ask them in turn, just before
-        dispatch (:mod:`gateway.app.slo_admission`): the first that admits gets the request;
-        when all decline, it is demoted where its tier allows best effort (and waits again, as
-        best effort does, for a nearly idle engine), else shed (503 ``slo_declined`` with
-        ``retry-after``)."""
-        assert self.group is not None and self.core is not None
-        admission = self.state.slo_admission
-        if not admission.applies(self.group):
-            return
-        routed = self.decision or self._route(time.monotonic())
-        placement = admission.place(
-            self.core,
-            self.group,
-            routed.instance,
-            best_effort_allowed=self.identity.policy.best_effort_allowed,
-            metrics=self.state.metrics,
-            tier=self.tier,
-        )
-        if placement is None:
-            return
-        if placement.instance is not None:  # admitted there: dispatch goes where it was asked
-            moved = placement.instance != routed.instance
-            self.decision = RouteDecision(placement.instance) if moved else routed
-            return
-        reason = RejectReason.SLO_DECLINED
-        if placement.outcome is PlanOutcome.DEMOTED:
-            self._demote(reason)
-            self.decision = None
-            # its slot back to the queue: best effort waits behind every promised request for an
-            # idle engine (dispatched at once, a best-effort prefill step delays promised ones)
-            self.slot = False
-            self.state.queue.release()
-            assert self.model is not None
-            item = QueueItem(
-                self.request_id,
-                self.tier,
-                priority=-float(self.prompt_tokens),
-                ttl_s=self._queue_ttl(demoted=True),
-                aging_s=self._ttft_s(),
-                slo_wait_s=0.0,
-                demotable=True,
-                model=self.model,
-            )
-            await self.state.queue.wait_for_turn(item)
-            self.slot = True
-            return
-        raise AdmissionRejected(reason, placement.retry_after_s, placement.message(self.tier))
-
-    def _parse(self, raw: bytes) -> ChatBody | CompletionBody:
-        payload = parse_json_body(raw)  # nesting bounded before parsing: never a RecursionError
-        schema = ChatBody if self.kind == "chat" else CompletionBody
-        try:  # a body that is not an object fails here too (``invalid_type``)
-            body = schema.model_validate(payload)
-        except ValidationError as exc:
-            raise invalid_body(exc) from None
-        self.body = payload
-        self.model = body.model
-        self.stream = body.stream
-        self.include_usage = body.include_usage
-        self.prompt_tokens = body.prompt_tokens()
-        expected = body.expected_output()
-        self.expected_output = expected or self.state.settings.default_max_tokens
-        return body
-
-    async def _check_context(self, body: ChatBody | CompletionBody, group: ModelGroup) -> bool:
-        """400 ``context_length_exceeded`` for a request that certainly exceeds the backends'
-        context, before any limit or SLO is considered (:mod:`gateway.app.context`); False when
-        only the gateway's estimate says it does."""
-        window = await context_window(group, self.state.pool.upstream)
-        if window is None:
-            return True  # unknown: the engine decides, as it always did
-        return check_context(
-            window,
-            body.prompt_lengths(),
-            body.expected_output(),
-            exact_prompt=body.exact_prompt,
-            prompt_param=body.prompt_param,
-            output_param=body.output_param(),
-        )
-
-    def _queue_ttl(self, *, demoted: bool) -> float:
-        """How long the request may wait for a dispatch slot: ``queue_ttl_s``, and no later than
-        its deadline, for which waiting longer is pointless — unless it is demoted at admission:
-        best effort has given its deadline up and waits like any best-effort request."""
-        ttl = self.state.settings.queue_ttl_s
-        deadline_s = self._deadline_s()
-        if deadline_s is not None and not demoted:
-            ttl = min(ttl, max(1e-3, self.arrival + deadline_s - time.monotonic()))
-        return ttl
+    admit = run_admission
+    """Run admission's stages (:mod:`gateway.dataplane.admission`) on this job: the function
+    itself as the method, so a request pays no wrapper's coroutine for it."""
 
     def _deadline_s(self) -> float | None:
         """The request's end-to-end deadline from its arrival (a workflow call's: its
         workflow's), or None."""
         assert self.meta is not None
         return self.meta.end_to_end_slo.deadline_s
-
-    def _ttft_s(self) -> float:
-        """The request's TTFT objective: the gateway gives every request one (its tier's)."""
-        assert self.meta is not None and self.meta.slo.ttft_s is not None
-        return self.meta.slo.ttft_s
-
-    def _engine_ttft(self, decision: RouteDecision, *, idle: bool = False) -> float:
-        """Predicted dispatch-to-first-token time on the decision's backend: the router's
-        estimate under its load, or (``idle``, or a router that makes none) the zero-load
-        prefill time from the backend's profile."""
-        if not idle and decision.predicted_ttft_s is not None:
-            return decision.predicted_ttft_s
-        assert self.group is not None
-        return lone_prefill_s(self.group.backends[decision.instance], self.prompt_tokens)
-
-    def _engine_decode(self, decision: RouteDecision) -> float:
-        """Predicted first-to-last-token time of the expected output on the decision's backend,
-        decoding it alone (:func:`~gateway.app.shedding.decode_s`)."""
-        assert self.group is not None
-        estimator = self.group.backends[decision.instance].view.estimator
-        return decode_s(estimator, self.prompt_tokens, self.expected_output)
-
-    def _demote(self, reason: RejectReason) -> None:
-        """Serve without its SLO at the lowest priority (``docs/operations/overload.md``): the
-        engine gets the smallest weight (vLLM priority +10), the router counts its first token
-        as worth nothing, and its usage record says why. Its gain is still accounted at the
-        tier's weight and SLO: demotion changes how it is served, not what it was worth."""
-        assert self.core is not None
-        self.demoted = reason.value
-        self.core.weight = MIN_WEIGHT
-        self.state.metrics.demotions.labels(self.tier, reason.value).inc()
 
     def _route(self, now: float, exclude: frozenset[str] = frozenset()) -> RouteDecision:
         """Ask the group's router; ``exclude`` (backends that failed this request) sit out."""
