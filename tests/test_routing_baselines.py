@@ -213,10 +213,50 @@ def test_fallback_counts_the_decode_tokens_queued_late_requests_lose() -> None:
     crowd = [req(f"c{j}", 100, ttft=0.01, out=300) for j in range(10)]
     crowded = view(0, *crowd, prof=profile(1e-4, decode_step_s=0.03))
     lone = view(1, req("l", 1000, ttft=0.01, out=300), prof=profile(1e-4, decode_step_s=0.03))
-    assert GoRouter([crowded, lone], seed=0).route(hopeless(), NOW).instance == 1
+    expected = GoRouter([crowded, lone], seed=0, fallback="expected-gain")
+    assert expected.route(hopeless(), NOW).instance == 1
     # The paper's random fallback sends it to the crowd about half the time.
     random = GoRouter([crowded, lone], seed=0, fallback="random")
     assert 0 in {random.route(hopeless(), NOW).instance for _ in range(40)}
+
+
+def test_engine_order_fallback_sees_a_short_request_jump_a_queue_of_long_prompts() -> None:
+    # No instance meets the newcomer's 0.5 s TTFT behind its whole queue (4 s and 2 s of work),
+    # so the fallback decides. Instance 0 holds long prompts (8,000 tokens: the engine serves a
+    # 100-token prompt first), instance 1 short ones (50 tokens: served before it).
+    longs = view(0, *[req(f"L{j}", 8_000, ttft=60.0, out=50) for j in range(5)])
+    shorts = view(1, *[req(f"s{j}", 50, ttft=0.01, out=50) for j in range(400)])
+    new = req("new", 100, ttft=0.5, out=100)
+    decision = GoRouter([longs, shorts], seed=0).route(new, NOW)
+    assert decision.expected_gain is not None and decision.expected_gain <= 0.0
+    assert decision.predicted_ttft_s is not None and decision.predicted_ttft_s > 2.0
+    engine = GoRouter([longs, shorts], seed=0)
+    assert engine.route(new, NOW).instance == 0  # ahead of the long prompts: on time there
+    swapped = GoRouter(
+        [view(0, *shorts.prefill_queue.values()), view(1, *longs.prefill_queue.values())], seed=0
+    )
+    assert swapped.route(new, NOW).instance == 1
+
+
+def test_engine_order_fallback_avoids_delaying_queued_requests_that_can_still_catch_up() -> None:
+    # Equal queues of equal work; the newcomer (a short prompt, served first on either) delays
+    # every queued request by its prefill. On instance 0 they are late but decode fast enough
+    # to catch up; on instance 1 they arrived 1,000 s ago, long past catching up.
+    def queued(tag: str, arrival: float) -> list[Request]:
+        return [
+            Request(f"{tag}{j}", arrival, 4_000, SLO(ttft_s=0.01, tpot_s=0.1)) for j in range(5)
+        ]
+
+    fast = profile(1e-4, decode_step_s=0.03)
+    hopeful = view(0, *queued("h", NOW), prof=fast)
+    lost = view(1, *queued("x", NOW - 1_000.0), prof=fast)
+    new = req("new", 1_000, ttft=0.05, out=100)
+    assert GoRouter([hopeful, lost], seed=0).route(new, NOW).instance == 1
+    swapped = [
+        view(0, *queued("x", NOW - 1_000.0), prof=fast),
+        view(1, *queued("h", NOW), prof=fast),
+    ]
+    assert GoRouter(swapped, seed=0).route(new, NOW).instance == 0
 
 
 def test_fallback_under_pd_uses_the_decode_instance_for_every_prefill_candidate() -> None:
@@ -298,3 +338,21 @@ def test_goroute_rebinds_the_decode_instance_at_the_first_token() -> None:
     assert router.decode_at_handoff(new, decision, NOW + 5).decode_instance == 2
     paper = GoRouter([prefill, fast, slow], decode_choice="free-kv")
     assert paper.decode_at_handoff(new, decision, NOW + 5) is decision
+
+
+def test_engine_order_is_rebuilt_once_enough_of_the_queue_changed() -> None:
+    # 32 queued: kept through 2 changes (1/16 of them), rebuilt on the third.
+    queued = [req(f"q{j}", 2_000, ttft=0.01) for j in range(32)]
+    instances = [view(0, *queued), view(1, *queued)]
+    router = GoRouter(instances, seed=0)
+    router.route(hopeless(), NOW)
+    built = router._orders[0][1]
+    assert built.size == 32
+    queue = instances[0].prefill_queue
+    for j in range(2):
+        queue[f"n{j}"] = req(f"n{j}", 100, ttft=0.01)
+        router.route(hopeless(), NOW)
+        assert router._orders[0][1] is built
+    queue["n2"] = req("n2", 100, ttft=0.01)
+    router.route(hopeless(), NOW)
+    assert router._orders[0][1].size == 35

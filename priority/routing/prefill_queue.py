@@ -136,7 +136,16 @@ class DeadlineOrder:
     of the queue on every change. The weights are ``array('d')`` buffers, which numpy reads
     without a copy (:func:`numpy.frombuffer`)."""
 
-    __slots__ = ("decode_tokens_weighted", "entries", "padded", "stream_weights", "weights")
+    __slots__ = (
+        "decode_tokens_weighted",
+        "entries",
+        "outputs",
+        "padded",
+        "prompts",
+        "stream_weights",
+        "tpots",
+        "weights",
+    )
 
     def __init__(self, entries: Iterable[_Entry]) -> None:
         ordered = sorted(entries, key=lambda e: e.deadline_s)
@@ -151,6 +160,12 @@ class DeadlineOrder:
         """Tier weights, in deadline order."""
         self.stream_weights = array("d", [e.stream_weight for e in ordered])
         """Tier weights of streaming requests (0 for end-to-end ones), in deadline order."""
+        self.prompts = array("d", [e.prompt_tokens for e in ordered])
+        """Prompt lengths, in deadline order (a router's model of the engine's own order)."""
+        self.tpots = array("d", [e.tpot_s for e in ordered])
+        """TPOT SLOs (inf: none), in deadline order."""
+        self.outputs = array("d", [_expected_decodes(e) for e in ordered])
+        """Expected decode tokens after the first, in deadline order."""
         self.decode_tokens_weighted = math.fsum(_decode_tokens(e) for e in ordered)
         """Sum over streaming requests of tier weight x expected decode tokens (after the
         first), as they were when they entered."""
@@ -166,6 +181,9 @@ class DeadlineOrder:
         self.entries.insert(at, entry)
         self.weights.insert(at, entry.request.weight)
         self.stream_weights.insert(at, entry.stream_weight)
+        self.prompts.insert(at, entry.prompt_tokens)
+        self.tpots.insert(at, entry.tpot_s)
+        self.outputs.insert(at, _expected_decodes(entry))
         self.decode_tokens_weighted += _decode_tokens(entry)
 
     def remove(self, entry: _Entry) -> None:
@@ -173,6 +191,7 @@ class DeadlineOrder:
         while self.entries[at] is not entry:
             at += 1
         del self.padded[at], self.entries[at], self.weights[at], self.stream_weights[at]
+        del self.prompts[at], self.tpots[at], self.outputs[at]
         if self.entries:
             self.decode_tokens_weighted -= _decode_tokens(entry)
         else:  # no drift left behind by a long run of adds and removals
@@ -180,7 +199,11 @@ class DeadlineOrder:
 
 
 def _decode_tokens(entry: _Entry) -> float:
-    return entry.stream_weight * max(0, entry.request.expected_output_tokens - 1)
+    return entry.stream_weight * _expected_decodes(entry)
+
+
+def _expected_decodes(entry: _Entry) -> float:
+    return float(max(0, entry.request.expected_output_tokens - 1))
 
 
 class _LazyMin:
