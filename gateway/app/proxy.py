@@ -266,13 +266,13 @@ class Job:
     """Run admission's stages (:mod:`gateway.dataplane.admission`) on this job: the function
     itself as the method, so a request pays no wrapper's coroutine for it."""
 
-    def _deadline_s(self) -> float | None:
+    def deadline_s(self) -> float | None:
         """The request's end-to-end deadline from its arrival (a workflow call's: its
         workflow's), or None."""
         assert self.meta is not None
         return self.meta.end_to_end_slo.deadline_s
 
-    def _route(self, now: float, exclude: frozenset[str] = frozenset()) -> RouteDecision:
+    def route(self, now: float, exclude: frozenset[str] = frozenset()) -> RouteDecision:
         """Ask the group's router; ``exclude`` (backends that failed this request) sit out."""
         assert self.group is not None and self.core is not None
         skipped: frozenset[int] = _NONE
@@ -339,7 +339,7 @@ class Job:
         budget: AttemptBudget | None = None
         for _ in range(self.state.settings.max_attempts):
             now = time.monotonic()
-            decision = self.decision or self._route(now, exclude)
+            decision = self.decision or self.route(now, exclude)
             self.decision = None
             if budget is None:  # from the first dispatch; retries get what is left of it
                 budget = self._budget(decision, now)
@@ -454,7 +454,7 @@ class Job:
         """How long a request may keep waiting in a serving engine's queue when no other
         backend could take it: to its deadline, else the upstream read timeout."""
         limit = self.state.settings.upstream_timeout_s
-        deadline_s = self._deadline_s()
+        deadline_s = self.deadline_s()
         if deadline_s is not None and not self.demoted:
             limit = min(limit, self.arrival + deadline_s - time.monotonic())
         return max(0.0, limit)

@@ -1,5 +1,5 @@
 """A request retried elsewhere asks its router to leave the backends that failed it out
-(``Job._route``'s ``exclude``) — and no other request sees those backends as unhealthy
+(``Job.route``'s ``exclude``) — and no other request sees those backends as unhealthy
 meanwhile: their ``InstanceView.healthy`` is never touched."""
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def _job(names: list[str]) -> tuple[Job, list[tuple[frozenset[int], list[bool]]]
 def test_the_failed_backends_sit_out_without_their_health_flipped() -> None:
     job, seen = _job(["a", "b", "c"])
     for _ in range(6):
-        decision = job._route(0.0, frozenset({"a", "c"}))
+        decision = job.route(0.0, frozenset({"a", "c"}))
         assert decision.instance == 1
     assert all(exclude == frozenset({0, 2}) for exclude, _ in seen)
     assert all(healthy == [True, True, True] for _, healthy in seen)
@@ -65,7 +65,7 @@ def test_the_failed_backends_sit_out_without_their_health_flipped() -> None:
 def test_no_backend_left_is_503_and_every_one_stays_healthy() -> None:
     job, seen = _job(["a", "b"])
     with pytest.raises(ApiError) as info:
-        job._route(0.0, frozenset({"a", "b"}))
+        job.route(0.0, frozenset({"a", "b"}))
     assert info.value.status == 503 and info.value.code == "no_healthy_backend"
     assert seen == [(frozenset({0, 1}), [True, True])]
     assert all(b.view.healthy for b in job.group.backends)  # type: ignore[union-attr]

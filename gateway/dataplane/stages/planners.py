@@ -35,7 +35,7 @@ def ask(job: Job, http: Request) -> Awaitable[None] | None:
 async def _ask(job: Job) -> None:
     assert job.group is not None and job.core is not None and job.model is not None
     admission = job.state.slo_admission
-    routed = job.decision or job._route(time.monotonic())
+    routed = job.decision or job.route(time.monotonic())
     placement = admission.place(
         job.core,
         job.group,

@@ -50,7 +50,7 @@ def queue_ttl(job: Job, *, demoted: bool) -> float:
     its deadline, for which waiting longer is pointless — unless it is demoted at admission:
     best effort has given its deadline up and waits like any best-effort request."""
     ttl = job.state.settings.queue_ttl_s
-    deadline_s = job._deadline_s()
+    deadline_s = job.deadline_s()
     if deadline_s is not None and not demoted:
         ttl = min(ttl, max(1e-3, job.arrival + deadline_s - time.monotonic()))
     return ttl

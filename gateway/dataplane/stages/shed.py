@@ -32,7 +32,7 @@ def route_and_shed(job: Job, http: Request) -> None:
     meta = job.meta
     assert meta is not None and job.core is not None and job.model is not None
     now = time.monotonic()
-    decision = job.decision = job._route(now)
+    decision = job.decision = job.route(now)
     judged = kind_slo(meta.kind, job.core.slo)
     end_to_end = not judged.is_streaming
     due_s = judged.token_due_s(1)
