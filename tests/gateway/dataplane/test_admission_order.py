@@ -1,6 +1,6 @@
 """Admission's stages: their order (refusals before charges, charges before waiting), how the
 stage list runs, and — through a running gateway — that a request refused before the limits
-stage is never charged to its tenant's rate limit."""
+stage (by its body, SLO, model or spent budget) is never charged to its tenant's rate limit."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from gateway.app.server import GatewayThread
 from gateway.dataplane import admission
 from gateway.dataplane.admission import ADMISSION, Stage, admit
 from gateway.db import crud
+from gateway.db.crud import budgets, prices
 from gateway.db.models import Base
 from gateway.db.seed import seed_defaults
 from gateway.db.session import make_engine, make_session_factory
@@ -95,7 +96,9 @@ RPM = 2
 
 
 @pytest.fixture(scope="module")
-def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, str]]:
+    """The gateway's URL, a key of a tenant limited to ``RPM`` requests a minute, and a second
+    key of that tenant whose own daily budget is below any request's price (a priced model)."""
     root: Path = tmp_path_factory.mktemp("admission-order")
     url = f"sqlite:///{root / 'tiergate.db'}"
     engine = make_engine(url)
@@ -104,18 +107,25 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str
         seed_defaults(session)
         crud.create_tenant(session, actor="test", name="t", tier="standard", rpm_limit=RPM)
         key = crud.create_key(session, actor="test", tenant="t", secret=SECRET).plaintext
+        broke = crud.create_key(session, actor="test", tenant="t", secret=SECRET)
+        prices.create_price(
+            session, actor="test", model=MODEL, prompt_per_mtok="1", completion_per_mtok="1"
+        )
+        budgets.create_budget(
+            session, actor="test", key=broke.api_key.id, period="day", amount="0.000001"
+        )
     settings = Settings(database_url=url, secret=SecretStr(SECRET), data_dir=root, redis_url=None)
     with EngineThread([EngineSpec("a100-qwen2-7b", "vllm-v1-priority", MODEL)]) as engines:
         backends = [BackendSpec("engine-0", engines[0].url, MODEL, engines[0].spec.profile)]
         with GatewayThread(create_app(settings, backends=backends)) as running:
-            yield running.base_url, key
+            yield running.base_url, key, broke.plaintext
     engine.dispose()
 
 
 def test_requests_refused_before_the_limits_stage_are_not_charged(
-    gateway: tuple[str, str],
+    gateway: tuple[str, str, str],
 ) -> None:
-    base, key = gateway
+    base, key, broke = gateway
     auth = {"authorization": f"Bearer {key}"}
     chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
     refused: list[tuple[bytes | dict[str, Any], dict[str, str], int, str | None]] = [
@@ -134,6 +144,11 @@ def test_requests_refused_before_the_limits_stage_are_not_charged(
                 assert answer.status_code == status, answer.text
                 if code is not None:
                     assert answer.json()["error"]["code"] == code
+            spent = client.post(  # budgets: refused before the limits stage charges the tenant
+                "/chat/completions", headers={"authorization": f"Bearer {broke}"}, json=chat
+            )
+            assert spent.status_code == 429, spent.text
+            assert spent.headers["x-tiergate-reject-reason"] == "budget_exceeded"
         for _ in range(RPM):  # the limit is whole: nothing refused was charged to it
             assert client.post("/chat/completions", headers=auth, json=chat).status_code == 200
         over = client.post("/chat/completions", headers=auth, json=chat)
