@@ -356,3 +356,20 @@ def test_engine_order_is_rebuilt_once_enough_of_the_queue_changed() -> None:
     queue["n2"] = req("n2", 100, ttft=0.01)
     router.route(hopeless(), NOW)
     assert router._orders[0][1].size == 35
+
+
+def test_engine_order_fallback_counts_the_first_tokens_it_pushes_past_their_deadline() -> None:
+    # One queued end-to-end request (no TPOT: no decode catch-up to price; its deadline is its
+    # first token's) of the same work on each instance; the newcomer (served first: a shorter
+    # prompt) takes 0.1 s.
+    # On instance 0 the queued one has 0.05 s of slack left, on instance 1 4.6 s.
+    def queued(ttft: float) -> Request:
+        return Request(f"q{ttft}", NOW, 4_000, SLO(deadline_s=ttft))
+
+    new = req("new", 1_000, ttft=0.05, out=100)
+    tight, loose = view(0, queued(0.45)), view(1, queued(5.0))
+    assert GoRouter([tight, loose], seed=0).route(new, NOW).instance == 1
+    assert (
+        GoRouter([view(0, queued(5.0)), view(1, queued(0.45))], seed=0).route(new, NOW).instance
+        == 0
+    )

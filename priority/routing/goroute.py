@@ -65,9 +65,11 @@ engine serves its queue**:
 * It delays every queued request ranked below it by its own prefill ``beta * w(r)``. Each of
   those that streams and is not yet hopeless (late by less than its expected decode tokens
   times ``TPOT - s``) loses ``w_d * weight / (TPOT - s)`` per second of delay (``TPOT - s``
-  floored at :data:`GAP_FLOOR` of TPOT, ``s`` the decode step): G_p = own value - delay x the
-  summed rate. A queue whose requests are already lost costs nothing to join; one whose
-  requests can still catch up does.
+  floored at :data:`GAP_FLOOR` of TPOT, ``s`` the decode step); those still on time whose slack
+  is shorter than the delay lose their first token's value. G_p = own value - delay x the summed
+  rate - the first tokens pushed late - (co-located) what its decode does to the running decodes
+  (the expected-gain fallback's last term, below). A queue whose requests are already lost
+  costs nothing to join; one whose requests can still catch up does.
 * The order of a queue (:class:`_EngineOrder`) is built from the queue's deadline order with
   the time, drain and decode step of the decision that finds it stale, and rebuilt once more
   than :data:`ORDER_STALENESS` of its length entered or left since; per decision the lookups are
@@ -634,7 +636,15 @@ class _EngineOrder:
     The rates use the time, drain and decode step of the decision that built the order (it is
     rebuilt whenever the queue changes)."""
 
-    __slots__ = ("cum", "neg_density", "rate_suffix", "size")
+    __slots__ = (
+        "cum",
+        "neg_density",
+        "on_time_at",
+        "on_time_slack",
+        "on_time_value",
+        "rate_suffix",
+        "size",
+    )
 
     def __init__(
         self,
@@ -643,6 +653,7 @@ class _EngineOrder:
         chunk: int,
         total_raw: float,
         decode_value: float,
+        first_value: float,
         now: float,
         exec_s: float,
         step_s: float,
@@ -673,6 +684,13 @@ class _EngineOrder:
         hopeful = live & (late < outputs[ranked] * np.where(live, gap, 0.0))
         np.divide(decode_value * weights[ranked], gap, out=rate, where=hopeful)
         self.rate_suffix: list[float] = _suffix_sums(rate).tolist()
+        on_time = (late < 0.0).nonzero()[0]
+        self.on_time_at: list[int] = on_time.tolist()
+        """Positions of the requests still on time for their first token (ascending)."""
+        self.on_time_slack = -late[on_time]
+        """Their slack to the first-token deadline, at the build."""
+        self.on_time_value = first_value * weights[ranked][on_time]
+        """Their first token's value."""
         """``rate_suffix[i]``: loss rate (value per second of delay) of the requests from
         position ``i`` on."""
 
@@ -1063,6 +1081,7 @@ class GoRouter(Router):
         exec_s = arrays.exec_s
         ahead = np.zeros(n)
         harm_rate = np.zeros(n)
+        harm_first = np.zeros(n)
         exec_list = exec_s.tolist()
         own_list = own_raw.tolist()
         density = request.weight
@@ -1074,6 +1093,11 @@ class GoRouter(Router):
                 if at and total > 0.0:
                     ahead[k] = order.cum[at] * exec_list[k] / total
                 harm_rate[k] = order.rate_suffix[at]
+                if order.on_time_at:  # first tokens it pushes past their deadline
+                    start = bisect.bisect_left(order.on_time_at, at)
+                    if start < len(order.on_time_at):
+                        pushed = order.on_time_slack[start:] < own_s[k]
+                        harm_first[k] = float(order.on_time_value[start:][pushed].sum())
         first_s = now + ahead + own_s
         deadline_slack = None
         if slo.deadline_s is not None:
@@ -1083,8 +1107,30 @@ class GoRouter(Router):
         )
         own = weights.token_value(request.weight, 1) * (first_s < due_first)
         own = own + weights.token_value(request.weight, 2) * own_decode
-        result: np.ndarray = own - own_s * harm_rate
+        result: np.ndarray = own - own_s * harm_rate - harm_first
+        tpot = slo.tpot_s
+        if decode is None and tpot is not None:  # the running decodes it slows past TPOT
+            result -= weights.token_value(1.0, 2) * self._decode_hurt(step, tpot, tokens, request)
         return result
+
+    def _decode_hurt(
+        self, step: np.ndarray, tpot: float, tokens: float, request: Request
+    ) -> np.ndarray:
+        """Co-located: late tokens of the running decodes while the request's own decode
+        keeps the step past the TPOT SLO, per candidate position (the expected-gain
+        fallback's last term, module docstring)."""
+        cols = self._cols
+        assert cols is not None
+        n = len(cols.indices)
+        loss = np.zeros(n)
+        hurt = (cols.decoding > 0.0) & (step > tpot)
+        if hurt.any():
+            inverse_step = np.divide(1.0, step, out=np.zeros(n), where=hurt)  # step > 0
+            late_rate = 1.0 / np.maximum(cols.before, tpot) - inverse_step
+            cols.stream_suffixes()
+            mean_weight = np.where(cols.mean_known, cols.mean_weight, request.weight)
+            np.copyto(loss, mean_weight * cols.n_d * late_rate * tokens * step, where=hurt)
+        return loss
 
     def _engine_order(
         self, instance: InstanceView, now: float, exec_s: float, step: np.ndarray, k: int
@@ -1113,6 +1159,7 @@ class GoRouter(Router):
             instance.profile.engine.max_num_batched_tokens,
             summary.raw_work,
             self.weights.token_value(1.0, 2),
+            self.weights.token_value(1.0, 1),
             now,
             exec_s,
             float(step[k]),
