@@ -86,12 +86,19 @@ class Cell:
 
 
 def run_load(
-    segment: Trace, config: ClusterConfig, rps: float, routers: Sequence[str], seed: int
+    segment: Trace,
+    config: ClusterConfig,
+    rps: float,
+    routers: Sequence[str],
+    seed: int,
+    goroute_params: dict[str, Any] | None = None,
 ) -> dict[str, float]:
     workload = build_workload(segment, rps=rps, reference_profile=config.profiles[0], seed=seed)
     tdg: dict[str, float] = {}
     for router in routers:
         routed = replace(config, router=router)
+        if router == GOROUTE and goroute_params:
+            routed = replace(routed, router_params=goroute_params)
         policies = (*USERS_POLICIES, OURS) if router in USERS_ROUTERS else (OURS,)
         for summary in compare_policies(workload, routed, policies):
             tdg[f"{summary['policy']} · {router}"] = float(summary["tdg_ratio"])
@@ -214,6 +221,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--scrape-s", type=float, default=1.0)
     parser.add_argument("--json", type=Path)
     parser.add_argument("--markdown", type=Path)
+    parser.add_argument(
+        "--goroute-fallback",
+        help="GoRouting's fallback in the `goroute` column (expected-gain, engine-order; "
+        "default: the router's own)",
+    )
     args = parser.parse_args(argv)
     if not set(args.modes) <= {"co-located", "pd"}:
         parser.error("--modes: co-located and/or pd")
@@ -221,6 +233,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     def log(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 
+    params = {"fallback": args.goroute_fallback} if args.goroute_fallback else None
     started = time.perf_counter()
     profiles: list[Profile] = [load_profile(name) for name in args.cluster]
     label = cluster_label(args.cluster)
@@ -246,7 +259,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 t0 = time.perf_counter()
                 rps = load * capacity.rps
                 cells.append(
-                    Cell(load, rps, run_load(segment, config, rps, ROUTER_NAMES, args.seed))
+                    Cell(load, rps, run_load(segment, config, rps, ROUTER_NAMES, args.seed, params))
                 )
                 log(f"  {load:g}x: {time.perf_counter() - t0:.0f} s")
             section = markdown(title, capacity.rps, cells)

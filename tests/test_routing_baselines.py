@@ -213,11 +213,14 @@ def test_fallback_counts_the_decode_tokens_queued_late_requests_lose() -> None:
     crowd = [req(f"c{j}", 100, ttft=0.01, out=300) for j in range(10)]
     crowded = view(0, *crowd, prof=profile(1e-4, decode_step_s=0.03))
     lone = view(1, req("l", 1000, ttft=0.01, out=300), prof=profile(1e-4, decode_step_s=0.03))
-    expected = GoRouter([crowded, lone], seed=0, fallback="expected-gain")
-    assert expected.route(hopeless(), NOW).instance == 1
+    assert GoRouter([crowded, lone], seed=0).route(hopeless(), NOW).instance == 1
     # The paper's random fallback sends it to the crowd about half the time.
     random = GoRouter([crowded, lone], seed=0, fallback="random")
     assert 0 in {random.route(hopeless(), NOW).instance for _ in range(40)}
+
+
+ENGINE = "engine-order"
+"""GoRouting's fallback in the engine's own order (opt-in)."""
 
 
 def test_engine_order_fallback_sees_a_short_request_jump_a_queue_of_long_prompts() -> None:
@@ -227,13 +230,15 @@ def test_engine_order_fallback_sees_a_short_request_jump_a_queue_of_long_prompts
     longs = view(0, *[req(f"L{j}", 8_000, ttft=60.0, out=50) for j in range(5)])
     shorts = view(1, *[req(f"s{j}", 50, ttft=0.01, out=50) for j in range(400)])
     new = req("new", 100, ttft=0.5, out=100)
-    decision = GoRouter([longs, shorts], seed=0).route(new, NOW)
+    decision = GoRouter([longs, shorts], seed=0, fallback=ENGINE).route(new, NOW)
     assert decision.expected_gain is not None and decision.expected_gain <= 0.0
     assert decision.predicted_ttft_s is not None and decision.predicted_ttft_s > 2.0
-    engine = GoRouter([longs, shorts], seed=0)
+    engine = GoRouter([longs, shorts], seed=0, fallback=ENGINE)
     assert engine.route(new, NOW).instance == 0  # ahead of the long prompts: on time there
     swapped = GoRouter(
-        [view(0, *shorts.prefill_queue.values()), view(1, *longs.prefill_queue.values())], seed=0
+        [view(0, *shorts.prefill_queue.values()), view(1, *longs.prefill_queue.values())],
+        seed=0,
+        fallback=ENGINE,
     )
     assert swapped.route(new, NOW).instance == 1
 
@@ -251,12 +256,12 @@ def test_engine_order_fallback_avoids_delaying_queued_requests_that_can_still_ca
     hopeful = view(0, *queued("h", NOW), prof=fast)
     lost = view(1, *queued("x", NOW - 1_000.0), prof=fast)
     new = req("new", 1_000, ttft=0.05, out=100)
-    assert GoRouter([hopeful, lost], seed=0).route(new, NOW).instance == 1
+    assert GoRouter([hopeful, lost], seed=0, fallback=ENGINE).route(new, NOW).instance == 1
     swapped = [
         view(0, *queued("x", NOW - 1_000.0), prof=fast),
         view(1, *queued("h", NOW), prof=fast),
     ]
-    assert GoRouter(swapped, seed=0).route(new, NOW).instance == 0
+    assert GoRouter(swapped, seed=0, fallback=ENGINE).route(new, NOW).instance == 0
 
 
 def test_fallback_under_pd_uses_the_decode_instance_for_every_prefill_candidate() -> None:
@@ -344,7 +349,7 @@ def test_engine_order_is_rebuilt_once_enough_of_the_queue_changed() -> None:
     # 32 queued: kept through 2 changes (1/16 of them), rebuilt on the third.
     queued = [req(f"q{j}", 2_000, ttft=0.01) for j in range(32)]
     instances = [view(0, *queued), view(1, *queued)]
-    router = GoRouter(instances, seed=0)
+    router = GoRouter(instances, seed=0, fallback=ENGINE)
     router.route(hopeless(), NOW)
     built = router._orders[0][1]
     assert built.size == 32
@@ -368,8 +373,10 @@ def test_engine_order_fallback_counts_the_first_tokens_it_pushes_past_their_dead
 
     new = req("new", 1_000, ttft=0.05, out=100)
     tight, loose = view(0, queued(0.45)), view(1, queued(5.0))
-    assert GoRouter([tight, loose], seed=0).route(new, NOW).instance == 1
+    assert GoRouter([tight, loose], seed=0, fallback=ENGINE).route(new, NOW).instance == 1
     assert (
-        GoRouter([view(0, queued(5.0)), view(1, queued(0.45))], seed=0).route(new, NOW).instance
+        GoRouter([view(0, queued(5.0)), view(1, queued(0.45))], seed=0, fallback=ENGINE)
+        .route(new, NOW)
+        .instance
         == 0
     )

@@ -75,10 +75,8 @@ def decisions(name: str, router_class: Any = None) -> list[list[Any]]:
     for view in views[::5]:
         if view.role is not InstanceRole.DECODE:  # other gateway workers' prefills
             view.external_prefills = ExternalPrefills(40, 60_000, 3.5, 60, 0.05, 11.0, 9.5)
-    # recorded with the expected-gain fallback (the default then); the engine-order one,
-    # the default since, is tested in test_routing.py
     params = {"seed": 3, "weights": GainWeights.from_lengths(1000.0, 250.0)}
-    params |= {"fallback": "expected-gain"} | spec.get("params", {})
+    params |= spec.get("params", {})
     router = (
         router_class(views, **params) if router_class else make_router("goroute", views, **params)
     )
