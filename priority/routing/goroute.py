@@ -53,11 +53,13 @@ picks the instance of the largest expected gain **in the order the engine serves
   past capacity serves the highest value per second of prefill first. Measured behind
   ``slide`` (azure_conv, 2 A100 + 2 910B, first 300 s): in this branch the realised TTFT was
   0.05x (A100 prefill, PD 4.5x) and 0.11-0.36x (three of four instances, co-located 7x) of the
-  behind-everyone prediction, median; so the queued requests the paper's view counts as
-  already lost were mostly still being served, and nothing kept the router from piling onto
-  the faster instance: 78-81% of requests on the A100s (50-67% under Min-Load, power-of-two,
-  least-predicted-TTFT), whose realised gain per request fell from 0.85 to 0.47-0.55 of its
-  ideal (co-located 7x) and 0.88 to 0.80 (PD 4.5x).
+  behind-everyone prediction, median: the view prices instances by a wait that mostly does not
+  happen. What it did (co-located 7x): it put the long-output requests on one A100 (59% of the
+  fleet's ideal gain on one of four instances; its TTFT did come out FIFO, 0.98x predicted) and
+  the short ones on the other; the first realised 0.47 of its ideal, the other 0.55. In the
+  engine's order the A100s hold 41% and 43% of the ideal and realise 0.55; under PD (4.5x)
+  the A100 prefill realises 0.82 instead of 0.80 and the 910B 0.72 instead of 0.65, with the
+  same split.
 * So the newcomer waits for the work of the queued requests that rank above it by value per
   second of prefill (tier weight over the prompt's prefill work on that instance; ties by
   deadline), scaled to the router's drain estimate ``Exec(p)`` (lag, batch factor, beta and
