@@ -175,12 +175,16 @@ def tier_series(metrics: GatewayMetrics, tier: str) -> TierSeries:
     return series
 
 
-def record_gain(metrics: GatewayMetrics, tier: str, result: Account) -> None:
+def record_gain(
+    metrics: GatewayMetrics, tier: str, result: Account, series: TierSeries | None = None
+) -> None:
     """Add an accepted request's gain, ideal gain and attainment sample to its tier's counters;
-    refused work leaves them untouched (it is counted in ``tiergate_requests`` by status)."""
+    refused work leaves them untouched (it is counted in ``tiergate_requests`` by status).
+    ``series``: the tier's, where the caller has looked them up already."""
     if not result.accepted:
         return
-    series = tier_series(metrics, tier)
+    if series is None:
+        series = tier_series(metrics, tier)
     series.gain.inc(result.gain)
     series.ideal_gain.inc(result.ideal_gain)
     if result.slo_met is not None:

@@ -200,6 +200,7 @@ class GatewayMetrics:
         self._token_children: dict[tuple[str, str], tuple[Counter, Counter]] = {}
         self._objective_children: dict[tuple[str, str, str, bool], Counter] = {}
         self._routed_children: dict[tuple[str, str], Counter] = {}
+        self._ttft_prediction_children: dict[str, Histogram] = {}
         self.routed = Counter(
             "tiergate_routed_requests",
             "Attempts the router sent to each backend, by tier (a failover counts again, on "
@@ -611,6 +612,15 @@ class GatewayMetrics:
         if child is None:
             child = self._routed_children[backend, tier] = self.routed.labels(backend, tier)
         child.inc()
+
+    def ttft_prediction_of(self, backend: str) -> Histogram:
+        """``tiergate_ttft_prediction_ratio``'s child for ``backend``, looked up once (a
+        streamed request's first token observes it)."""
+        child = self._ttft_prediction_children.get(backend)
+        if child is None:
+            child = self.ttft_prediction.labels(backend)
+            self._ttft_prediction_children[backend] = child
+        return child
 
     def limiter_switched(self, degraded: bool) -> None:
         """The rate limiter's ``on_change``: Redis lost (True) or back (False)."""

@@ -230,6 +230,8 @@ class Job:
         """What the engine is told about the request (published by admission's stages)."""
         self.core: CoreRequest | None = None
         self.prompt_tokens = 0
+        self.prompt_lengths: list[int] = []
+        """Each sequence's prompt tokens (the body stage's one count; a batch has several)."""
         self.expected_output = 0
         self.reservation: Reservation | None = None
         self.budget_hold: BudgetHold | None = None
@@ -256,6 +258,9 @@ class Job:
         """False when only the gateway's estimate says the request exceeds the context."""
         self.priority = 0.0
         """The request's place in the admission queue (gain density; negative when demoted)."""
+        self.seen_ready = False
+        """Shedding's queue prediction saw a dispatch slot and a ready backend (no wait), in
+        the same step as the queue's stage: the queue need not ask the backends again."""
         self.length: LengthPrediction | None = None
         self.length_features: RequestFeatures | None = None
         """Kept for the request's length sample (``TIERGATE_LENGTHS_LEARN``), else None."""
@@ -311,7 +316,7 @@ class Job:
                 workflow_deadline_s=None,
             )
         body = dict(self.body)
-        body["priority"] = engine_priority(meta.weight)
+        body["priority"] = _engine_priority(meta.weight)
         # a client's own tiergate_* keys never reach the engine: only the gateway sets them (a
         # tier without a deadline must not let the client pick one)
         xargs = without_protocol_keys(body.get("vllm_xargs"))
@@ -578,7 +583,7 @@ class Job:
         predicted = self.decision_live.predicted_ttft_s if self.decision_live else None
         if self.stream and predicted and self.dispatched_at:  # how good the router's estimate was
             ratio = (now - self.dispatched_at) / predicted
-            self.state.metrics.ttft_prediction.labels(backend.name).observe(ratio)
+            self.state.metrics.ttft_prediction_of(backend.name).observe(ratio)
         self.group.router.on_first_token(self.core, self.decision_live, now)
         self.state.pool.queue_changed(backend)
 
@@ -867,7 +872,7 @@ class Job:
                 tpot_ms = (token_times[-1] - token_times[0]) / (len(token_times) - 1) * 1e3
                 metrics.observe_itl(tier, [b - a for a, b in itertools.pairwise(times)])
             series.ttft.observe(ttft_ms / 1e3)
-        record_gain(metrics, tier, result)
+        record_gain(metrics, tier, result, series)
         series.e2e.observe(now - self.arrival)
         tenant = metrics.tenant_label(self.identity.tenant_name)
         metrics.requests.labels(tenant, tier, str(http_status)).inc()
@@ -971,6 +976,21 @@ class Job:
     upstream_error: bool = False
     demoted: str | None = None
     """Why the request was demoted to best effort (overload shedding), or None."""
+
+
+_PRIORITIES: dict[float, int] = {}
+"""vLLM's ``priority`` by weight, computed once per weight (a tier's, or the demoted one's)."""
+
+
+def _engine_priority(weight: float) -> int:
+    """:func:`~gateway.app.slo.engine_priority`, looked up: weights are few (one per tier),
+    and every dispatch asks; an invalid weight raises there, as before, and is never kept."""
+    priority = _PRIORITIES.get(weight)
+    if priority is None:
+        if len(_PRIORITIES) >= 1024:  # weights are bounded by the tiers; still
+            _PRIORITIES.clear()
+        priority = _PRIORITIES[weight] = engine_priority(weight)
+    return priority
 
 
 def _token_times(times: list[float], tokens: int) -> list[float]:

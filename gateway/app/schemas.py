@@ -165,6 +165,11 @@ class _Body(_OpenAIObject):
         context)."""
         raise NotImplementedError
 
+    def prompt_sizes(self) -> tuple[int, list[int]]:
+        """:meth:`prompt_tokens` and :meth:`prompt_lengths` from one count (admission needs
+        both, and counting is the costly part)."""
+        raise NotImplementedError
+
     @property
     def prompt_param(self) -> str:
         raise NotImplementedError
@@ -214,6 +219,10 @@ class ChatBody(_Body):
     def prompt_lengths(self) -> list[int]:
         return [self.prompt_tokens()]
 
+    def prompt_sizes(self) -> tuple[int, list[int]]:
+        tokens = self.prompt_tokens()
+        return tokens, [tokens]
+
     @property
     def prompt_param(self) -> str:
         return "messages"
@@ -238,11 +247,15 @@ class CompletionBody(_Body):
     suffix: StrictStr | None = None
 
     def prompt_tokens(self) -> int:
-        # validation leaves no empty prompt; the floors keep the estimate positive regardless
-        return max(1, sum(max(1, n) for n in self.prompt_lengths()))
+        return self.prompt_sizes()[0]
 
     def prompt_lengths(self) -> list[int]:
         return count_prompt_tokens(self.prompt)
+
+    def prompt_sizes(self) -> tuple[int, list[int]]:
+        lengths = self.prompt_lengths()
+        # validation leaves no empty prompt; the floors keep the estimate positive regardless
+        return max(1, sum(max(1, n) for n in lengths)), lengths
 
     @property
     def prompt_param(self) -> str:

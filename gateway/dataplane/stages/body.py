@@ -29,6 +29,6 @@ async def parse(job: Job, http: Request) -> None:
     job.model = body.model
     job.stream = body.stream
     job.include_usage = body.include_usage
-    job.prompt_tokens = body.prompt_tokens()
+    job.prompt_tokens, job.prompt_lengths = body.prompt_sizes()
     expected = body.expected_output()
     job.expected_output = expected or job.state.settings.default_max_tokens

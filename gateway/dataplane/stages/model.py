@@ -40,7 +40,7 @@ async def context(job: Job, http: Request) -> None:
     body = job.parsed
     job.fits = check_context(
         window,
-        body.prompt_lengths(),
+        job.prompt_lengths,  # counted once, by the body stage
         body.expected_output(),
         exact_prompt=body.exact_prompt,
         prompt_param=body.prompt_param,
