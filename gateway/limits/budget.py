@@ -20,8 +20,8 @@ away) nor closed (a cache outage stopping every tenant with a budget): the guard
 the rate limits do, with their machinery (:class:`~gateway.limits.failover.RedisSwitch`). The
 first call that fails, or passes ``redis_timeout_s`` twice (a reservation or settlement that
 times out is replayed once under its marker: slow is not down), switches this process to
-deciding budgets in process (logged once per switch, ``on_change`` for the ``tiergate_budget_degraded``
-gauge); no request waits on Redis after it. On each counter the process may then add at most
+deciding budgets in process (logged once per switch, ``on_change`` for the
+``tiergate_budget_degraded`` gauge); no request waits on Redis after it. On each counter the process may then add at most
 :func:`~gateway.limits.failover.share_of_rest` of it — ``(amount - seen) // share``, ``seen``
 being the counter's value as Redis last showed it to this process (every reservation and
 settlement returns it; the heartbeat re-reads every known counter each second; a counter never
