@@ -21,15 +21,16 @@ the rate limits do, with their machinery (:class:`~gateway.limits.failover.Redis
 first call that fails, or passes ``redis_timeout_s`` twice (a reservation or settlement that
 times out is replayed once under its marker: slow is not down), switches this process to
 deciding budgets in process (logged once per switch, ``on_change`` for the
-``tiergate_budget_degraded`` gauge); no request waits on Redis after it. On each counter the process may then add at most
-:func:`~gateway.limits.failover.share_of_rest` of it — ``(amount - seen) // share``, ``seen``
-being the counter's value as Redis last showed it to this process (every reservation and
-settlement returns it; the heartbeat re-reads every known counter each second; a counter never
-seen: what the usage records show spent) and ``share`` (``outage_share``) the gateway
-processes — net of what its settlements give back, and keeps counting its own spend. A refusal
-then is 429 ``budget_exceeded`` with a ``retry-after`` of the longest probe period. When
-Redis answers, each process writes back what it counted (one operation per tenant), stays
-degraded ``settle_s`` more so the others have written theirs, and switches back.
+``tiergate_budget_degraded`` gauge); no request waits on Redis after it. On each counter the
+process may then add at most :func:`~gateway.limits.failover.share_of_rest` of it — ``(amount -
+seen) // share``, ``seen`` being the counter's value as Redis last showed it to this process
+(every reservation and settlement returns it; the heartbeat re-reads every known counter each
+second; a counter never seen: what the usage records show spent) and ``share``
+(``outage_share``) the gateway processes — net of what its settlements give back, and keeps
+counting its own spend. A refusal then is 429 ``budget_exceeded`` with a ``retry-after`` of the
+longest probe period. When Redis answers, each process writes back what it counted (one
+operation per tenant), stays degraded ``settle_s`` more so the others have written theirs, and
+switches back.
 
 **The bound.** A process in degraded mode adds at most ``(amount - seen) // share`` to a
 counter, plus what its requests' real costs exceed their reservations by (as with Redis). So
