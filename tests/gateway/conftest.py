@@ -26,6 +26,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from gateway.db.models import Base
 from gateway.db.session import make_engine, make_session_factory
 from gateway.settings import get_settings
+from tests.gateway.private_redis import PrivateRedis, need_redis_server
 
 DEFAULT_POSTGRES_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 
@@ -207,3 +208,15 @@ def db_session(session_factory: sessionmaker[Session]) -> Iterator[Session]:
 @pytest.fixture
 def server_secret() -> str:
     return "test-server-secret-" + uuid.uuid4().hex
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
+    """A redis-server of the test's own (:mod:`tests.gateway.private_redis`), killed after."""
+    need_redis_server()
+    server = PrivateRedis(tmp_path)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.kill()

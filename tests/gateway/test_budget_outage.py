@@ -12,17 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import random
-import shutil
-import socket
-import subprocess
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from decimal import Decimal
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -34,6 +29,7 @@ import redis.exceptions
 from gateway.db.money import from_nanos, to_nanos
 from gateway.limits.budget import BudgetExceeded, BudgetGuard, BudgetHold, BudgetRule
 from gateway.limits.budget_store import Charge, RedisBudgetStore
+from tests.gateway.private_redis import PrivateRedis
 from tests.gateway.test_limits import _delete_prefix, redis_url  # noqa: F401 - the fixture
 
 NOW = datetime(2030, 2, 27, 18, 30, tzinfo=UTC)  # ahead: Redis expires past periods
@@ -43,83 +39,6 @@ MAX_COST = Decimal("0.05")
 """Each request's reservation; it is charged between 0.03 and 0.05 when it ends."""
 RECOVER_PROBES = 200
 """Bounds the probes a recovery may take (settling is 0.1 s, probes 0.01 s apart)."""
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class PrivateRedis:
-    """A redis-server of this test's: stopped with its data saved (so it comes back with its
-    counters, as a Redis restart with persistence does), or paused for writes (slow)."""
-
-    def __init__(self, workdir: Path) -> None:
-        self.port = _free_port()
-        self.workdir = workdir
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        command = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1"]
-        command += ["--save", "", "--appendonly", "no", "--dir", str(self.workdir)]
-        self.process = subprocess.Popen(
-            command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
-        client = self.client()
-        try:
-            for _ in range(400):
-                try:
-                    client.ping()
-                    return
-                except redis.RedisError:
-                    time.sleep(0.025)
-        finally:
-            client.close()
-        raise RuntimeError("redis-server did not start")
-
-    def stop(self) -> None:
-        """Save the data and stop: every connection is refused until :meth:`start`."""
-        if self.process is None:
-            return
-        client = self.client()
-        try:
-            client.shutdown(save=True)
-        except redis.ConnectionError:
-            pass  # the server closes the connection as it goes
-        finally:
-            client.close()
-        self.process.wait(timeout=30)
-        self.process = None
-
-    def kill(self) -> None:
-        if self.process is not None:
-            self.process.kill()
-            self.process.wait()
-            self.process = None
-
-    def client(self) -> redis.Redis:
-        return redis.Redis.from_url(self.url, socket_connect_timeout=1)
-
-
-def _need_redis_server() -> None:
-    if shutil.which("redis-server") is None:
-        reason = "redis-server is not on PATH: the outage tests need one of their own"
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"{reason} (CI=true: these tests must run)")
-        pytest.skip(reason)
-
-
-@pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
-    _need_redis_server()
-    server = PrivateRedis(tmp_path)
-    server.start()
-    try:
-        yield server
-    finally:
-        server.kill()
 
 
 MakeGuard = Callable[..., BudgetGuard]

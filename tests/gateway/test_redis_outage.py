@@ -12,10 +12,6 @@ not installed — unless ``CI=true``, where that fails (CI runs its Redis with i
 from __future__ import annotations
 
 import importlib.util
-import os
-import shutil
-import socket
-import subprocess
 import sys
 import time
 import uuid
@@ -26,7 +22,6 @@ from typing import Any
 
 import httpx
 import pytest
-import redis
 from pydantic import SecretStr
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -36,6 +31,7 @@ from gateway.app.server import GatewayThread
 from gateway.db import crud
 from gateway.db.seed import seed_defaults
 from gateway.settings import Settings
+from tests.gateway.private_redis import PrivateRedis, need_redis_server
 
 MODEL = "qwen2-7b"
 SECRET = "redis-outage-secret"
@@ -43,68 +39,6 @@ BODY = {"model": MODEL, "messages": [{"role": "user", "content": "Hi."}], "max_t
 RECOVERY_WAIT_S = 20.0  # bound on waiting for the limiter's probe (it backs off to 2 s)
 
 pytestmark = pytest.mark.slow
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class OwnRedis:
-    """A non-persistent redis-server on a free port, to kill and restart (never the shared one)."""
-
-    def __init__(self, workdir: Path) -> None:
-        self.port = _free_port()
-        self.workdir = workdir
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        command = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1"]
-        command += ["--save", "", "--appendonly", "no", "--dir", str(self.workdir)]
-        self.process = subprocess.Popen(
-            command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
-        client = redis.Redis.from_url(self.url, socket_connect_timeout=0.2)
-        try:
-            for _ in range(200):
-                try:
-                    client.ping()
-                    return
-                except redis.RedisError:
-                    time.sleep(0.025)
-        finally:
-            client.close()
-        raise RuntimeError("redis-server did not start")
-
-    def kill(self) -> None:
-        if self.process is not None:
-            self.process.kill()
-            self.process.wait()
-            self.process = None
-
-    def client(self) -> redis.Redis:
-        return redis.Redis.from_url(self.url)
-
-
-def _need_redis_server() -> None:
-    if shutil.which("redis-server") is None:
-        reason = "redis-server is not on PATH: the outage drill needs one of its own"
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"{reason} (CI=true: these tests must run)")
-        pytest.skip(reason)
-
-
-@pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[OwnRedis]:
-    _need_redis_server()
-    server = OwnRedis(tmp_path)
-    server.start()
-    try:
-        yield server
-    finally:
-        server.kill()
 
 
 @pytest.fixture(scope="module")
@@ -157,7 +91,7 @@ def _wait_for_limits(client: httpx.Client, mode: str) -> None:
         time.sleep(0.05)
 
 
-def _redis_counts(server: OwnRedis) -> tuple[int, int]:
+def _redis_counts(server: PrivateRedis) -> tuple[int, int]:
     """(entries in every rpm log, slots leased) in ``server``."""
     client = server.client()
     try:
@@ -176,7 +110,7 @@ def _metric(gateway: GatewayThread, name: str) -> float:
 
 
 def test_redis_killed_and_restarted_empty(
-    own_redis: OwnRedis,
+    own_redis: PrivateRedis,
     engine: RunningEngine,
     factory: sessionmaker[Session],
     tmp_path: Path,
@@ -209,7 +143,7 @@ def test_redis_killed_and_restarted_empty(
 
 
 def test_a_quick_restart_between_requests_loses_no_window_and_no_lease(
-    own_redis: OwnRedis,
+    own_redis: PrivateRedis,
     engine: RunningEngine,
     factory: sessionmaker[Session],
     tmp_path: Path,
@@ -234,7 +168,7 @@ DRILL = Path(__file__).resolve().parents[2] / "bench" / "drill_redis.py"
 
 def test_the_drill_script_in_short() -> None:
     """``bench/drill_redis.py`` briefly (2 workers, a 3 s outage): what its report promises."""
-    _need_redis_server()
+    need_redis_server()
     spec = importlib.util.spec_from_file_location("drill_redis", DRILL)
     assert spec is not None and spec.loader is not None
     drill = importlib.util.module_from_spec(spec)
