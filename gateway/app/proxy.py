@@ -258,9 +258,6 @@ class Job:
         """False when only the gateway's estimate says the request exceeds the context."""
         self.priority = 0.0
         """The request's place in the admission queue (gain density; negative when demoted)."""
-        self.seen_ready = False
-        """Shedding's queue prediction saw a dispatch slot and a ready backend (no wait), in
-        the same step as the queue's stage: the queue need not ask the backends again."""
         self.length: LengthPrediction | None = None
         self.length_features: RequestFeatures | None = None
         """Kept for the request's length sample (``TIERGATE_LENGTHS_LEARN``), else None."""
@@ -316,7 +313,7 @@ class Job:
                 workflow_deadline_s=None,
             )
         body = dict(self.body)
-        body["priority"] = _engine_priority(meta.weight)
+        body["priority"] = engine_priority(meta.weight)
         # a client's own tiergate_* keys never reach the engine: only the gateway sets them (a
         # tier without a deadline must not let the client pick one)
         xargs = without_protocol_keys(body.get("vllm_xargs"))
@@ -976,21 +973,6 @@ class Job:
     upstream_error: bool = False
     demoted: str | None = None
     """Why the request was demoted to best effort (overload shedding), or None."""
-
-
-_PRIORITIES: dict[float, int] = {}
-"""vLLM's ``priority`` by weight, computed once per weight (a tier's, or the demoted one's)."""
-
-
-def _engine_priority(weight: float) -> int:
-    """:func:`~gateway.app.slo.engine_priority`, looked up: weights are few (one per tier),
-    and every dispatch asks; an invalid weight raises there, as before, and is never kept."""
-    priority = _PRIORITIES.get(weight)
-    if priority is None:
-        if len(_PRIORITIES) >= 1024:  # weights are bounded by the tiers; still
-            _PRIORITIES.clear()
-        priority = _PRIORITIES[weight] = engine_priority(weight)
-    return priority
 
 
 def _token_times(times: list[float], tokens: int) -> list[float]:

@@ -279,12 +279,8 @@ class AdmissionQueue:
 
     # ---- waiting ----------------------------------------------------------------------------
 
-    async def wait_for_turn(self, item: QueueItem, *, seen_ready: bool = False) -> Grant:
+    async def wait_for_turn(self, item: QueueItem) -> Grant:
         """Return once ``item`` holds a dispatch slot; the caller must :meth:`release` it.
-
-        ``seen_ready``: the caller has just seen ``ready(item.model, False)`` hold, with nothing
-        awaited since (:meth:`predicted_wait_s` answered 0 in the same step), so a request that
-        is not demoted does not ask the backends again (the one check costs tens of µs).
 
         Raises :class:`QueueRejected`: 429 ``queue_full`` when refused or displaced, 503
         ``queue_ttl`` when ``item.ttl_s`` passes first, 503 ``slo_unattainable`` when
@@ -298,11 +294,7 @@ class AdmissionQueue:
         if (
             not self._backlog
             and self._in_flight < self._max_in_flight
-            and (
-                self._ready is None
-                or (seen_ready and not demoted)
-                or self._ready(item.model, demoted)
-            )
+            and (self._ready is None or self._ready(item.model, demoted))
         ):
             self._in_flight += 1
             return Grant(0.0, demoted)

@@ -640,26 +640,3 @@ def test_backlog_memory_stays_bounded_when_entries_never_expire() -> None:
         assert backlog.pop(float(n)) is not None
     assert len(backlog) == 0
     assert len(backlog._expiry) <= 64 + 1  # white box: the expiry heap was compacted
-
-
-@pytest.mark.asyncio
-async def test_seen_ready_skips_the_second_look_only_for_a_promised_request() -> None:
-    """The shedding stage's prediction has just looked at the backends: a promised request
-    does not look again, a demoted one (judged by another rule) and one without the hint do."""
-    looks: list[tuple[str, bool]] = []
-
-    def ready(model: str, demoted: bool) -> bool:
-        looks.append((model, demoted))
-        return True
-
-    queue = AdmissionQueue(max_in_flight=4, max_queued=10, ready=ready)
-    assert queue.predicted_wait_s(1.0, "m") == 0.0 and looks == [("m", False)]
-    looks.clear()
-    promised = QueueItem("p", "std", 1.0, 30.0, 1.0, model="m")
-    grant = await queue.wait_for_turn(promised, seen_ready=True)
-    assert not grant.demoted and looks == [] and queue.in_flight == 1
-    demoted = QueueItem("be", "b", -1.0, 30.0, 1.0, 0.0, demotable=True, model="m")
-    grant = await queue.wait_for_turn(demoted, seen_ready=True)
-    assert grant.demoted and looks == [("m", True)] and queue.in_flight == 2
-    await queue.wait_for_turn(QueueItem("q", "std", 1.0, 30.0, 1.0, model="m"))
-    assert looks == [("m", True), ("m", False)] and queue.in_flight == 3

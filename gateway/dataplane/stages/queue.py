@@ -35,7 +35,7 @@ async def wait(job: Job, http: Request) -> None:
         model=job.model,
     )
     before = time.monotonic()
-    grant = await state.queue.wait_for_turn(item, seen_ready=job.seen_ready)
+    grant = await state.queue.wait_for_turn(item)
     job.slot = True
     job.granted_at = time.monotonic()
     job.overhead_s = before - job.arrival

@@ -38,7 +38,6 @@ def route_and_shed(job: Job, http: Request) -> None:
     due_s = judged.token_due_s(1)
     priority = gain_density(state.pool.weights, policy.weight, job.prompt_tokens)
     wait = state.queue.predicted_wait_s(priority, job.model)
-    job.seen_ready = wait == 0.0  # it would go at once: the queue's stage need not ask again
     verdict = job.verdict = judge(
         elapsed_s=now - job.arrival,
         due_s=due_s,
