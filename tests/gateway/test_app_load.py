@@ -14,7 +14,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
@@ -36,6 +36,7 @@ from gateway.db.identity import KeyIdentity
 from gateway.db.models import UsageRecord
 from gateway.db.seed import seed_defaults
 from gateway.settings import Settings
+from tests.gateway.polling import wait_for
 
 MODEL = "qwen2-7b"
 SECRET = "load-test-secret"
@@ -207,23 +208,13 @@ def test_open_breaker_takes_a_dead_backend_out_of_routing(
             factory, engines, tmp_path, scrape_interval_s=0.05, breaker_failures=2
         ) as gateway:
             asyncio.run_coroutine_threadsafe(stop_engines(engines[:1]), thread.loop).result(10)
-            _wait_for(lambda: not gateway.state.pool.backends[0].view.healthy)
+            wait_for(lambda: not gateway.state.pool.backends[0].view.healthy)
             ready = httpx.get(f"{gateway.url}/health/readiness").json()
             assert ready["healthy_backends"] == ["engine-1"]
             client = openai.OpenAI(base_url=gateway.base_url, api_key=key, max_retries=0)
             client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=2)
     finally:
         thread.stop()
-
-
-def _wait_for(condition: Callable[[], bool], timeout_s: float = 20.0) -> None:
-    """Poll a state owned by another thread (gateway, engines) that offers no event to wait on.
-    The deadline only bounds a failing test: a pass never depends on how soon it comes true."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.02)
 
 
 def _engine_load(engines: list[RunningEngine]) -> int:
@@ -244,10 +235,13 @@ def test_client_disconnect_cancels_the_upstream_request(
                     "POST", f"{gateway.base_url}/chat/completions", json=body, headers=headers
                 ) as response:
                     assert response.status_code == 200
-                    next(response.iter_lines())  # the first token arrived
+                    # keep the iterator: a discarded one is closed at once, and closing it
+                    # closes the connection — the client would leave right after this line
+                    lines = response.iter_lines()
+                    next(lines)  # the first token arrived
                     # the engine's counters belong to its own thread (read mid-step, they can
                     # be between lists): wait for it to report the request, as below
-                    _wait_for(lambda: _engine_load(engines) >= 1)
+                    wait_for(lambda: _engine_load(engines) >= 1)
             else:
                 with pytest.raises(httpx.ReadTimeout):
                     client.post(
@@ -256,8 +250,8 @@ def test_client_disconnect_cancels_the_upstream_request(
                         headers=headers,
                         timeout=0.5,
                     )
-        _wait_for(lambda: _engine_load(engines) == 0)
-        _wait_for(lambda: gateway.state.queue.in_flight == 0)
+        wait_for(lambda: _engine_load(engines) == 0)
+        wait_for(lambda: gateway.state.queue.in_flight == 0)
         assert all(not b.view.prefill_queue for b in gateway.state.pool.backends)
     with factory() as session:
         statuses = session.scalars(select(UsageRecord.status)).all()
@@ -295,7 +289,7 @@ def test_client_gone_while_sending_its_body_is_a_quiet_499(
                 + b'{"model": "qwen2-7b", "messa'
             )
             assert authenticated.wait(30), "the request never reached the handler"
-        _wait_for(lambda: gateway.state.usage_writer.submitted == 1)
+        wait_for(lambda: gateway.state.usage_writer.submitted == 1)
         client = openai.OpenAI(base_url=gateway.base_url, api_key=key, max_retries=0)
         assert client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=2).choices
     with factory() as session:
@@ -366,7 +360,7 @@ def test_admission_queue_full_is_429_and_ttl_is_503(
                 lines = running.iter_lines()  # kept: a dropped iterator closes the stream
                 next(lines)  # it holds the slot until this stream closes
                 waiting = pool.submit(one)
-                _wait_for(lambda: queue.queued == 1)
+                wait_for(lambda: queue.queued == 1)
                 assert one() == (429, "queue_full")
                 stepped += 120.0  # past the waiter's TTL, by the clock the queue orders by
             # the stream is closed: its slot goes back, and the queue drops the expired waiter

@@ -10,7 +10,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from gateway.db.models import Base, UsageRecord, utcnow
 from gateway.db.session import make_engine, make_session_factory
 from gateway.db.spool import UsageSpool
 from gateway.db.usage import UsageEvent, UsageWriter, _row
+from tests.gateway.polling import wait_for
 
 ACTOR = "test:carol"
 
@@ -86,15 +86,6 @@ def _event(request_id: str, status: str = "ok") -> UsageEvent:
     return UsageEvent(request_id=request_id, status=status, tier="gold", model="m")
 
 
-def _wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
-    """Wait for the writer's thread to reach a state (a bound only so a failure cannot hang)."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
-
-
 def test_records_are_written_by_their_interval_or_a_full_batch_without_a_flush(
     session_factory: sessionmaker[Session],
 ) -> None:
@@ -102,13 +93,13 @@ def test_records_are_written_by_their_interval_or_a_full_batch_without_a_flush(
     CPU); it still writes a record within its interval, and a full batch at once."""
     with UsageWriter(session_factory, batch_size=10, flush_interval_s=0.2) as writer:
         writer.submit(_event("alone"))
-        _wait_for(lambda: writer.written == 1, "the interval's write")
+        wait_for(lambda: writer.written == 1, "the interval's write")
     with UsageWriter(session_factory, batch_size=10, flush_interval_s=3600) as writer:
         for i in range(9):
             writer.submit(_event(f"batch-{i}"))
         assert writer.buffered == 9
         writer.submit(_event("batch-9"))  # the batch is full: written now, not in an hour
-        _wait_for(lambda: writer.written == 10, "the full batch")
+        wait_for(lambda: writer.written == 10, "the full batch")
     assert _count(session_factory) == (11, 11)
 
 
@@ -129,7 +120,7 @@ def test_a_database_without_the_schema_keeps_records_until_it_has_one(tmp_path: 
     try:
         for i in range(30):
             writer.submit(_event(f"late-{i}"))
-        _wait_for(lambda: writer.failures >= 3, "retries against the missing table")
+        wait_for(lambda: writer.failures >= 3, "retries against the missing table")
         assert writer.failing and (writer.written, writer.dropped) == (0, 0)
         assert writer.buffered == 30
         Base.metadata.create_all(engine)  # the migration arrives
@@ -158,7 +149,7 @@ def test_past_the_memory_bound_records_spill_to_disk_and_are_replayed(
     )
     for i in range(50):
         writer.submit(_event(f"s-{i}"))
-    _wait_for(lambda: writer.buffered <= 10 and writer.spooled == 40, "the spill")
+    wait_for(lambda: writer.buffered <= 10 and writer.spooled == 40, "the spill")
     assert list(spool.glob("*.jsonl")) and writer.spool_bytes > 0
     assert (writer.written, writer.dropped) == (0, 0)
     writer._factory = session_factory  # the database is back (the writer's one database handle)
@@ -285,7 +276,7 @@ def test_a_full_spool_drops_what_it_cannot_take_counted_and_logged(
     with caplog.at_level(logging.ERROR, logger="gateway.db.usage"):
         for i in range(100):
             writer.submit(_event(f"f-{i}"))
-        _wait_for(lambda: writer.dropped > 0, "a drop")
+        wait_for(lambda: writer.dropped > 0, "a drop")
         writer.close(timeout=60)
     assert writer.spool_bytes <= 4096
     # every record is accounted for: spooled or dropped, and the drops said so
@@ -346,7 +337,7 @@ def test_a_sqlite_write_lock_held_past_the_busy_timeout_loses_nothing(
         holder.execute("BEGIN IMMEDIATE")
         for i in range(40):
             writer.submit(_event(f"l-{i}"))
-        _wait_for(lambda: writer.failures >= 2, "busy retries")
+        wait_for(lambda: writer.failures >= 2, "busy retries")
         assert (writer.written, writer.dropped) == (0, 0)
     finally:
         holder.rollback()
@@ -401,7 +392,7 @@ def test_cli_writes_and_usage_writes_on_one_sqlite_file_lose_nothing(
     writer = UsageWriter(factory, batch_size=50, flush_interval_s=0.005)
     submitted = 0
     try:
-        _wait_for(lambda: all(flag.exists() for flag in ready), "the CLI processes", 120)
+        wait_for(lambda: all(flag.exists() for flag in ready), "the CLI processes", 120)
         go.touch()
         while any(p.poll() is None for p in processes) or submitted < 1000:
             for _ in range(25):

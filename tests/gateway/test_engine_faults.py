@@ -45,6 +45,7 @@ from gateway.db.models import UsageRecord
 from gateway.db.seed import seed_defaults
 from gateway.settings import Settings
 from priority.request import SLO, Request, RequestMeta
+from tests.gateway.polling import wait_for
 
 MODEL = "qwen2-7b"
 SECRET = "engine-faults-secret"
@@ -80,9 +81,7 @@ def _healthy_engines(request: pytest.FixtureRequest) -> Iterator[None]:
         running: list[RunningEngine] = request.getfixturevalue("engines")
         for engine in running:
             _inject(engine, mode="none")
-        _wait_for(
-            lambda: all(e.sim.core.num_running + e.sim.core.num_waiting == 0 for e in running)
-        )
+        wait_for(lambda: all(e.sim.core.num_running + e.sim.core.num_waiting == 0 for e in running))
 
 
 @pytest.fixture
@@ -111,7 +110,7 @@ def _gateway(
         BackendSpec(f"engine-{i}", e.url, MODEL, e.spec.profile) for i, e in enumerate(engines)
     ]
     with GatewayThread(create_app(settings, backends=backends)) as gateway:
-        _wait_for(lambda: gateway.state.pool.ready)
+        wait_for(lambda: gateway.state.pool.ready)
         yield gateway
         _assert_released(gateway)
 
@@ -119,15 +118,6 @@ def _gateway(
 def _inject(engine: RunningEngine, **fault: Any) -> None:
     response = httpx.post(f"{engine.url}/fault-injection", json=fault, timeout=10)
     assert response.status_code == 200, response.text
-
-
-def _wait_for(condition: Callable[[], bool], timeout_s: float = 30.0) -> None:
-    """Wait for a state another thread owns; the deadline only bounds a failing test."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.01)
 
 
 def _request(
@@ -178,10 +168,10 @@ def _count(gateway: GatewayThread, name: str, **labels: str) -> float:
 def _assert_released(gateway: GatewayThread) -> None:
     """Nothing held after the fault: dispatch slots, routing state, watchdog entries."""
     state = gateway.state
-    _wait_for(lambda: state.queue.in_flight == 0)
-    _wait_for(lambda: not state.pool.streams)
+    wait_for(lambda: state.queue.in_flight == 0)
+    wait_for(lambda: not state.pool.streams)
     for backend in state.pool.backends:
-        _wait_for(lambda b=backend: not b.attempts and not b.view.prefill_queue)  # type: ignore[misc]
+        wait_for(lambda b=backend: not b.attempts and not b.view.prefill_queue)  # type: ignore[misc]
         assert backend.own_decoding == 0
 
 
@@ -266,7 +256,7 @@ def test_no_healthy_backend_is_a_503_with_retry_after(
     with _gateway(factory, engines, tmp_path) as gateway:
         for engine in engines:
             _inject(engine, mode="crash")  # /health answers 503: every breaker opens
-        _wait_for(lambda: not any(b.view.healthy for b in gateway.state.pool.backends))
+        wait_for(lambda: not any(b.view.healthy for b in gateway.state.pool.backends))
         response = httpx.post(
             f"{gateway.base_url}/chat/completions",
             json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}]},
@@ -329,7 +319,7 @@ def test_a_frozen_engine_is_taken_out_by_its_probe_and_its_waiting_attempts_fail
     ):
         backend = gateway.state.pool.backends[0]
         reply = pool.submit(_request, gateway, key)
-        _wait_for(lambda: len(backend.attempts) == 1)
+        wait_for(lambda: len(backend.attempts) == 1)
         _inject(engines[0], mode="freeze")
         status, content, errors = reply.result(timeout=60)
         assert status == 200 and content and not errors
@@ -338,7 +328,7 @@ def test_a_frozen_engine_is_taken_out_by_its_probe_and_its_waiting_attempts_fail
                       phase="first_token") == 0  # fmt: skip
         assert _count(gateway, "tiergate_failovers_total", tier="premium") == 1
         _inject(engines[0], mode="none")
-        _wait_for(lambda: backend.view.healthy)
+        wait_for(lambda: backend.view.healthy)
         assert backend.breaker.reason is None
     assert _usage(factory) == [("ok", "engine-1")]
 
@@ -369,7 +359,7 @@ def test_a_hung_engine_is_taken_out_by_the_watchdog_and_back_after_a_trial(
             first, _ = _events(iter([next(line for line in lines if '"content"' in line)]))
             assert first
             _inject(engines[0], mode="hang")
-            _wait_for(lambda: not backend.view.healthy)
+            wait_for(lambda: not backend.view.healthy)
             assert backend.breaker.reason is OpenReason.UNRESPONSIVE
             _, errors = _events(lines)
         assert [e["code"] for e in errors] == ["upstream_error"]
@@ -378,7 +368,7 @@ def test_a_hung_engine_is_taken_out_by_the_watchdog_and_back_after_a_trial(
         status, content, _ = _request(gateway, key)
         assert status == 200 and content
         _inject(engines[0], mode="none")
-        _wait_for(lambda: backend.view.healthy)
+        wait_for(lambda: backend.view.healthy)
         assert backend.breaker.reason is None
     assert _usage(factory) == [("error", "engine-0"), ("ok", "engine-1")]
 
@@ -392,14 +382,14 @@ def test_a_crashed_engine_core_ends_its_streams_and_is_out_until_it_serves_again
     ):
         backend = gateway.state.pool.backends[0]
         reply = pool.submit(_request, gateway, key, max_tokens=5000)
-        _wait_for(lambda: backend.own_decoding == 1)
+        wait_for(lambda: backend.own_decoding == 1)
         _inject(engines[0], mode="crash")
         status, content, errors = reply.result(timeout=60)
         assert status == 200 and content and [e["code"] for e in errors] == ["upstream_error"]
-        _wait_for(lambda: backend.breaker.reason is OpenReason.UNREACHABLE)  # /health: 503
+        wait_for(lambda: backend.breaker.reason is OpenReason.UNREACHABLE)  # /health: 503
         assert _request(gateway, key)[0] == 200
         _inject(engines[0], mode="none")
-        _wait_for(lambda: backend.view.healthy)
+        wait_for(lambda: backend.view.healthy)
     assert _usage(factory) == [("error", "engine-0"), ("ok", "engine-1")]
 
 
@@ -680,10 +670,8 @@ def test_an_engine_that_breaks_every_stream_after_its_first_token_is_taken_out(
         for _ in range(3):
             # idle ties go to engine-0 only if the router has seen it idle: the broken stream's
             # request is aborted there, and a scrape taken before the abort shows it busy
-            _wait_for(
-                lambda: engines[0].sim.core.num_running + engines[0].sim.core.num_waiting == 0
-            )
-            _wait_for(lambda: backend.running == 0 and backend.waiting == 0)
+            wait_for(lambda: engines[0].sim.core.num_running + engines[0].sim.core.num_waiting == 0)
+            wait_for(lambda: backend.running == 0 and backend.waiting == 0)
             status, content, errors = _request(gateway, key, max_tokens=50)
             assert status == 200 and content and errors
         assert backend.breaker.reason is OpenReason.UNRESPONSIVE

@@ -12,7 +12,7 @@ import asyncio
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -28,6 +28,7 @@ from gateway.db import crud
 from gateway.db.models import UsageRecord
 from gateway.db.seed import seed_defaults
 from gateway.settings import Settings
+from tests.gateway.polling import wait_for
 
 MODEL = "flaky-model"
 SECRET = "failover-retry-secret"
@@ -108,14 +109,6 @@ class FlakyEngine:
         self._thread.join(10)
 
 
-def _wait_for(condition: Callable[[], bool], timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.01)
-
-
 @pytest.fixture
 def engine() -> Iterator[FlakyEngine]:
     with FlakyEngine(failures=1) as running:
@@ -138,7 +131,7 @@ def test_the_only_backend_left_is_tried_again_after_it_failed_once(
     )
     backends = [BackendSpec("flaky", engine.url, MODEL, "a100-qwen2-7b")]
     with GatewayThread(create_app(settings, backends=backends)) as gateway:
-        _wait_for(lambda: gateway.state.pool.ready)
+        wait_for(lambda: gateway.state.pool.ready)
         response = httpx.post(
             f"{gateway.base_url}/chat/completions",
             json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True},
@@ -148,7 +141,7 @@ def test_the_only_backend_left_is_tried_again_after_it_failed_once(
         failures = gateway.state.metrics.registry.get_sample_value(
             "tiergate_upstream_failures_total", {"backend": "flaky"}
         )
-        _wait_for(lambda: gateway.state.queue.in_flight == 0)
+        wait_for(lambda: gateway.state.queue.in_flight == 0)
     assert response.status_code == 200, response.text
     assert "Hello" in response.text and "[DONE]" in response.text
     assert engine.chats == 2 and failures == 1

@@ -16,8 +16,7 @@ import asyncio
 import json
 import socket
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -37,6 +36,7 @@ from gateway.db import crud
 from gateway.db.models import Tenant, UsageRecord
 from gateway.db.seed import seed_defaults
 from gateway.settings import Settings
+from tests.gateway.polling import wait_for
 
 MODEL = "qwen2-7b"
 SECRET = "slow-readers-secret"
@@ -65,15 +65,6 @@ def keys(factory: sessionmaker[Session]) -> dict[str, str]:
                 session, actor="test", tenant=tenant, secret=SECRET
             ).plaintext
         return made
-
-
-def _wait_for(condition: Callable[[], bool], timeout_s: float = 60.0) -> None:
-    """Wait for a state another thread owns; the deadline only bounds a failing test."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.02)
 
 
 def _count(gateway: GatewayThread, name: str, **labels: str) -> float:
@@ -156,7 +147,7 @@ def test_clients_that_stop_reading_cost_only_their_own_streams(
     # ones hold megabytes before a write has to wait (accepted sockets inherit this one's)
     gateway._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, CLIENT_SNDBUF)
     with gateway:
-        _wait_for(lambda: gateway.state.pool.ready)
+        wait_for(lambda: gateway.state.pool.ready)
         stop = threading.Event()
         seen: list[Any] = []  # 200, or what came instead
         bystander = threading.Thread(
@@ -174,21 +165,19 @@ def test_clients_that_stop_reading_cost_only_their_own_streams(
                 blocked.update(id(w) for w in list(gateway.state.pool.streams) if w.write_since)
                 return len(blocked) >= SLOW_STREAMS
 
-            _wait_for(all_blocked)
+            wait_for(all_blocked)
             # ... and each is ended for it, as a client that left: the rest was not wanted
-            _wait_for(lambda: _usage(factory, "slowpoke").count("cancelled") == SLOW_STREAMS)
+            wait_for(lambda: _usage(factory, "slowpoke").count("cancelled") == SLOW_STREAMS)
         finally:
             stop.set()
             bystander.join()
             for sock in sockets:
                 sock.close()
         state = gateway.state
-        _wait_for(lambda: not state.pool.streams and state.queue.in_flight == 0)
-        _wait_for(
-            lambda: all(e.sim.core.num_running + e.sim.core.num_waiting == 0 for e in engines)
-        )
+        wait_for(lambda: not state.pool.streams and state.queue.in_flight == 0)
+        wait_for(lambda: all(e.sim.core.num_running + e.sim.core.num_waiting == 0 for e in engines))
         assert seen and all(outcome == 200 for outcome in seen), seen
-        _wait_for(lambda: _usage(factory, "bystander").count("ok") == len(seen))
+        wait_for(lambda: _usage(factory, "bystander").count("ok") == len(seen))
         for backend in state.pool.backends:
             name = backend.name
             assert backend.breaker.failures == 0 and backend.view.healthy
