@@ -5,20 +5,14 @@ stage, model (404), context length (400), length prediction, core request, budge
 (429), route and shed (503), the admission queue, the engines' admission planners — in
 :mod:`gateway.dataplane.admission`, one module per stage in :mod:`gateway.dataplane.stages`.
 
-Dispatch: the router picks a backend; a failure before the first token (connect error, 5xx,
-a stream that ends first or with a server error, garbage, no first token within the request's
-own budget — ``TTFT x first_token_timeout_factor``, :mod:`gateway.app.deadlines` — or the
-backend's breaker opening meanwhile) counts against that backend's breaker and retries on
-another one, up to ``max_attempts`` attempts, within what is left of that budget; once every
-healthy backend has been tried, a healthy one is tried again while budget is left (the one
-other backend may have died since), and only then 503 ``upstream_unavailable`` with
-``retry-after``. A pooled connection the engine closed as idle just as the request went out
-is retried on a new connection inside :mod:`gateway.app.upstream`: not a failure at all. A
-streaming response is only started once the first token is in hand, so the client never sees
-a failed attempt. After the first token, an upstream failure — a break, garbage, or no event
-for the stall timeout (:mod:`gateway.app.watchdog`) — ends the stream with an OpenAI-style
-error event. A client that disconnects — streaming or not — closes the upstream request, which
-makes the engine abort it.
+Routing and dispatch: the router's pick, leaving out backends that failed the request
+(:mod:`gateway.dataplane.routing`); the payload, the attempts with failover before the first
+token and the first-token deadline (:mod:`gateway.dataplane.dispatch`); an engine's answers
+read by :mod:`gateway.dataplane.answers`. A streaming response is only started once the first
+token is in hand, so the client never sees a failed attempt. After the first token, an upstream
+failure — a break, garbage, or no event for the stall timeout (:mod:`gateway.app.watchdog`) —
+ends the stream with an OpenAI-style error event. A client that disconnects — streaming or not
+— closes the upstream request, which makes the engine abort it.
 ``docs/operations/engine-faults.md`` has the whole story.
 
 An engine's refusal (a 4xx, or a stream whose first event is a 4xx error) is the client's
@@ -39,9 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import itertools
-import json
 import logging
 import time
 import uuid
@@ -53,7 +45,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
-from engine_common.protocol import encode, milliseconds, without_protocol_keys
+from engine_common.protocol import milliseconds
 from gateway.app.accounting import (
     Account,
     Outcome,
@@ -64,36 +56,47 @@ from gateway.app.accounting import (
 )
 from gateway.app.auth import authenticate_request
 from gateway.app.backends import Backend, ModelGroup
-from gateway.app.deadlines import AttemptBudget, attempt_budget, stall_timeout
+from gateway.app.deadlines import stall_timeout
 from gateway.app.kinds import LengthPrediction
 from gateway.app.metrics import objectives_met
 from gateway.app.patterns import CallEnd
 from gateway.app.schemas import ChatBody, CompletionBody
-from gateway.app.shedding import Verdict, lone_prefill_s
-from gateway.app.slo import engine_priority
+from gateway.app.shedding import Verdict
 from gateway.app.stages import record_stage
 from gateway.app.state import GatewayState
 from gateway.app.upstream import UpstreamError, UpstreamResponse
 from gateway.app.watchdog import StreamWatch
-from gateway.bounds import MIN_WEIGHT
+from gateway.dataplane import routing
 from gateway.dataplane.admission import admit as run_admission
+from gateway.dataplane.answers import (
+    MALFORMED,
+    UpstreamFailed,
+    engine_error,
+    read_usage,
+    well_formed,
+)
+
+# the request path's names for what an engine answered, as the tests import them from here
+from gateway.dataplane.answers import EngineRefused as EngineRefused
+from gateway.dataplane.answers import has_output as _has_output  # noqa: F401
+from gateway.dataplane.answers import well_formed as _well_formed  # noqa: F401
+from gateway.dataplane.dispatch import dispatch as run_dispatch
 from gateway.db.identity import KeyIdentity
 from gateway.db.request_log import RequestExplain
 from gateway.db.usage import UsageEvent
-from gateway.errors import INVALID_REQUEST, ApiError
+from gateway.errors import ApiError
 from gateway.limits import AdmissionRejected, Reservation
 from gateway.limits.budget import BudgetHold
 from priority.lengths.features import RequestFeatures
-from priority.request import SLO, RequestMeta
 from priority.request import Request as CoreRequest
-from priority.routing import NoHealthyInstanceError, RouteDecision
+from priority.request import RequestMeta
+from priority.routing import RouteDecision
 
 log = logging.getLogger(__name__)
 
 Kind = Literal["chat", "completions"]
 _DONE = b"data: [DONE]\n\n"
 _SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
-_NONE: frozenset[int] = frozenset()
 
 
 class End(NamedTuple):
@@ -112,101 +115,9 @@ UPSTREAM_REJECTED = "upstream_rejected"
 """``reason`` of a request an engine refused (a 4xx answer)."""
 
 
-class UpstreamFailed(Exception):
-    """An attempt failed (before its first token: try another backend).
-
-    ``recorded``: the backend's breaker has been told already (a timeout); ``abandoned``: the
-    attempt was given up because the breaker had opened, which says nothing new about it."""
-
-    def __init__(self, message: str, *, recorded: bool = False, abandoned: bool = False) -> None:
-        super().__init__(message)
-        self.recorded = recorded
-        self.abandoned = abandoned
-
-
 class ClientStalled(Exception):
     """The client took none of its stream for ``client_write_timeout_s``: the stream ends (its
     engine request aborted) as if the client had left — the client's doing, not the engine's."""
-
-
-class EngineRefused(Exception):
-    """The engine refused the request in its stream's first event (a 4xx error event): the
-    client's answer, as if the engine had answered that status."""
-
-    def __init__(self, error: ApiError) -> None:
-        super().__init__(error.message)
-        self.error = error
-
-
-NO_BACKEND_RETRY_AFTER = "1"
-"""``retry-after`` of 503 ``no_healthy_backend``: breakers close within seconds of an engine's
-return (probes every ``probe_interval_s``), as for ``upstream_unavailable``."""
-
-ENGINE_ERROR = "engine_error"
-"""``code`` of an engine's server error that carried no string code of its own."""
-
-
-def engine_error(status: int | None, content: bytes) -> ApiError:
-    """An engine's error answer (a body, or an SSE event's data) in the gateway's dialect.
-
-    vLLM's ``{"error": {"message", "type": "BadRequestError", "param", "code": 400}}`` (or its
-    older flat ``{"object": "error", ...}``, or FastAPI's ``{"detail": ...}``) keeps its
-    message, ``param`` and status: ``status``, else the integer ``code`` of an SSE error event,
-    else 400 for OpenAI's ``invalid_request_error``, else 500. ``type`` comes from the status
-    (:func:`~gateway.errors.error_type`, as for every gateway error) and ``code`` is a string:
-    the engine's own if it had one (OpenAI's engines do), else ``invalid_request`` for a 4xx
-    and ``engine_error`` otherwise.
-    """
-    try:
-        payload: object = json.loads(content)
-    except (ValueError, RecursionError):  # not JSON (a proxy's HTML page): its text is the news
-        payload = content.decode("utf-8", "replace").strip()
-    return _engine_error_of(payload, status)
-
-
-def _engine_error_of(payload: object, status: int | None) -> ApiError:
-    fields: dict[str, Any] = {}
-    if isinstance(payload, dict):
-        inner = payload.get("error")
-        fields = inner if isinstance(inner, dict) else payload
-    raw_code = fields.get("code")
-    if status is None:  # an SSE error event: vLLM's code is its status; OpenAI's type says 4xx
-        status = 400 if fields.get("type") == "invalid_request_error" else 500
-        if isinstance(raw_code, int) and not isinstance(raw_code, bool) and 400 <= raw_code < 600:
-            status = raw_code
-    message = fields.get("message")
-    if not isinstance(message, str) or not message:
-        detail = fields.get("detail", payload if isinstance(payload, str) else None)
-        if detail is not None and not isinstance(detail, str):  # FastAPI's list of problems
-            detail = json.dumps(detail)
-        message = detail[:_MAX_DETAIL] if detail else None
-    if message is None:
-        message = f"the engine answered HTTP {status} without a message"
-    if isinstance(raw_code, str) and raw_code:
-        code = _printable(raw_code)
-    else:
-        code = INVALID_REQUEST if 400 <= status < 500 else ENGINE_ERROR
-    param = fields.get("param")
-    return ApiError(
-        status,
-        _printable(message),
-        code=code,
-        param=_printable(param) if isinstance(param, str) else None,
-    )
-
-
-_MAX_DETAIL = 2000
-"""Characters kept of an error that is not the engine's JSON (a proxy's HTML page)."""
-
-
-def _printable(text: str) -> str:
-    """``text`` encodable as UTF-8: an engine may echo a client's lone surrogate (``\\ud800``,
-    which JSON can carry and UTF-8 cannot); it is kept as that escape, visible."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return text.encode("utf-8", "backslashreplace").decode("utf-8")
-    return text
 
 
 class Job:
@@ -274,326 +185,15 @@ class Job:
         assert self.meta is not None
         return self.meta.end_to_end_slo.deadline_s
 
-    def route(self, now: float, exclude: frozenset[str] = frozenset()) -> RouteDecision:
-        """Ask the group's router; ``exclude`` (backends that failed this request) sit out."""
-        assert self.group is not None and self.core is not None
-        skipped: frozenset[int] = _NONE
-        if exclude:
-            skipped = frozenset(b.view.index for b in self.group.backends if b.name in exclude)
-        started = time.perf_counter()
-        self.state.pool.see_others(self.group.backends)  # the other workers' queued prefills
-        try:
-            return self.group.router.route(self.core, now, exclude=skipped)
-        except NoHealthyInstanceError:
-            raise ApiError(
-                503,
-                f"no healthy backend serves model {self.model!r}",
-                code="no_healthy_backend",
-                headers={"retry-after": NO_BACKEND_RETRY_AFTER},
-            ) from None
-        finally:
-            self.state.metrics.routing_time.observe(time.perf_counter() - started)
+    # ---- routing and dispatch -----------------------------------------------------------
 
-    # ---- dispatch -----------------------------------------------------------------------
+    route = routing.route
+    """Ask the group's router, leaving out the backends that failed this request
+    (:func:`gateway.dataplane.routing.route`; admission's ``shed`` stage calls it too)."""
 
-    def _payload(self) -> bytes:
-        assert self.meta is not None
-        meta = self.meta
-        if self.length is not None:  # the length distribution, if predicted by now
-            meta = dataclasses.replace(meta, length=self.length.now())
-        if self.demoted:  # it gave its deadline up at admission: the engine serves it as such
-            slo = SLO(ttft_s=meta.slo.ttft_s, tpot_s=meta.slo.tpot_s)
-            meta = dataclasses.replace(
-                meta,
-                slo=slo,
-                weight=MIN_WEIGHT,  # overload: the smallest weight
-                kind="best-effort",
-                workflow_id=None,
-                stage=0,
-                workflow_deadline_s=None,
-            )
-        body = dict(self.body)
-        body["priority"] = engine_priority(meta.weight)
-        # a client's own tiergate_* keys never reach the engine: only the gateway sets them (a
-        # tier without a deadline must not let the client pick one)
-        xargs = without_protocol_keys(body.get("vllm_xargs"))
-        xargs.update(encode(meta))
-        body["vllm_xargs"] = xargs
-        if self.stream:  # the gateway needs the usage chunk; it strips it if not asked for
-            body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
-        return json.dumps(body, separators=(",", ":")).encode()
-
-    async def dispatch(self) -> UpstreamResponse | Response:
-        """Send to a backend, failing over before the first token.
-
-        Returns the upstream response: for streaming, open and positioned after the first
-        token's event (kept in ``self.pending``); for non-streaming, fully read. A 4xx from the
-        engine is returned to the client in the gateway's dialect (:func:`engine_error`, as a
-        finished :class:`Response`), as is a stream whose first event is a 4xx error.
-        """
-        assert self.group is not None and self.core is not None
-        if self.length is not None:  # at most what is left of its budget (5 ms by default)
-            await self.length.ready()
-        payload = self._payload()
-        tried: set[str] = set()
-        exclude: frozenset[str] = frozenset()
-        last_error = "no backend was tried"
-        budget: AttemptBudget | None = None
-        for _ in range(self.state.settings.max_attempts):
-            now = time.monotonic()
-            decision = self.decision or self.route(now, exclude)
-            self.decision = None
-            if budget is None:  # from the first dispatch; retries get what is left of it
-                budget = self._budget(decision, now)
-            backend = self.group.backends[decision.instance]
-            self._dispatched(backend, decision, now)
-            try:
-                return await self._timed_attempt(backend, payload, budget.timeout(now), tried)
-            except UpstreamFailed as exc:
-                last_error = f"backend {backend.name}: {exc}"
-                log.info(
-                    "request %s failed before its first token on %s: %s",
-                    self.request_id,
-                    backend.name,
-                    exc,
-                )
-                if not exc.recorded:
-                    self.state.pool.record_failure(backend, counts=not exc.abandoned)
-                self._undispatch()
-                tried.add(backend.name)
-                exclude = frozenset(tried)
-                if not self._alternative(backend, tried):
-                    if not self._retry_tried(budget):  # a healthy one failed: say so, not
-                        break  # "no healthy backend"
-                    exclude = frozenset()
-                self.state.metrics.failovers.labels(self.tier).inc()
-        raise ApiError(
-            503,
-            f"every backend attempt failed; last: {last_error}",
-            code="upstream_unavailable",
-            headers={"retry-after": "1"},
-        )
-
-    def _budget(self, decision: RouteDecision, now: float) -> AttemptBudget:
-        assert self.meta is not None
-        return attempt_budget(
-            self.state.settings,
-            self.meta,
-            stream=self.stream,
-            expected_output=self.expected_output,
-            best_effort=self._best_effort(decision),
-            arrival=self.arrival,
-            first_dispatch=now,
-        )
-
-    def _best_effort(self, decision: RouteDecision) -> bool:
-        """Served without a TTFT objective: demoted at admission, or its tier allows best
-        effort and the router sees no backend meeting its TTFT."""
-        if self.demoted:
-            return True
-        gain = decision.expected_gain
-        return self.identity.policy.best_effort_allowed and gain is not None and gain <= 0.0
-
-    async def _timed_attempt(
-        self, backend: Backend, payload: bytes, timeout_s: float, tried: set[str]
-    ) -> UpstreamResponse | Response:
-        """:meth:`_attempt` within ``timeout_s`` (to the first token, or the whole answer when
-        not streaming); abandoned at once if the backend's breaker opens meanwhile.
-
-        When the budget runs out on an engine that is serving (:meth:`BackendPool.queueing`:
-        its own queue holds the request) the wait is queueing, not a fault: it counts nothing
-        against the engine, and where no other healthy backend is left to try, the request
-        keeps waiting there (until its deadline, else the upstream read timeout) rather than
-        failing on the one engine that can still serve it.
-        """
-        pool = self.state.pool
-        loop = asyncio.get_running_loop()
-        queued = False
-        patience_end = loop.time() + self._patience_s()
-        check: asyncio.TimerHandle | None = None
-
-        def budget_spent(deadline: asyncio.Timeout) -> None:
-            nonlocal queued, check
-            if deadline.expired():  # abandoned meanwhile (the breaker opened): nothing to judge
-                return
-            if not queued and pool.queueing(backend, time.monotonic()):
-                queued = True  # counted once per attempt, whether it then waits or moves
-                pool.metrics.upstream_timeouts.labels(backend.name, "queued").inc()
-            else:
-                queued = queued and pool.queueing(backend, time.monotonic())
-            now = loop.time()
-            if queued and not self._alternative(backend, tried) and now < patience_end:
-                recheck = max(0.05, min(pool.stall_threshold(backend), patience_end - now))
-                check = loop.call_later(recheck, budget_spent, deadline)
-                return
-            deadline.reschedule(now)
-
-        try:
-            async with asyncio.timeout(None) as deadline:
-                backend.attempts.add(deadline)
-                check = loop.call_later(timeout_s, budget_spent, deadline)
-                try:
-                    return await self._attempt(backend, payload)
-                finally:
-                    backend.attempts.discard(deadline)
-                    if check is not None:
-                        check.cancel()
-        except TimeoutError:
-            if not backend.breaker.routable(time.monotonic()):
-                raise UpstreamFailed(
-                    f"abandoned: the backend's breaker opened ({backend.breaker.reason})",
-                    abandoned=True,
-                ) from None
-            what = "no first token" if self.stream else "no answer"
-            if queued:  # the engine's own queue: try elsewhere, blame nothing
-                raise UpstreamFailed(
-                    f"{what} within {timeout_s:.3g} s: queued on a busy engine", recorded=True
-                ) from None
-            pool.record_timeout(backend, "first_token" if self.stream else "response")
-            raise UpstreamFailed(f"{what} within {timeout_s:.3g} s", recorded=True) from None
-
-    def _patience_s(self) -> float:
-        """How long a request may keep waiting in a serving engine's queue when no other
-        backend could take it: to its deadline, else the upstream read timeout."""
-        limit = self.state.settings.upstream_timeout_s
-        deadline_s = self.deadline_s()
-        if deadline_s is not None and not self.demoted:
-            limit = min(limit, self.arrival + deadline_s - time.monotonic())
-        return max(0.0, limit)
-
-    def _retry_tried(self, budget: AttemptBudget) -> bool:
-        """Every untried backend is gone: try a healthy one again while the budget lasts. A
-        backend that failed this request once (a broken connection, an engine restarting) may
-        still be the only one left that can serve it — the other having died since — and a
-        client must see an error only where no retry could have served it. A timed-out
-        attempt has spent the budget, so it is never retried on the backend that was slow."""
-        assert self.group is not None
-        if budget.end <= time.monotonic():
-            return False
-        return any(b.view.healthy for b in self.group.backends)
-
-    def _alternative(self, backend: Backend, tried: set[str]) -> bool:
-        """Another healthy backend of the group this request has not tried yet."""
-        assert self.group is not None
-        return any(
-            b is not backend and b.view.healthy and b.name not in tried for b in self.group.backends
-        )
-
-    def _dispatched(self, backend: Backend, decision: RouteDecision, now: float) -> None:
-        assert self.group is not None and self.core is not None
-        if not self.dispatched_at:  # the first attempt: everything before it is overhead
-            self.state.metrics.overhead.observe(self.overhead_s + (now - self.granted_at))
-        self.dispatched_at = now
-        self.attempts += 1
-        self.backend, self.decision_live = backend, decision
-        self.state.metrics.count_routed(backend.name, self.tier)
-        self.group.router.on_dispatch(self.core, decision, now)
-        self.state.pool.queue_changed(backend)
-
-    def _undispatch(self) -> None:
-        """Tell the router a failed attempt is gone (a non-streaming one may have been
-        assumed past its first token already)."""
-        assert self.group is not None and self.core is not None
-        self.group.router.on_finish(
-            self.core, self.decision_live, time.monotonic(), saw_first_token=self.first_token
-        )
-        if self.backend is not None:
-            self.state.pool.queue_changed(self.backend)
-        if self.first_token and self.backend is not None:
-            self.backend.own_decoding = max(0, self.backend.own_decoding - 1)
-        self.first_token = False
-        self.accepted = False
-        self.backend = None
-
-    async def _attempt(self, backend: Backend, payload: bytes) -> UpstreamResponse | Response:
-        url = backend.chat_url if self.kind == "chat" else backend.completions_url
-        try:
-            upstream = await self.state.pool.upstream.post_json(url, payload)
-        except UpstreamError as exc:
-            raise UpstreamFailed(str(exc)) from None
-        keep_open = False
-        try:
-            if upstream.status != 200 and not 400 <= upstream.status < 500:
-                raise UpstreamFailed(f"HTTP {upstream.status}")  # 5xx, or no OpenAI answer
-            if upstream.status != 200:  # the engine refused it: the client's answer
-                content = await upstream.read()
-                return engine_error(upstream.status, content).response()
-            self.accepted = True  # reset by _undispatch if this attempt fails before a token
-            if not self.stream:
-                timer = self._expect_first_token(backend)
-                try:
-                    content = await upstream.read()
-                finally:
-                    timer.cancel()
-                answer = _json_object(content)
-                if answer is None:  # garbage with a 200: another backend may do better
-                    raise UpstreamFailed("the engine answered 200 with a body that is not JSON")
-                if not self.first_token:
-                    self._mark_first_token(backend)
-                self._take_usage(answer)
-                self.state.pool.record_success(backend)
-                return Response(content, 200, media_type="application/json")
-            self.response, self.batches = upstream, upstream.event_batches()
-            try:
-                self.pending = await self._until_first_token(backend)
-            except EngineRefused as refused:
-                self.accepted = False  # refused, as a 4xx status is: nothing was served
-                return refused.error.response()
-            keep_open = True
-            return upstream
-        except UpstreamError as exc:
-            raise UpstreamFailed(str(exc)) from None
-        finally:
-            if not keep_open:
-                upstream.close()
-
-    async def _until_first_token(self, backend: Backend) -> list[bytes]:
-        """Events up to the first one carrying output (parsed until then), and any that came
-        in the same read; ``first_output`` is that event's index."""
-        held: list[bytes] = []
-        async for batch in self.batches:
-            backend.last_event = time.monotonic()
-            for position, event in enumerate(batch):
-                held.append(event)
-                if _has_output(event):
-                    self._mark_first_token(backend)
-                    self.first_output = len(held) - 1
-                    held.extend(batch[position + 1 :])
-                    return held
-                if event.startswith(b"data: [DONE]"):
-                    self.first_output = len(held)  # a stream with no output at all
-                    return held
-        raise UpstreamFailed("the stream ended before the first token")
-
-    def _expect_first_token(self, backend: Backend) -> asyncio.TimerHandle:
-        """A non-streaming response shows no first token, so the router is told it came after
-        the backend's estimated zero-load prefill time (the next scrape corrects the rest):
-        otherwise the request would count as queued prefill work for its whole life."""
-        delay = lone_prefill_s(backend, self.prompt_tokens)
-        return asyncio.get_running_loop().call_later(delay, self._mark_first_token, backend)
-
-    def _mark_first_token(self, backend: Backend) -> None:
-        assert self.group is not None and self.core is not None
-        self.first_token = True
-        backend.own_decoding += 1
-        now = time.monotonic()
-        predicted = self.decision_live.predicted_ttft_s if self.decision_live else None
-        if self.stream and predicted and self.dispatched_at:  # how good the router's estimate was
-            ratio = (now - self.dispatched_at) / predicted
-            self.state.metrics.ttft_prediction_of(backend.name).observe(ratio)
-        self.group.router.on_first_token(self.core, self.decision_live, now)
-        self.state.pool.queue_changed(backend)
-
-    def _read_usage(self, content: bytes) -> None:
-        answer = _json_object(content)
-        if answer is not None:
-            self._take_usage(answer)
-
-    def _take_usage(self, answer: dict[str, Any]) -> None:
-        with contextlib.suppress(ValueError, TypeError, AttributeError, KeyError):
-            usage = answer.get("usage") or {}
-            self.completion_tokens = int(usage["completion_tokens"])
-            self.upstream_prompt_tokens = int(usage["prompt_tokens"])
+    dispatch = run_dispatch
+    """Send to a backend, failing over before the first token
+    (:func:`gateway.dataplane.dispatch.dispatch`): the function itself as the method."""
 
     # ---- relay --------------------------------------------------------------------------
 
@@ -766,12 +366,12 @@ class Job:
         """Drop the usage chunk the client did not ask for (after reading it); reword an
         engine's error event in the gateway's dialect; pass the rest, if well formed (raises
         :class:`UpstreamFailed` for garbage; drops SSE comments)."""
-        if not _well_formed(event):
+        if not well_formed(event):
             if event.startswith(b":"):
                 return None
             raise UpstreamFailed(MALFORMED)
         if b'"usage"' in event and b'"choices":[]' in event.replace(b" ", b""):
-            self._read_usage(event[event.find(b"{") :])
+            read_usage(self, event[event.find(b"{") :])
             return event if self.include_usage else None
         if b'"error"' in event and event.startswith(b'data: {"error"'):
             self.upstream_error = True
@@ -795,12 +395,7 @@ class Job:
         self.finished = True
         state, now = self.state, time.monotonic()
         if self.backend is not None and self.group is not None and self.core is not None:
-            self.group.router.on_finish(
-                self.core, self.decision_live, now, saw_first_token=self.first_token
-            )
-            self.state.pool.queue_changed(self.backend)
-            if self.first_token:
-                self.backend.own_decoding = max(0, self.backend.own_decoding - 1)
+            routing.released(self, now)
         if self.slot:
             self.slot = False
             state.queue.release()
@@ -991,60 +586,6 @@ def _token_times(times: list[float], tokens: int) -> list[float]:
     for i, t in enumerate(times):
         out.extend([t] * (per + (1 if i < extra else 0)))
     return out
-
-
-def _has_output(event: bytes) -> bool:
-    """Whether an SSE event carries generated text (vLLM first sends a role-only chunk).
-
-    Parsed in full (only events up to the first token are): anything but a ``data:`` line
-    holding a JSON object, ``[DONE]`` or an SSE comment is garbage (:class:`UpstreamFailed`), as
-    is an engine's server error; an engine's 4xx error is :class:`EngineRefused`."""
-    if event.startswith((b"data: [DONE]", b":")):
-        return False
-    data = _json_object(event[6:]) if event.startswith(b"data: ") else None
-    if data is None:
-        raise UpstreamFailed(MALFORMED)
-    if "error" in data:
-        error = _engine_error_of(data, None)
-        if 400 <= error.status < 500:
-            raise EngineRefused(error)
-        raise UpstreamFailed(f"engine error before the first token: {error.message}")
-    choices = data.get("choices") or ()
-    if not isinstance(choices, list):
-        raise UpstreamFailed(MALFORMED)
-    for choice in choices:
-        if not isinstance(choice, dict):
-            raise UpstreamFailed(MALFORMED)
-        delta = choice.get("delta") or {}
-        if not isinstance(delta, dict):
-            raise UpstreamFailed(MALFORMED)
-        if choice.get("text") or delta.get("content"):
-            return True
-        if choice.get("finish_reason") is not None or delta.get("tool_calls"):
-            return True
-    return False
-
-
-MALFORMED = "the engine sent a malformed event (not an SSE data line with a JSON object)"
-
-
-def _well_formed(event: bytes) -> bool:
-    """A cheap structural check of a relayed event (every token passes here, so no parse):
-    one ``data:`` line whose payload starts and ends like a JSON object."""
-    return (
-        event.startswith(b"data: {")
-        and event.endswith(b"}\n\n")
-        and event.find(b"\n") == len(event) - 2
-    )
-
-
-def _json_object(content: bytes) -> dict[str, Any] | None:
-    """``content`` parsed, if it is a JSON object (an engine's answer); else None."""
-    try:
-        value = json.loads(content)
-    except (ValueError, RecursionError):  # not JSON, not UTF-8, nested too deep
-        return None
-    return value if isinstance(value, dict) else None
 
 
 def _watched(
