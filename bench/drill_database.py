@@ -62,18 +62,6 @@ import drills_common as common  # the drills' shared child-process helpers
 _free_port = common.free_port
 
 
-def _spawn(args: list[str], env: dict[str, str], log: Any) -> subprocess.Popen[bytes]:
-    return common.spawn_session(__file__, args, env, log)
-
-
-def _wait_up(url: str, proc: subprocess.Popen[bytes]) -> None:
-    common.wait_up(url, proc, up=lambda status: status < 500, timeout_s=STARTUP_TIMEOUT_S)
-
-
-def _terminate(proc: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
-    common.terminate(proc, timeout)
-
-
 MODEL = "drill-model"
 SECRET = "database-drill-secret"
 TIER = "drill"
@@ -338,61 +326,32 @@ def usage_table(url: str) -> dict[str, int]:
 # ---- servers (child processes) -----------------------------------------------------------
 
 
-@dataclass
-class Servers:
-    engine: subprocess.Popen[bytes]
-    gateway: subprocess.Popen[bytes]
-    gateway_url: str
-    metrics_url: str
+Servers = common.EngineAndGateway
 
 
 @contextlib.contextmanager
 def running_servers(
     db_url: str, workdir: Path, *, workers: int, buffer_records: int, time_scale: float
 ) -> Iterator[Servers]:
-    engine_port, gateway_port, metrics_port = _free_port(), _free_port(), _free_port()
     env = dict(os.environ)
     env.pop("TIERGATE_REDIS_URL", None)
     env.update(
         TIERGATE_DATABASE_URL=db_url,
         TIERGATE_SECRET=SECRET,
         TIERGATE_DATA_DIR=str(workdir),
-        TIERGATE_METRICS_ADDR=f"127.0.0.1:{metrics_port}",
         TIERGATE_USAGE_BUFFER_RECORDS=str(buffer_records),
     )
-    log = (workdir / "servers.log").open("ab")
-    engine = _spawn(
-        ["--role", "engine", "--port", str(engine_port), "--time-scale", str(time_scale)], env, log
-    )
-    gateway: subprocess.Popen[bytes] | None = None
-    try:
-        _wait_up(f"http://127.0.0.1:{engine_port}/health", engine)
-        gateway = _spawn(
-            [
-                "--role",
-                "gateway",
-                "--port",
-                str(gateway_port),
-                "--engine-url",
-                f"http://127.0.0.1:{engine_port}",
-                "--workers",
-                str(workers),
-            ],
-            env,
-            log,
-        )
-        _wait_up(f"http://127.0.0.1:{gateway_port}/health/liveliness", gateway)
-        yield Servers(
-            engine,
-            gateway,
-            f"http://127.0.0.1:{gateway_port}",
-            f"http://127.0.0.1:{metrics_port}/metrics",
-        )
-    finally:
-        if gateway is not None:
-            _terminate(gateway)
-        _terminate(engine, timeout=10)
-        log.close()
+    with common.engine_and_gateway(
+        __file__,
+        workdir,
+        env,
+        workers=workers,
+        time_scale=time_scale,
+        gateway_up=("/health/liveliness", lambda status: status < 500),
+        startup_timeout_s=STARTUP_TIMEOUT_S,
+        gateway_stop_s=60.0,
+    ) as servers:
+        yield servers
 
 
 def workers_supported() -> bool:
@@ -574,16 +533,8 @@ async def drive(
                     break
             await asyncio.sleep(0.1)
     for answer in answers:
-        answer.phase = _phase(answer.sent, timeline)
+        answer.phase = common.outage_phase(answer.sent, timeline.down_at, timeline.up_at)
     return answers, timeline, usage
-
-
-def _phase(sent: float, timeline: Timeline) -> str:
-    if timeline.down_at is None or sent < timeline.down_at:
-        return "before"
-    if timeline.up_at is None or sent < timeline.up_at:
-        return "during"
-    return "after"
 
 
 # ---- the drill -----------------------------------------------------------------------------

@@ -218,21 +218,6 @@ def _wait_ready(url: str, engines: int) -> None:
 
 def _serve_role(args: argparse.Namespace) -> int:
     """Child process: serve one engine or the gateway until stdin closes."""
-    import socket
-
-    import uvicorn
-
-    async def until_stdin_closes() -> None:
-        loop = asyncio.get_running_loop()
-        closed = asyncio.Event()
-
-        def on_stdin() -> None:
-            if not os.read(sys.stdin.fileno(), 4096):
-                loop.remove_reader(sys.stdin.fileno())
-                closed.set()
-
-        loop.add_reader(sys.stdin.fileno(), on_stdin)
-        await closed.wait()
 
     async def engine() -> None:
         from engine_emulated.serve import EngineSpec, serve_engine, stop_engines
@@ -249,40 +234,14 @@ def _serve_role(args: argparse.Namespace) -> int:
         running = await serve_engine(spec)
         print(f"READY {running.url}", flush=True)
         try:
-            await until_stdin_closes()
+            await common.until_stdin_closes()
         finally:
             await stop_engines([running])
 
-    async def gateway() -> None:
-        from gateway.app import BackendSpec, create_app
-
-        backends = [
-            BackendSpec(f"engine-{i}", url, MODEL, args.profile, kind="emulated")
-            for i, url in enumerate(args.engine_urls.split(","))
-        ]
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(("127.0.0.1", 0))
-        server = uvicorn.Server(
-            uvicorn.Config(
-                create_app(backends=backends),
-                log_level="warning",
-                access_log=False,
-                lifespan="on",
-                timeout_graceful_shutdown=2,
-                backlog=4096,
-            )
-        )
-        task = asyncio.ensure_future(server.serve(sockets=[sock]))
-        while not server.started and not task.done():
-            await asyncio.sleep(0.01)
-        print(f"READY {sock.getsockname()[1]}", flush=True)
-        stop = asyncio.ensure_future(until_stdin_closes())
-        await asyncio.wait((task, stop), return_when=asyncio.FIRST_COMPLETED)
-        server.should_exit = True
-        await task
-
-    _run(engine() if args.role == "engine" else gateway())
+    if args.role == "engine":
+        _run(engine())
+    else:
+        _run(common.serve_gateway_until_stdin_closes(args.engine_urls, MODEL, args.profile))
     return 0
 
 

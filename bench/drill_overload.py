@@ -59,7 +59,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -273,21 +273,6 @@ def _wait_ready(url: str) -> None:
 
 def _serve_role(args: argparse.Namespace) -> int:
     """Child process: serve the engines or the gateway until stdin closes."""
-    import socket
-
-    import uvicorn
-
-    async def until_stdin_closes() -> None:
-        loop = asyncio.get_running_loop()
-        closed = asyncio.Event()
-
-        def on_stdin() -> None:
-            if not os.read(sys.stdin.fileno(), 4096):
-                loop.remove_reader(sys.stdin.fileno())
-                closed.set()
-
-        loop.add_reader(sys.stdin.fileno(), on_stdin)
-        await closed.wait()
 
     async def engines() -> None:
         from engine_emulated.serve import EngineSpec, serve_engines, stop_engines
@@ -299,38 +284,12 @@ def _serve_role(args: argparse.Namespace) -> int:
         running = await serve_engines(specs)
         print("READY " + ",".join(e.url for e in running), flush=True)
         try:
-            await until_stdin_closes()
+            await common.until_stdin_closes()
         finally:
             await stop_engines(running)
 
-    async def gateway() -> None:
-        from gateway.app import BackendSpec, create_app
-
-        backends = [
-            BackendSpec(f"engine-{i}", url, MODEL, args.profile_file, kind="emulated")
-            for i, url in enumerate(args.engine_urls.split(","))
-        ]
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(("127.0.0.1", 0))
-        server = uvicorn.Server(
-            uvicorn.Config(
-                create_app(backends=backends),
-                log_level="warning",
-                access_log=False,
-                lifespan="on",
-                timeout_graceful_shutdown=2,
-                backlog=4096,
-            )
-        )
-        task = asyncio.ensure_future(server.serve(sockets=[sock]))
-        while not server.started and not task.done():
-            await asyncio.sleep(0.01)
-        print(f"READY {sock.getsockname()[1]}", flush=True)
-        stop = asyncio.ensure_future(until_stdin_closes())
-        await asyncio.wait((task, stop), return_when=asyncio.FIRST_COMPLETED)
-        server.should_exit = True
-        await task
+    def gateway() -> Coroutine[Any, Any, None]:
+        return common.serve_gateway_until_stdin_closes(args.engine_urls, MODEL, args.profile_file)
 
     profile_path = os.environ.get(PROFILE_ENV) if args.role == "gateway" else None
     if not profile_path:

@@ -55,18 +55,6 @@ import drills_common as common  # the drills' shared child-process helpers
 _free_port = common.free_port
 
 
-def _spawn(args: list[str], env: dict[str, str], log: Any) -> subprocess.Popen[bytes]:
-    return common.spawn_session(__file__, args, env, log)
-
-
-def _wait_up(url: str, proc: subprocess.Popen[bytes]) -> None:
-    common.wait_up(url, proc, up=lambda status: status == 200, timeout_s=STARTUP_TIMEOUT_S)
-
-
-def _terminate(proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
-    common.terminate(proc, timeout)
-
-
 MODEL = "drill-model"
 SECRET = "redis-drill-secret"
 TIER = "drill"
@@ -172,56 +160,32 @@ def seed(url: str, rpm: int, max_concurrency: int) -> dict[str, str]:
         engine.dispose()
 
 
-@dataclass
-class Servers:
-    gateway_url: str
-    metrics_url: str
+Servers = common.EngineAndGateway
 
 
 @contextlib.contextmanager
 def running_servers(
     db_url: str, redis_url: str, workdir: Path, *, workers: int, time_scale: float
 ) -> Iterator[Servers]:
-    engine_port, gateway_port, metrics_port = _free_port(), _free_port(), _free_port()
     env = dict(os.environ)
     env.update(
         TIERGATE_DATABASE_URL=db_url,
         TIERGATE_SECRET=SECRET,
         TIERGATE_DATA_DIR=str(workdir),
-        TIERGATE_METRICS_ADDR=f"127.0.0.1:{metrics_port}",
         TIERGATE_REDIS_URL=redis_url,
         TIERGATE_REDIS_PREFIX=REDIS_PREFIX,
     )
-    log = (workdir / "servers.log").open("ab")
-    engine = _spawn(
-        ["--role", "engine", "--port", str(engine_port), "--time-scale", str(time_scale)], env, log
-    )
-    gateway: subprocess.Popen[bytes] | None = None
-    try:
-        _wait_up(f"http://127.0.0.1:{engine_port}/health", engine)
-        gateway = _spawn(
-            [
-                "--role",
-                "gateway",
-                "--port",
-                str(gateway_port),
-                "--engine-url",
-                f"http://127.0.0.1:{engine_port}",
-                "--workers",
-                str(workers),
-            ],
-            env,
-            log,
-        )
-        _wait_up(f"http://127.0.0.1:{gateway_port}/health/readiness", gateway)
-        yield Servers(
-            f"http://127.0.0.1:{gateway_port}", f"http://127.0.0.1:{metrics_port}/metrics"
-        )
-    finally:
-        if gateway is not None:
-            _terminate(gateway)
-        _terminate(engine, timeout=10)
-        log.close()
+    with common.engine_and_gateway(
+        __file__,
+        workdir,
+        env,
+        workers=workers,
+        time_scale=time_scale,
+        gateway_up=("/health/readiness", lambda status: status == 200),
+        startup_timeout_s=STARTUP_TIMEOUT_S,
+        gateway_stop_s=30.0,
+    ) as servers:
+        yield servers
 
 
 # ---- load ----------------------------------------------------------------------------------
@@ -342,16 +306,8 @@ async def drive(
         await asyncio.sleep(4 * POLL_S)  # a last readiness and metrics sample, all quiet
         helpers[1].cancel()
     for answer in answers:
-        answer.phase = _phase(answer.sent, timeline)
+        answer.phase = common.outage_phase(answer.sent, timeline.down_at, timeline.up_at)
     return answers, timeline
-
-
-def _phase(sent: float, timeline: Timeline) -> str:
-    if timeline.down_at is None or sent < timeline.down_at:
-        return "before"
-    if timeline.up_at is None or sent < timeline.up_at:
-        return "during"
-    return "after"
 
 
 # ---- the drill -----------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -22,7 +23,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
@@ -275,3 +276,129 @@ def serve_engine_or_gateway(args: argparse.Namespace, model: str) -> int:
         backlog=4096,
     )
     return 0
+
+
+# ---- one engine and a gateway in front of it (the database and Redis drills) ---------------
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineAndGateway:
+    """The two child servers of a drill and where to reach the gateway."""
+
+    engine: subprocess.Popen[bytes]
+    gateway: subprocess.Popen[bytes]
+    gateway_url: str
+    metrics_url: str
+
+
+@contextlib.contextmanager
+def engine_and_gateway(
+    script: str,
+    workdir: Path,
+    env: Mapping[str, str],
+    *,
+    workers: int,
+    time_scale: float,
+    gateway_up: tuple[str, Callable[[int], bool]],
+    startup_timeout_s: float,
+    gateway_stop_s: float,
+) -> Iterator[EngineAndGateway]:
+    """``script`` as an emulated engine (``--role engine``) and as the gateway in front of it
+    (``--role gateway``, ``workers`` processes), both logging to ``workdir/servers.log``; the
+    gateway is up when its ``gateway_up`` path answers a status the predicate accepts. ``env``
+    is the children's whole environment; the gateway's metrics address is added to it."""
+    engine_port, gateway_port, metrics_port = free_port(), free_port(), free_port()
+    child_env = {**env, "TIERGATE_METRICS_ADDR": f"127.0.0.1:{metrics_port}"}
+    path, up = gateway_up
+    log = (workdir / "servers.log").open("ab")
+    engine = spawn_session(
+        script,
+        ["--role", "engine", "--port", str(engine_port), "--time-scale", str(time_scale)],
+        child_env,
+        log,
+    )
+    gateway: subprocess.Popen[bytes] | None = None
+    try:
+        wait_up(
+            f"http://127.0.0.1:{engine_port}/health",
+            engine,
+            up=lambda status: status == 200,
+            timeout_s=startup_timeout_s,
+        )
+        engine_url = f"http://127.0.0.1:{engine_port}"
+        role = ["--role", "gateway", "--port", str(gateway_port), "--engine-url", engine_url]
+        gateway = spawn_session(script, [*role, "--workers", str(workers)], child_env, log)
+        wait_up(
+            f"http://127.0.0.1:{gateway_port}{path}", gateway, up=up, timeout_s=startup_timeout_s
+        )
+        yield EngineAndGateway(
+            engine,
+            gateway,
+            f"http://127.0.0.1:{gateway_port}",
+            f"http://127.0.0.1:{metrics_port}/metrics",
+        )
+    finally:
+        if gateway is not None:
+            terminate(gateway, gateway_stop_s)
+        terminate(engine, 10.0)
+        log.close()
+
+
+# ---- a child server that lives until its parent closes its stdin -------------------------------
+
+
+async def until_stdin_closes() -> None:
+    """Return once the parent closes this process's stdin (it ended or was killed)."""
+    loop = asyncio.get_running_loop()
+    closed = asyncio.Event()
+
+    def on_stdin() -> None:
+        if not os.read(sys.stdin.fileno(), 4096):
+            loop.remove_reader(sys.stdin.fileno())
+            closed.set()
+
+    loop.add_reader(sys.stdin.fileno(), on_stdin)
+    await closed.wait()
+
+
+async def serve_gateway_until_stdin_closes(engine_urls: str, model: str, profile: str) -> None:
+    """The gateway in front of the comma-separated emulated ``engine_urls`` (all on
+    ``profile``), on a free port it prints as ``READY <port>``, until stdin closes."""
+    import uvicorn
+
+    from gateway.app import BackendSpec, create_app
+
+    backends = [
+        BackendSpec(f"engine-{i}", url, model, profile, kind="emulated")
+        for i, url in enumerate(engine_urls.split(","))
+    ]
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_app(backends=backends),
+            log_level="warning",
+            access_log=False,
+            lifespan="on",
+            timeout_graceful_shutdown=2,
+            backlog=4096,
+        )
+    )
+    task = asyncio.ensure_future(server.serve(sockets=[sock]))
+    while not server.started and not task.done():
+        await asyncio.sleep(0.01)
+    print(f"READY {sock.getsockname()[1]}", flush=True)
+    stop = asyncio.ensure_future(until_stdin_closes())
+    await asyncio.wait((task, stop), return_when=asyncio.FIRST_COMPLETED)
+    server.should_exit = True
+    await task
+
+
+def outage_phase(sent: float, down_at: float | None, up_at: float | None) -> str:
+    """Where a request sent at ``sent`` falls in an outage drill: before, during or after."""
+    if down_at is None or sent < down_at:
+        return "before"
+    if up_at is None or sent < up_at:
+        return "during"
+    return "after"
