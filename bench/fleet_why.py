@@ -15,6 +15,13 @@ One line per (load, router), the same workload for every router at a load:
 
 A router spec is ``name`` or ``name:param=value`` (string values; GoRouting's ``fallback`` and
 ``decode_choice``).
+
+``--predictions``: for GoRouting, every decision that took the fallback, its prediction at the
+chosen instance against what happened: the wait from dispatch to the first token (median of
+realised / predicted, per instance and for prompts up to / over one chunk), and its predicted
+gain G_p against the request's own realised gain (first token and decode tokens on time; the
+harm to others is not realised per request, so the two differ by that term), correlation and
+means.
 """
 
 from __future__ import annotations
@@ -29,6 +36,8 @@ import numpy as np
 
 from priority.gain import token_deadlines
 from priority.profiles import load_profile
+from priority.request import Request
+from priority.routing import GoRouter, InstanceView
 from priority.sim import ClusterConfig, PdConfig, build_workload, load_trace
 from priority.sim.capacity import trace_head
 from priority.sim.cluster import simulate
@@ -38,6 +47,69 @@ from priority.sim.metrics import summarize
 sys.path.append(str(Path(__file__).resolve().parent))  # bench/ is no package
 from policy_sweep import DEFAULT_CLUSTER, kv_transfer
 from sweep_args import csv, load_multiples
+
+
+class _Recording(GoRouter):
+    """GoRouting that keeps, per fallback decision, the candidates' predicted gains and first
+    token times (``request_id -> (now, candidate indices, gains, first-token times)``)."""
+
+    def __init__(self, instances: list[InstanceView], **params: object) -> None:
+        super().__init__(instances, **params)  # type: ignore[arg-type]
+        self.recorded: dict[str, tuple[float, list[int], np.ndarray, np.ndarray]] = {}
+
+    def _engine_order_gains(self, arrays, request: Request, now: float, decode):  # type: ignore[no-untyped-def]
+        gains, first_s = self.engine_order_terms(arrays, request, now, decode)
+        assert self._cols is not None
+        self.recorded[request.request_id] = (now, list(self._cols.indices), gains, first_s)
+        return gains
+
+    def _fallback_gains_arrays(self, arrays, request: Request, now: float, decode):  # type: ignore[no-untyped-def]
+        gains = super()._fallback_gains_arrays(arrays, request, now, decode)
+        assert self._cols is not None
+        self.recorded[request.request_id] = (now, list(self._cols.indices), gains, arrays.end_s)
+        return gains
+
+
+def predictions(run, workload, router: _Recording, chunk: int) -> str:  # type: ignore[no-untyped-def]
+    """The fallback decisions' predicted against realised wait and gain (module docstring)."""
+    weights = workload.gain_weights
+    ratios: dict[str, list[float]] = {}
+    predicted: list[float] = []
+    realised: list[float] = []
+    for r in run.requests:
+        record = router.recorded.get(r.request_id)
+        if record is None or not r.token_times:
+            continue
+        now, indices, gains, first_s = record
+        decision = run.placement[r.request_id]
+        k = indices.index(decision.instance)
+        wait = r.token_times[0] - now
+        want = float(first_s[k]) - now
+        if want > 0:
+            size = "long" if r.prompt_tokens > chunk else "short"
+            for key in (f"i{decision.instance}", size, f"i{decision.instance}/{size}"):
+                ratios.setdefault(key, []).append(wait / want)
+        n = r.target_output_tokens
+        due = token_deadlines(r.arrival_s, r.slo, n)
+        times = np.asarray(r.token_times)
+        on_time = times < due[: times.size]
+        value = r.weight * (
+            weights.first_token * on_time[0] + weights.decode_token * on_time[1:].sum()
+        )
+        predicted.append(float(gains[k]))
+        realised.append(float(value))
+    parts = [
+        f"{key} n={len(v)} x{np.median(v):.2f}"
+        for key, v in sorted(ratios.items())
+        if "/" in key or key in ("long", "short")
+    ]
+    corr = np.corrcoef(predicted, realised)[0, 1] if len(predicted) > 2 else float("nan")
+    return (
+        f"  fallback decisions {len(predicted)}: wait realised/predicted (median) "
+        + " ".join(parts)
+        + f" | gain predicted mean {np.mean(predicted):.1f} realised own {np.mean(realised):.1f}"
+        f" corr {corr:.2f}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -51,6 +123,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--policy", default="slide")
     parser.add_argument("--cluster", type=csv, default=DEFAULT_CLUSTER)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--predictions", action="store_true", help="GoRouting's fallback: predicted vs realised"
+    )
     args = parser.parse_args(argv)
 
     profiles = [load_profile(name) for name in args.cluster]
@@ -75,6 +150,16 @@ def main(argv: list[str] | None = None) -> int:
             config = configure(
                 replace(base, router=name, router_params=params), args.policy, workload
             )
+            recorder: list[_Recording] = []
+            if args.predictions and name == "goroute":
+
+                def build(
+                    views: list[InstanceView], kept: list[_Recording] = recorder, **kw: object
+                ) -> _Recording:
+                    kept.append(_Recording(views, **kw))
+                    return kept[0]
+
+                config = replace(config, router=build)
             run = simulate(workload, config)
             summary = summarize(run, workload)
             sent: Counter[int] = Counter()
@@ -119,6 +204,9 @@ def main(argv: list[str] | None = None) -> int:
                 f"{np.percentile(gaps, 99) * 1e3:.0f} ms",
                 flush=True,
             )
+            if recorder:
+                chunk = profiles[0].engine.max_num_batched_tokens
+                print(predictions(run, workload, recorder[0], chunk), flush=True)
     return 0
 
 

@@ -1,13 +1,14 @@
 """Routing decision time at fleet scale: every router, 64 instances x 1,024 queued prefills each.
 
     python bench/routing_scale.py [--instances 64] [--queued 1024] [--decisions 2000] [--seed 0]
-        [--baseline COMMIT] [--gc-freeze]
+        [--baseline COMMIT] [--gc-freeze] [--only engine-order,expected-gain]
 
 Each decision routes a new request, dispatches it where the router chose and then sees one first
 token on a random instance (so that two queues change per decision, as in a busy fleet, and
 every router's memo of them is stale); only ``route`` is timed. GoRouting is timed on two
 streams: requests some instance can serve in time (Algorithm 2's main branch) and requests none
-can (the fallback: ``expected-gain`` and the paper's ``random``). Heterogeneous fleet: half
+can (the fallback: ``expected-gain``, the paper's ``random`` and ``engine-order``).
+Heterogeneous fleet: half
 ``a100-qwen2-7b``, half ``910b-qwen2-7b``; queued prompts 64-4,096 tokens, TTFT SLOs 0.2-20 s,
 0-256 decoding requests. Target: p99 <= 0.2 ms per decision (wall clock); the thread's CPU
 time is printed beside it, since on a shared machine the wall-clock tail is mostly other
@@ -195,6 +196,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="gc.freeze() after each case's warm-up (the fleet built before it is never walked)",
     )
+    parser.add_argument(
+        "--only",
+        type=lambda v: [w for w in v.split(",") if w],
+        help="time only the cases whose label contains one of these words (comma-separated)",
+    )
     args = parser.parse_args(argv)
 
     cases: list[tuple[str, str, dict[str, Any], float | None]] = [
@@ -205,7 +211,15 @@ def main(argv: list[str] | None = None) -> int:
         ("goroute, SLO reachable", "goroute", {"seed": args.seed}, 1e5),
         ("goroute, fallback expected-gain", "goroute", {"seed": args.seed}, 1e-3),
         ("goroute, fallback random", "goroute", {"seed": args.seed, "fallback": "random"}, 1e-3),
+        (
+            "goroute, fallback engine-order",
+            "goroute",
+            {"seed": args.seed, "fallback": "engine-order"},
+            1e-3,
+        ),
     ]
+    if args.only:
+        cases = [case for case in cases if any(word in case[0] for word in args.only)]
     weights = GainWeights.from_lengths(1000.0, 250.0)
     print(
         f"{args.instances} instances x {args.queued} queued, {args.decisions} decisions "

@@ -3,6 +3,7 @@ fallback, on constructed cluster states."""
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import replace
 from types import SimpleNamespace
@@ -30,6 +31,7 @@ from priority.routing import (
 from priority.routing.decode import pick_decode_by_capacity
 from priority.routing.goroute import on_time_decode_tokens
 from priority.routing.least_ttft import predict
+from priority.routing.prefill_queue import PrefillQueue, slide_rank_work
 from priority.sim import ClusterConfig
 from priority.sim.compare import configure
 from priority.sim.workload import Workload
@@ -380,3 +382,24 @@ def test_engine_order_fallback_counts_the_first_tokens_it_pushes_past_their_dead
         .instance
         == 0
     )
+
+
+def test_engine_order_believes_the_head_of_the_order_progressed_and_ranks_its_rest() -> None:
+    # One long prompt (8,000 tokens, 0.8 s of prefill) queued on instance 0: behind it, the
+    # router's model serves it for the time that passes, so that 0.7 s later (once the queue
+    # changed and the order is read again) what is left of it (~1,000 tokens) ranks ahead of a
+    # 4,000-token newcomer, as slide ranks a prompt partly prefilled by what is left.
+    instances = [view(0, req("L", 8_000, ttft=0.01)), view(1, req("M", 8_000, ttft=0.01))]
+    router = GoRouter(instances, seed=0, fallback=ENGINE)
+    router.route(hopeless(), NOW)
+    queue = instances[0].prefill_queue
+    assert isinstance(queue, PrefillQueue)
+    assert queue.computed("L") == 0
+    queue["tiny"] = req("tiny", 10, ttft=0.01)  # served first (0.001 s), then L
+    router.route(hopeless(), NOW + 0.7)
+    assert queue.computed("tiny") == 10
+    assert queue.computed("L") == 6_990
+    order = router._orders[0][1]
+    newcomer = -1.0 / slide_rank_work(instances[0].estimator.coefficients, 4_000)
+    assert bisect.bisect_right(order.neg_density, newcomer) == 2  # behind tiny and L's rest
+    assert order.cum[2] == pytest.approx(0.101, rel=1e-3)  # what is left of them, not 0.801 s

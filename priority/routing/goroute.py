@@ -44,9 +44,8 @@ with a negative maximum it exceeds every Delta). Algorithm 2 then picks at rando
 (``fallback="random"``, kept for comparison: among the instances where the request harms the
 queued requests least). Past capacity that is most decisions, and a random pick sends a late
 request to a slow instance as often as to a fast one. With ``fallback="engine-order"``
-(*beyond the paper*; not the default yet: its decision costs 2x the expected-gain fallback at
-p50 and 3.6x at p99 at 64 instances x 1,024 queued, the rebuilds of a queue's order) the router
-picks the instance of the largest expected gain **in the order the engine serves its queue**:
+(*beyond the paper*; opt-in, not the default) the router picks the instance of the largest
+expected gain **in the order the engine serves its queue**:
 
 * The paper's view (every queued request, and the newcomer, first-token only when the whole
   queue drains) is the view of a FIFO engine. A deadline- and density-aware engine (``slide``)
@@ -60,12 +59,23 @@ picks the instance of the largest expected gain **in the order the engine serves
   engine's order the A100s hold 41% and 43% of the ideal and realise 0.55; under PD (4.5x)
   the A100 prefill realises 0.82 instead of 0.80 and the 910B 0.72 instead of 0.65, with the
   same split.
-* So the newcomer waits for the work of the queued requests that rank above it by value per
-  second of prefill (tier weight over the prompt's prefill work on that instance; ties by
-  deadline), scaled to the router's drain estimate ``Exec(p)`` (lag, batch factor, beta and
-  decode interference), then its own prefill; its own value there is its first token if on
-  time and its decode tokens on time (the closed form below, :func:`on_time_decode_tokens`).
-* It delays every queued request ranked below it by its own prefill ``beta * w(r)``. Each of
+* So the newcomer waits for the work of the queued requests that rank above it as ``slide``
+  ranks them: tier weight over the estimator's time of the rest of the prompt as one piece
+  (:func:`~priority.routing.prefill_queue.slide_rank_work`, the queue's kept
+  :meth:`~priority.routing.prefill_queue.PrefillQueue.density_order`; ties by deadline), then
+  its own prefill. Work becomes wall time at the instance's prefill pace
+  (:meth:`GoRouter._prefill_pace`): co-located, each step of the batch budget first holds the
+  batch overhead and the running decodes, prefill gets the rest (measured on mooncake_conv
+  co-located 7x: pricing the wait by ``Exec(p)``'s share instead, which adds the decodes once,
+  predicted 2.3-3.3x less wait than realised, and TDG 0.591; with the pace 0.655). Its own
+  value there is its first token if on time and its decode tokens on time (the closed form
+  below, :func:`on_time_decode_tokens`).
+* The router sees no prefill progress, only first tokens, so it models it
+  (:meth:`GoRouter._advance`): the time since the order was last read buys prefill work at the
+  pace, spent on the head of the order, finishing prompts and then part of the next, which
+  ``slide`` then ranks by what is left (a long prompt climbs as it progresses). Measured there:
+  0.656 without the model, 0.673 with it, 0.684 with the engine's true progress (simulator).
+* It delays every queued request ranked below it by its own prefill. Each of
   those that streams and is not yet hopeless (late by less than its expected decode tokens
   times ``TPOT - s``) loses ``w_d * weight / (TPOT - s)`` per second of delay (``TPOT - s``
   floored at :data:`GAP_FLOOR` of TPOT, ``s`` the decode step); those still on time whose slack
@@ -73,10 +83,10 @@ picks the instance of the largest expected gain **in the order the engine serves
   rate - the first tokens pushed late - (co-located) what its decode does to the running decodes
   (the expected-gain fallback's last term, below). A queue whose requests are already lost
   costs nothing to join; one whose requests can still catch up does.
-* The order of a queue (:class:`_EngineOrder`) is built from the queue's deadline order with
-  the time, drain and decode step of the decision that finds it stale, and rebuilt once more
-  than :data:`ORDER_STALENESS` of its length entered or left since; per decision the lookups are
-  O(log W) per instance.
+* Per instance a snapshot of that order (:class:`_EngineOrder`: running work, loss rates) is
+  read from the queue's kept density order (no sort) with the time, pace and decode step of
+  the decision that finds it stale, and read again once more than :data:`ORDER_STALENESS` of
+  its length entered or left since; per decision the lookups are O(log W) per instance.
 
 By default (``fallback="expected-gain"``) the router picks the instance of the largest expected
 gain ``G_p`` in the paper's behind-everyone view, also beyond the paper:
@@ -167,7 +177,12 @@ from priority.routing.base import (
     Router,
 )
 from priority.routing.decode import decode_step_s, pick_decode_by_capacity
-from priority.routing.prefill_queue import DeadlineOrder, PrefillQueue
+from priority.routing.prefill_queue import (
+    DeadlineOrder,
+    DensityOrder,
+    PrefillQueue,
+    slide_rank_work,
+)
 from priority.routing.prefill_queue import raw_prefill_work as raw_prefill_work
 from priority.routing.simple import pick_decode_instance, prefill_candidates
 
@@ -191,6 +206,11 @@ GAP_FLOOR = 0.1
 ``s = TPOT`` a delay moves a late request's catch-up point by an unbounded number of tokens in
 the closed form; the floor bounds that at ten tokens per TPOT of delay (the cap by their
 expected tokens bounds the total)."""
+
+PREFILL_SHARE_FLOOR = 0.1
+"""Past capacity a co-located step's running decodes may take nearly the whole batch budget;
+the engine-order fallback still credits prefill with this share of it (the engine's decodes
+finish and its minimum chunks go through)."""
 
 ORDER_STALENESS = 1 / 16
 """The engine-order model of a queue is rebuilt once more than this share of its length
@@ -610,36 +630,22 @@ class _Columns:
         self.gap_floor[k] = GAP_FLOOR * min_tpot
 
 
-def _raw_work_array(
-    coefficients: LatencyCoefficients, chunk: int, prompts: np.ndarray
-) -> np.ndarray:
-    """:func:`raw_prefill_work` of many prompts at once, in closed form (full chunks summed as a
-    series, then the remainder): equal to the loop's value up to rounding."""
-    a_p, b_p, c_p, d_p = coefficients.a_p, coefficients.b_p, coefficients.c_p, coefficients.d_p
-    full = np.floor_divide(prompts, chunk)
-    rest = prompts - full * chunk
-    done = full * chunk
-    pairs = full * (full - 1.0) / 2.0
-    work = full * chunk * (a_p * chunk + c_p) + (b_p * chunk * chunk + d_p * chunk) * pairs
-    work += rest * (a_p * rest + b_p * done + c_p) + np.where(rest > 0, d_p * done, 0.0)
-    result: np.ndarray = work
-    return result
-
-
 class _EngineOrder:
-    """One instance's queued prefills in the order a deadline- and density-aware engine serves
-    them past capacity (``slide``'s URGENT order: value of the first token per second of
-    prefill, highest first; ties by deadline), for the ``engine-order`` fallback.
+    """One instance's queued prefills in the order ``slide`` serves them past capacity (its
+    URGENT order: value of the first token per second of the whole prompt as one piece,
+    highest first; ties by deadline), read from the queue's kept density order
+    (:meth:`PrefillQueue.density_order`), for the ``engine-order`` fallback.
 
     Holds the order's running prefill work (a newcomer waits for the work of the requests
     that rank above it) and, per position, the rate at which the requests from there on lose
     value per second of delay: ``w_d * weight / (TPOT - s)`` for each streaming request that
     is not yet hopeless (late by less than its expected decode tokens times ``TPOT - s``,
     so a delay moves its catch-up point; ``TPOT - s`` floored at :data:`GAP_FLOOR` of TPOT).
-    The rates use the time, drain and decode step of the decision that built the order (it is
-    rebuilt whenever the queue changes)."""
+    The rates use the time, pace and decode step of the decision that built it (a snapshot:
+    :meth:`GoRouter._engine_order` says when it is built again)."""
 
     __slots__ = (
+        "built_s",
         "cum",
         "neg_density",
         "on_time_at",
@@ -651,51 +657,46 @@ class _EngineOrder:
 
     def __init__(
         self,
-        order: DeadlineOrder,
-        estimator: BatchLatencyEstimator,
-        chunk: int,
-        total_raw: float,
+        order: DensityOrder,
         decode_value: float,
         first_value: float,
         now: float,
-        exec_s: float,
+        pace: float,
         step_s: float,
     ) -> None:
-        prompts = np.frombuffer(order.prompts, dtype=np.float64).copy()
-        weights = np.frombuffer(order.weights, dtype=np.float64).copy()
-        tpots = np.frombuffer(order.tpots, dtype=np.float64).copy()
-        outputs = np.frombuffer(order.outputs, dtype=np.float64).copy()
-        dues = np.array(order.padded[: len(order.entries)])
-        self.size = len(dues)
-        work = np.maximum(_raw_work_array(estimator.coefficients, chunk, prompts), 1e-12)
-        neg_density = -(weights / work)
-        ranked = np.argsort(neg_density, kind="stable")
-        self.neg_density: list[float] = neg_density[ranked].tolist()
+        self.built_s = now
+        self.size = len(order)
+        self.neg_density: list[float] = order.keys.copy()
         """Minus value per second of prefill, ascending (the engine's order)."""
+        # numpy reads the queue's buffers in place; every view is let go before returning
+        weights = np.frombuffer(order.weights, dtype=np.float64)
+        tpots = np.frombuffer(order.tpots, dtype=np.float64)
         cum = np.zeros(self.size + 1)
-        np.cumsum(work[ranked], out=cum[1:])
-        self.cum: list[float] = cum.tolist()
+        np.cumsum(np.frombuffer(order.works, dtype=np.float64), out=cum[1:])
+        self.cum = cum
         """``cum[i]``: raw work of the first ``i`` requests in that order."""
-        per = exec_s / total_raw if total_raw > 0.0 else estimator.beta
-        first_s = now + cum[1:] * per
-        streams = tpots[ranked] < math.inf
-        tpot = np.where(streams, tpots[ranked], 0.0)
+        late = cum[1:] * pace
+        late += now
+        late -= np.frombuffer(order.dues, dtype=np.float64)
+        streams = tpots < math.inf
+        tpot = np.where(streams, tpots, 0.0)
         gap = np.maximum(tpot - step_s, GAP_FLOOR * tpot)
         live = streams & (gap > 0.0)
-        late = first_s - dues[ranked]
         rate = np.zeros(self.size)
-        hopeful = live & (late < outputs[ranked] * np.where(live, gap, 0.0))
-        np.divide(decode_value * weights[ranked], gap, out=rate, where=hopeful)
-        self.rate_suffix: list[float] = _suffix_sums(rate).tolist()
+        outputs = np.frombuffer(order.outputs, dtype=np.float64)
+        hopeful = live & (late < outputs * np.where(live, gap, 0.0))
+        np.divide(decode_value * weights, gap, out=rate, where=hopeful)
+        self.rate_suffix = _suffix_sums(rate)
+        """``rate_suffix[i]``: loss rate (value per second of delay) of the requests from
+        position ``i`` on."""
         on_time = (late < 0.0).nonzero()[0]
         self.on_time_at: list[int] = on_time.tolist()
         """Positions of the requests still on time for their first token (ascending)."""
         self.on_time_slack = -late[on_time]
         """Their slack to the first-token deadline, at the build."""
-        self.on_time_value = first_value * weights[ranked][on_time]
+        self.on_time_value = first_value * weights[on_time]
         """Their first token's value."""
-        """``rate_suffix[i]``: loss rate (value per second of delay) of the requests from
-        position ``i`` on."""
+        del weights, tpots, outputs
 
 
 class GoRouter(Router):
@@ -747,6 +748,9 @@ class GoRouter(Router):
         self._summaries: dict[
             int, tuple[tuple[int, int, int | None, float, ExternalPrefills | None], _QueueSummary]
         ] = {}
+        self._advanced: dict[int, tuple[PrefillQueue, float]] = {}
+        """Per instance: the queue whose progress the router models, and the time it was
+        last moved to (:meth:`_advance`)."""
         self._orders: dict[int, tuple[tuple[Any, int | None], _EngineOrder]] = {}
         """Each instance's queue in the engine's order (the ``engine-order`` fallback), with the
         queue it was built from and that queue's mutation count then."""
@@ -1071,6 +1075,13 @@ class GoRouter(Router):
         """G_p of the ``engine-order`` fallback (module docstring) across the candidates: the
         request's own value where the engine's density order puts it, less the delay its
         prefill imposes on the queued requests behind it, priced at their marginal rate."""
+        return self.engine_order_terms(arrays, request, now, decode)[0]
+
+    def engine_order_terms(
+        self, arrays: _Estimates, request: Request, now: float, decode: int | None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`_engine_order_gains` and, per candidate position, the predicted time of the
+        request's first token (what ``bench/fleet_why.py`` compares with the realised one)."""
         cols = self._cols
         assert cols is not None
         weights, slo = self.weights, request.slo
@@ -1079,22 +1090,26 @@ class GoRouter(Router):
         step = self._decode_steps(request, decode)
         works = cols.request_work(request.prompt_tokens)
         n = len(cols.indices)
-        own_raw = np.array([works[g][0] for g in cols.group_of.tolist()])
-        own_s = cols.beta * own_raw
-        exec_s = arrays.exec_s
+        group_of = cols.group_of.tolist()
+        own_raw = np.array([works[g][0] for g in group_of])
+        pace = self._prefill_pace()
+        own_s = pace * own_raw
+        if cols.any_prefill:  # one request per batch: a batch overhead per chunk
+            own_s += np.where(
+                cols.prefill, cols.t_c * np.array([works[g][1] for g in group_of]), 0.0
+            )
         ahead = np.zeros(n)
         harm_rate = np.zeros(n)
         harm_first = np.zeros(n)
-        exec_list = exec_s.tolist()
-        own_list = own_raw.tolist()
-        density = request.weight
-        for k, index in enumerate(cols.indices):
-            order = self._engine_order(self.instances[index], now, exec_list[k], step, k)
+        pace_list = pace.tolist()
+        keys = [-request.weight / slide_rank_work(c, request.prompt_tokens) for c, _ in cols.groups]
+        for k, (index, group) in enumerate(zip(cols.indices, group_of, strict=True)):
+            order = self._engine_order(self.instances[index], now, pace_list[k], step, k)
             if order.size:
-                at = bisect.bisect_right(order.neg_density, -density / own_list[k])
-                total = float(cols.raw[k])
-                if at and total > 0.0:
-                    ahead[k] = order.cum[at] * exec_list[k] / total
+                at = bisect.bisect_right(order.neg_density, keys[group])
+                if at:  # the prefill done since the order was read went to its head
+                    wait = float(order.cum[at]) * pace_list[k] - (now - order.built_s)
+                    ahead[k] = max(0.0, wait)
                 harm_rate[k] = order.rate_suffix[at]
                 if order.on_time_at:  # first tokens it pushes past their deadline
                     start = bisect.bisect_left(order.on_time_at, at)
@@ -1114,7 +1129,24 @@ class GoRouter(Router):
         tpot = slo.tpot_s
         if decode is None and tpot is not None:  # the running decodes it slows past TPOT
             result -= weights.token_value(1.0, 2) * self._decode_hurt(step, tpot, tokens, request)
-        return result
+        return result, first_s
+
+    def _prefill_pace(self) -> np.ndarray:
+        """Wall seconds per second of raw prefill work, per candidate position, as the engine
+        spends its steps past capacity: co-located, each step of the batch budget ``t_b`` first
+        holds the batch overhead and the running decodes (``before``), prefill gets the rest
+        (at least :data:`PREFILL_SHARE_FLOOR` of it); a PD prefill instance runs prefill alone
+        (its batch overheads per chunk are counted apart)."""
+        cols = self._cols
+        assert cols is not None
+        budget = cols.budgets[1]
+        usable = np.isfinite(budget) & (budget > 0.0)
+        room = np.maximum(budget - cols.before, PREFILL_SHARE_FLOOR * budget)
+        stretch = np.divide(budget, room, out=np.ones_like(budget), where=usable)
+        if cols.any_prefill:
+            stretch = np.where(cols.prefill, 1.0, stretch)
+        pace: np.ndarray = cols.beta * stretch
+        return pace
 
     def _decode_hurt(
         self, step: np.ndarray, tpot: float, tokens: float, request: Request
@@ -1136,7 +1168,7 @@ class GoRouter(Router):
         return loss
 
     def _engine_order(
-        self, instance: InstanceView, now: float, exec_s: float, step: np.ndarray, k: int
+        self, instance: InstanceView, now: float, pace: float, step: np.ndarray, k: int
     ) -> _EngineOrder:
         """The instance's queue in the engine's order, built with the time, drain and decode
         step of the decision that found it stale: when the queue object changed, or once the
@@ -1154,21 +1186,51 @@ class GoRouter(Router):
                 and mutations - key[1] <= ORDER_STALENESS * order.size
             ):
                 return order
-        summary = self._summary(instance)
         plain = queue if isinstance(queue, PrefillQueue) else PrefillQueue(queue)
+        density = plain.density_order(
+            instance.estimator.coefficients, instance.profile.engine.max_num_batched_tokens
+        )
+        self._advance(instance.index, plain, density, now, pace)
         built = _EngineOrder(
-            plain.deadline_order(),
-            instance.estimator,
-            instance.profile.engine.max_num_batched_tokens,
-            summary.raw_work,
+            density,
             self.weights.token_value(1.0, 2),
             self.weights.token_value(1.0, 1),
             now,
-            exec_s,
+            pace,
             float(step[k]),
         )
         self._orders[instance.index] = ((queue, mutations), built)
         return built
+
+    def _advance(
+        self, index: int, queue: PrefillQueue, order: DensityOrder, now: float, pace: float
+    ) -> None:
+        """Move the router's model of the engine's prefill progress on ``queue`` to ``now``:
+        the prefill work the time since the last move buys at ``pace`` goes to the head of the
+        engine's order, finishing prompts and then part of the next (which then ranks by what
+        is left, as ``slide`` ranks it). The router sees no progress, only first tokens; this
+        is what it believes."""
+        last = self._advanced.get(index)
+        self._advanced[index] = (queue, now)
+        if last is None or last[0] is not queue or not pace > 0.0:
+            return
+        budget = (now - last[1]) / pace
+        works, entries = order.works, order.entries
+        start = 0
+        while budget > 0.0:
+            head = next((i for i in range(start, len(works)) if works[i] > 0.0), None)
+            if head is None:
+                return
+            entry, rest = entries[head], works[head]
+            request_id = entry.request.request_id
+            if budget >= rest:
+                queue.progress(request_id, entry.prompt_tokens)
+                budget -= rest
+                start = 0  # it moved to the front, among the finished
+                continue
+            left = entry.prompt_tokens - entry.computed
+            queue.progress(request_id, entry.computed + int(left * budget / rest))
+            return
 
     def decode_at_handoff(
         self, request: Request, decision: RouteDecision, now: float

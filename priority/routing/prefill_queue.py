@@ -34,6 +34,10 @@ Choices, and why:
 * **The earliest deadline from the deadline order**, once a router asked for that order
   (:meth:`PrefillQueue.deadline_order`, kept sorted from then on): its first deadline, O(1),
   and no heap of deadlines is kept beside it.
+* **The density order, kept sorted too** (:meth:`PrefillQueue.density_order`), once a router
+  asked for it: the order in which ``slide`` serves waiting prefills past capacity (first-token
+  value per second of the whole prompt as one piece, :func:`slide_rank_work`), so that a router
+  modelling that engine reads it instead of sorting the queue on every change.
 """
 
 from __future__ import annotations
@@ -48,7 +52,7 @@ from functools import lru_cache
 from itertools import count
 from typing import Any, NamedTuple
 
-from priority.estimator import LatencyCoefficients
+from priority.estimator import BatchLatencyEstimator, LatencyCoefficients
 from priority.request import Request
 
 _SCALE_BITS = 1074
@@ -77,6 +81,20 @@ def raw_prefill_work(
         done += l_q
         chunks += 1
     return total, chunks
+
+
+@lru_cache(maxsize=1 << 16)
+def slide_rank_work(
+    coefficients: LatencyCoefficients, remaining_tokens: int, computed_tokens: int = 0
+) -> float:
+    """What ``slide`` divides a prefill's first-token value by to rank it (its ``exec``, at
+    ``beta = 1``): the estimator's time of the rest of the prompt as one piece over what is
+    already computed (:meth:`BatchLatencyEstimator.request_time`), not the chunked work it
+    really takes — past one chunk the two differ, and so does the order; a prompt partly
+    prefilled ranks by what is left, so it climbs as it progresses. Floored as ``slide``
+    floors it."""
+    estimator = BatchLatencyEstimator(coefficients)
+    return max(estimator.request_time(remaining_tokens, computed_tokens), 1e-12)
 
 
 def _exact(value: float) -> int:
@@ -119,6 +137,11 @@ class _Entry:
     deadline_s: float
     work: int = 0
     chunks: int = 0
+    neg_density: float = 0.0
+    """Minus its weight per second of :func:`slide_rank_work` (set while a density order is
+    kept, for the coefficients it is kept for)."""
+    computed: int = 0
+    """Prompt tokens a router believes prefilled (:meth:`PrefillQueue.progress`)."""
     token: int = 0
     """When it entered (the queue's count of entries so far): a heap's pair names its entry by
     key and token, not by reference, so that a stale pair keeps no request alive."""
@@ -198,6 +221,90 @@ class DeadlineOrder:
             self.decode_tokens_weighted = 0.0
 
 
+class DensityOrder:
+    """The queued requests in the order ``slide`` serves waiting prefills past capacity: by
+    ``weight / slide_rank_work`` descending, ties by first-token deadline then arrival in the
+    queue, as parallel sequences kept in order as requests enter and leave (as
+    :class:`DeadlineOrder`), priced for one profile (``coefficients``, ``chunk_tokens``). The
+    ``array('d')`` buffers are for numpy (:func:`numpy.frombuffer`), read and let go before
+    the queue changes again (an array cannot grow while a buffer of it is held)."""
+
+    __slots__ = (
+        "chunk_tokens",
+        "coefficients",
+        "deadlines",
+        "dues",
+        "entries",
+        "keys",
+        "outputs",
+        "tpots",
+        "weights",
+        "works",
+    )
+
+    def __init__(
+        self, entries: Iterable[_Entry], coefficients: LatencyCoefficients, chunk_tokens: int
+    ) -> None:
+        self.coefficients = coefficients
+        self.chunk_tokens = chunk_tokens
+        listed = list(entries)
+        for entry in listed:
+            self._key(entry)
+        ordered = sorted(listed, key=lambda e: (e.neg_density, e.deadline_s))  # stable
+        self.entries = ordered
+        self.keys = [e.neg_density for e in ordered]
+        """Minus the density, ascending (the serving order): a router bisects it."""
+        self.deadlines = [e.deadline_s for e in ordered]
+        """First-token deadlines, in that order (ascending within equal keys)."""
+        self.dues = array("d", self.deadlines)
+        self.works = array("d", [self._work(e) for e in ordered])
+        """Raw (beta = 1) chunked prefill work (:func:`raw_prefill_work`), in that order."""
+        self.weights = array("d", [e.request.weight for e in ordered])
+        self.tpots = array("d", [e.tpot_s for e in ordered])
+        self.outputs = array("d", [_expected_decodes(e) for e in ordered])
+
+    def _key(self, entry: _Entry) -> float:
+        done = entry.computed
+        rank = slide_rank_work(self.coefficients, entry.prompt_tokens - done, done)
+        entry.neg_density = -(entry.request.weight / rank)
+        return entry.neg_density
+
+    def _work(self, entry: _Entry) -> float:
+        """The chunked work left (the prompt's less what its computed part took)."""
+        c, chunk = self.coefficients, self.chunk_tokens
+        work = raw_prefill_work(c, chunk, entry.prompt_tokens)[0]
+        if entry.computed:
+            work = max(0.0, work - raw_prefill_work(c, chunk, entry.computed)[0])
+        return work
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def add(self, entry: _Entry) -> None:
+        key = self._key(entry)
+        lo = bisect.bisect_left(self.keys, key)
+        hi = bisect.bisect_right(self.keys, key, lo)
+        at = bisect.bisect_right(self.deadlines, entry.deadline_s, lo, hi)
+        self.entries.insert(at, entry)
+        self.keys.insert(at, key)
+        self.deadlines.insert(at, entry.deadline_s)
+        self.dues.insert(at, entry.deadline_s)
+        self.works.insert(at, self._work(entry))
+        self.weights.insert(at, entry.request.weight)
+        self.tpots.insert(at, entry.tpot_s)
+        self.outputs.insert(at, _expected_decodes(entry))
+
+    def remove(self, entry: _Entry) -> None:
+        key = entry.neg_density
+        lo = bisect.bisect_left(self.keys, key)
+        hi = bisect.bisect_right(self.keys, key, lo)
+        at = bisect.bisect_left(self.deadlines, entry.deadline_s, lo, hi)
+        while self.entries[at] is not entry:
+            at += 1
+        del self.entries[at], self.keys[at], self.deadlines[at], self.dues[at]
+        del self.works[at], self.weights[at], self.tpots[at], self.outputs[at]
+
+
 def _decode_tokens(entry: _Entry) -> float:
     return entry.stream_weight * _expected_decodes(entry)
 
@@ -253,6 +360,7 @@ class PrefillQueue(dict[str, Request]):
     __slots__ = (
         "_chunks",
         "_deadline",
+        "_density",
         "_entries",
         "_key",
         "_last",
@@ -282,6 +390,8 @@ class PrefillQueue(dict[str, Request]):
         """The latest answer of :meth:`totals`, until the queue or its pricing changes."""
         self._order: DeadlineOrder | None = None
         """Kept from the first call of :meth:`deadline_order` on."""
+        self._density: DensityOrder | None = None
+        """Kept from the first call of :meth:`density_order` on (for its latest pricing)."""
         self.update(items)
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -322,6 +432,42 @@ class PrefillQueue(dict[str, Request]):
             self._deadline.clear()  # the order answers the earliest deadline from now on
         return self._order
 
+    def density_order(self, coefficients: LatencyCoefficients, chunk_tokens: int) -> DensityOrder:
+        """The queue in ``slide``'s serving order under that profile: sorted on the first call
+        (and when asked for another profile), O(W log W), then kept in order by every mutation
+        (O(log W) search, O(W) memmove)."""
+        order = self._density
+        if (
+            order is None
+            or order.chunk_tokens != chunk_tokens
+            or (order.coefficients is not coefficients and order.coefficients != coefficients)
+        ):
+            order = self._density = DensityOrder(self._entries.values(), coefficients, chunk_tokens)
+        return order
+
+    def progress(self, key: str, computed_tokens: int) -> None:
+        """Record that ``computed_tokens`` of the request's prompt are believed prefilled (a
+        router's model of the engine; clamped to the prompt): only the density order moves
+        (the request ranks by what is left, as ``slide`` ranks it); the totals, the deadline
+        order and :attr:`mutations` stay as they are. A request not queued is ignored."""
+        entry = self._entries.get(key)
+        if entry is None:
+            return
+        done = max(0, min(int(computed_tokens), entry.prompt_tokens))
+        if done == entry.computed:
+            return
+        order = self._density
+        if order is not None:
+            order.remove(entry)
+        entry.computed = done
+        if order is not None:
+            order.add(entry)
+
+    def computed(self, key: str) -> int:
+        """Prompt tokens of ``key`` recorded as prefilled (:meth:`progress`; 0 if not queued)."""
+        entry = self._entries.get(key)
+        return 0 if entry is None else entry.computed
+
     def _recompute_work(self, coefficients: LatencyCoefficients, chunk_tokens: int) -> None:
         self._work = self._chunks = 0
         for entry in self._entries.values():
@@ -353,6 +499,8 @@ class PrefillQueue(dict[str, Request]):
             self._deadline.push(key, entry, self._entries)
         else:
             self._order.add(entry)
+        if self._density is not None:
+            self._density.add(entry)
 
     def _leave(self, key: str) -> None:
         entry = self._entries.pop(key, None)
@@ -365,6 +513,8 @@ class PrefillQueue(dict[str, Request]):
         self._chunks -= entry.chunks
         if self._order is not None:
             self._order.remove(entry)
+        if self._density is not None:
+            self._density.remove(entry)
         # the heaps drop the entry when it reaches their top (it is no longer in _entries)
 
     # ---- dict's mutators -------------------------------------------------------------------
@@ -399,6 +549,7 @@ class PrefillQueue(dict[str, Request]):
         self._tpot.clear()
         self._deadline.clear()
         self._order = None
+        self._density = None
 
     def setdefault(self, key: str, default: Request | None = None) -> Request | None:  # type: ignore[override]
         if key not in self:
