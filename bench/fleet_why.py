@@ -57,11 +57,11 @@ class _Recording(GoRouter):
         super().__init__(instances, **params)  # type: ignore[arg-type]
         self.recorded: dict[str, tuple[float, list[int], np.ndarray, np.ndarray]] = {}
 
-    def _engine_order_gains(self, arrays, request: Request, now: float, decode):  # type: ignore[no-untyped-def]
-        gains, first_s = self.engine_order_terms(arrays, request, now, decode)
+    def engine_order_terms(self, arrays, request: Request, now: float, decode):  # type: ignore[no-untyped-def]
+        gains, first_s = super().engine_order_terms(arrays, request, now, decode)
         assert self._cols is not None
         self.recorded[request.request_id] = (now, list(self._cols.indices), gains, first_s)
-        return gains
+        return gains, first_s
 
     def _fallback_gains_arrays(self, arrays, request: Request, now: float, decode):  # type: ignore[no-untyped-def]
         gains = super()._fallback_gains_arrays(arrays, request, now, decode)

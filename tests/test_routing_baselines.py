@@ -403,3 +403,29 @@ def test_engine_order_believes_the_head_of_the_order_progressed_and_ranks_its_re
     newcomer = -1.0 / slide_rank_work(instances[0].estimator.coefficients, 4_000)
     assert bisect.bisect_right(order.neg_density, newcomer) == 2  # behind tiny and L's rest
     assert order.cum[2] == pytest.approx(0.101, rel=1e-3)  # what is left of them, not 0.801 s
+
+
+def test_engine_order_learns_each_instance_pace_from_the_first_tokens_it_promised() -> None:
+    # The newcomer is promised its first token at some wait on the instance chosen; it comes
+    # twice as late: that instance's pace slows (a tenth of the way, geometrically), the other
+    # keeps its own, and a router told not to calibrate keeps both.
+    def fleet() -> list[InstanceView]:
+        return [view(0, req("a", 8_000, ttft=0.01)), view(1, req("b", 8_000, ttft=0.01))]
+
+    for calibrate in (True, False):
+        instances = fleet()
+        router = GoRouter(instances, seed=0, fallback=ENGINE, calibrate=calibrate)
+        new = hopeless("new")
+        decision = router.route(new, NOW)
+        _, first_s = router.engine_order_terms(
+            router._estimate_arrays(instances, new, NOW), new, NOW, None
+        )
+        promised = float(first_s[decision.instance]) - NOW
+        router.on_dispatch(new, decision, NOW)
+        router.on_first_token(new, decision, NOW + 2 * promised)
+        other = 1 - decision.instance
+        if calibrate:
+            assert router._pace_correction[decision.instance] == pytest.approx(2**0.1)
+            assert other not in router._pace_correction
+        else:
+            assert router._pace_correction == {}
