@@ -1,4 +1,4 @@
-"""The data plane: admit, route, relay, account — one :class:`Job` per request.
+"""The data plane: one :class:`Job` per request — its state, the relay, and the entry.
 
 Admission: authenticate (401), then admission's ordered stages — body, SLO, kind, conversation
 stage, model (404), context length (400), length prediction, core request, budgets, rate limits
@@ -20,20 +20,14 @@ answer, not a failed attempt, and an error event mid-stream is relayed; both in 
 dialect (:func:`engine_error`): vLLM words its errors ``{"type": "BadRequestError", "code":
 400}``, which OpenAI's clients and the documented :class:`~gateway.errors.ErrorOut` do not.
 
-Accounting happens once, when the job ends, off the per-token path: each streamed chunk only
-appends its egress time to a list; gain (TDG), SLO attainment, metrics, the limiter's
-reconciliation and the usage record are computed from it at the end, by the rules of
-:mod:`gateway.app.accounting`: only work an engine accepted (answered 200) earns gain, ideal
-gain, tokens or an attainment sample; refusals (the gateway's, or an engine's 4xx) are
-``rejected``, never failures or misses (``docs/usage.md``). Usage records go to the
-batched :class:`~gateway.db.usage.UsageWriter` (never a database write on the request path).
+Accounting happens once, when the job ends (:mod:`gateway.dataplane.accounting`), off the
+per-token path: each streamed chunk only appends its egress time to the job's list.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 import time
 import uuid
@@ -45,28 +39,19 @@ from fastapi.responses import JSONResponse, Response
 from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
-from engine_common.protocol import milliseconds
-from gateway.app.accounting import (
-    Account,
-    Outcome,
-    account,
-    miss_reason,
-    record_gain,
-    tier_series,
-)
+from gateway.app.accounting import Outcome
 from gateway.app.auth import authenticate_request
 from gateway.app.backends import Backend, ModelGroup
 from gateway.app.deadlines import stall_timeout
 from gateway.app.kinds import LengthPrediction
-from gateway.app.metrics import objectives_met
-from gateway.app.patterns import CallEnd
 from gateway.app.schemas import ChatBody, CompletionBody
 from gateway.app.shedding import Verdict
-from gateway.app.stages import record_stage
 from gateway.app.state import GatewayState
 from gateway.app.upstream import UpstreamError, UpstreamResponse
 from gateway.app.watchdog import StreamWatch
 from gateway.dataplane import routing
+from gateway.dataplane.accounting import finish as run_finish
+from gateway.dataplane.accounting import per_token_times as _token_times  # noqa: F401 (tests)
 from gateway.dataplane.admission import admit as run_admission
 from gateway.dataplane.answers import (
     MALFORMED,
@@ -75,15 +60,11 @@ from gateway.dataplane.answers import (
     read_usage,
     well_formed,
 )
-
-# the request path's names for what an engine answered, as the tests import them from here
-from gateway.dataplane.answers import EngineRefused as EngineRefused
-from gateway.dataplane.answers import has_output as _has_output  # noqa: F401
-from gateway.dataplane.answers import well_formed as _well_formed  # noqa: F401
+from gateway.dataplane.answers import EngineRefused as EngineRefused  # tests name it from here
+from gateway.dataplane.answers import has_output as _has_output  # noqa: F401 (tests)
+from gateway.dataplane.answers import well_formed as _well_formed  # noqa: F401 (tests)
 from gateway.dataplane.dispatch import dispatch as run_dispatch
 from gateway.db.identity import KeyIdentity
-from gateway.db.request_log import RequestExplain
-from gateway.db.usage import UsageEvent
 from gateway.errors import ApiError
 from gateway.limits import AdmissionRejected, Reservation
 from gateway.limits.budget import BudgetHold
@@ -388,172 +369,9 @@ class Job:
 
     # ---- the end ------------------------------------------------------------------------
 
-    async def finish(self, outcome: Outcome, http_status: int, reason: str | None = None) -> None:
-        """Release what the job holds and account for it (idempotent)."""
-        if self.finished:
-            return
-        self.finished = True
-        state, now = self.state, time.monotonic()
-        if self.backend is not None and self.group is not None and self.core is not None:
-            routing.released(self, now)
-        if self.slot:
-            self.slot = False
-            state.queue.release()
-        state.slo_admission.release(self.request_id)
-        # what reached the client: a non-streamed answer only when it is returned
-        times = self.chunk_times if self.stream else ([now] if outcome is Outcome.OK else [])
-        delivered = self.completion_tokens if self.completion_tokens is not None else len(times)
-        token_times = _token_times(times, delivered)
-        result = account(
-            outcome,
-            accepted=self.accepted,
-            arrival_s=self.arrival,
-            slo=self.core.slo if self.core is not None else None,
-            weight=self.identity.policy.weight,
-            token_times=token_times,
-            output_budget=self.expected_output,
-            prompt_tokens=self.upstream_prompt_tokens or self.prompt_tokens,
-            weights=state.pool.weights,
-        )
-        if self.reservation is not None:  # the limits charge exactly what the usage shows
-            try:
-                if outcome is Outcome.OK:
-                    await state.limiter.reconcile(self.reservation, result.total_tokens)
-                else:
-                    await state.limiter.release(self.reservation, result.total_tokens)
-            except Exception:  # a limiter outage must not lose the usage record
-                log.exception("could not reconcile reservation of %s", self.request_id)
-        if self.budget_hold is not None:  # the budget is charged what the usage record costs
-            try:
-                await state.budgets.charge(
-                    self.budget_hold, result.prompt_tokens, result.completion_tokens
-                )
-            except Exception:  # a budget store's outage must not lose the usage record
-                log.exception("could not settle the budget of %s", self.request_id)
-        self._account(outcome, http_status, reason, times, token_times, result, now)
-        meta = self.meta
-        if meta is not None and meta.kind == "compound" and meta.workflow_id:
-            end = CallEnd(  # the workflow history learns from every call
-                f"{self.identity.tenant_id}:{meta.workflow_id}",
-                meta.stage,
-                model=self.model or "",
-                prompt_tokens=result.prompt_tokens,
-                output_tokens=result.completion_tokens,
-                end_s=token_times[-1] if token_times else now,
-                ok=outcome is Outcome.OK and result.accepted,
-            )
-            state.kinds.call_ended(end)
-
-    def _account(
-        self,
-        outcome: Outcome,
-        http_status: int,
-        reason: str | None,
-        times: list[float],
-        token_times: list[float],
-        result: Account,
-        now: float,
-    ) -> None:
-        """Observe latencies, add the request's gain to its tier and queue its usage record."""
-        state, metrics, tier = self.state, self.state.metrics, self.tier
-        series = tier_series(metrics, tier)
-        ttft_ms = tpot_ms = None
-        if token_times:
-            ttft_ms = (token_times[0] - self.arrival) * 1e3
-            if len(token_times) > 1:
-                tpot_ms = (token_times[-1] - token_times[0]) / (len(token_times) - 1) * 1e3
-                metrics.observe_itl(tier, [b - a for a, b in itertools.pairwise(times)])
-            series.ttft.observe(ttft_ms / 1e3)
-        record_gain(metrics, tier, result, series)
-        series.e2e.observe(now - self.arrival)
-        tenant = metrics.tenant_label(self.identity.tenant_name)
-        metrics.requests.labels(tenant, tier, str(http_status)).inc()
-        if result.accepted:
-            met: list[tuple[str, bool]] = []
-            if result.slo_met is not None and self.core is not None:
-                met = objectives_met(self.arrival, self.core.slo, token_times)
-            metrics.record_served(tenant, tier, result.prompt_tokens, result.completion_tokens, met)
-            if self.meta is not None and self.meta.workflow_id is not None:  # a stage
-                record_stage(state.stages, metrics, self.meta, tier, met=bool(result.slo_met))
-        if reason is not None:
-            metrics.rejections.labels(tenant, tier, reason).inc()
-        samples = state.length_samples
-        if samples is not None and self.length_features is not None and outcome is Outcome.OK:
-            samples.submit(self.length_features, result.completion_tokens)
-        explain = None
-        if state.settings.request_log_days:
-            times_ms = (ttft_ms, tpot_ms)
-            explain = self._explain(outcome, http_status, reason, token_times, result, times_ms)
-        state.usage_writer.submit(
-            UsageEvent(
-                request_id=self.request_id,
-                status=outcome.value,
-                tenant_id=self.identity.tenant_id,
-                api_key_id=self.identity.key_id,
-                tier=tier,
-                model=self.model,
-                backend=self.backend.name if self.backend is not None else None,
-                ttft_ms=ttft_ms,
-                tpot_ms=tpot_ms,
-                reject_reason=reason or (f"demoted:{self.demoted}" if self.demoted else None),
-                explain=explain,
-                **result.usage_fields(),
-            )
-        )
-
-    def _explain(
-        self,
-        outcome: Outcome,
-        http_status: int,
-        reason: str | None,
-        token_times: list[float],
-        result: Account,
-        times_ms: tuple[float | None, float | None],
-    ) -> RequestExplain:
-        """The request log's row beyond the usage record: from what the stages left on the job
-        (no lookups, a few float operations)."""
-        verdict, meta = self.verdict, self.meta
-        decision: RouteDecision | None = getattr(self, "decision_live", None)
-        predicted = decision.predicted_ttft_s if decision is not None else None
-        predicted_ms = predicted * 1e3 if predicted is not None else None
-        queue_ms = None  # from the admission queue's turn to the dispatch slot's grant
-        if self.granted_at:
-            queue_ms = (self.granted_at - self.arrival - self.overhead_s) * 1e3
-        ttft_ms, tpot_ms = times_ms
-        engine_ms = None
-        if token_times and self.dispatched_at:
-            engine_ms = (token_times[0] - self.dispatched_at) * 1e3
-        slo_ttft = slo_tpot = None
-        if meta is not None and meta.slo.ttft_s is not None and meta.slo.tpot_s is not None:
-            slo_ttft, slo_tpot = milliseconds(meta.slo.ttft_s), milliseconds(meta.slo.tpot_s)
-        why = miss_reason(
-            outcome,
-            reject_reason=reason,
-            slo_met=result.slo_met,
-            demoted=self.demoted is not None,
-            queue_ms=queue_ms,
-            attempts=self.attempts,
-            ttft_ms=ttft_ms,
-            slo_ttft_ms=slo_ttft,
-            tpot_ms=tpot_ms,
-            slo_tpot_ms=slo_tpot,
-            engine_ttft_ms=engine_ms,
-            predicted_ttft_ms=predicted_ms,
-        )
-        return RequestExplain(
-            arrival_unix=self.arrival_unix,
-            http_status=http_status,
-            slo_met=result.slo_met,
-            miss_reason=why.value if why is not None else None,
-            admission=verdict.action.value if verdict is not None else None,
-            admission_ttft_ms=verdict.predicted_ttft_s * 1e3 if verdict is not None else None,
-            predicted_ttft_ms=predicted_ms,
-            queue_ms=queue_ms,
-            engine_ttft_ms=engine_ms,
-            slo_ttft_ms=slo_ttft,
-            slo_tpot_ms=slo_tpot,
-            attempts=self.attempts,
-        )
+    finish = run_finish
+    """Release what the job holds and account for it, once
+    (:func:`gateway.dataplane.accounting.finish`): the function itself as the method."""
 
     decision_live: RouteDecision
     response: UpstreamResponse
@@ -568,24 +386,6 @@ class Job:
     upstream_error: bool = False
     demoted: str | None = None
     """Why the request was demoted to best effort (overload shedding), or None."""
-
-
-def _token_times(times: list[float], tokens: int) -> list[float]:
-    """Per-token egress times from per-chunk ones: a chunk carrying several tokens (an engine
-    that fell behind merges them) emits them all at its time; tokens spread evenly over the
-    chunks, earlier chunks taking the remainder — exact when each chunk is one token."""
-    chunks = len(times)
-    if chunks == 0 or tokens <= 0:
-        return []
-    if tokens == chunks:
-        return times
-    if tokens < chunks:  # e.g. a final chunk with only finish_reason: drop the latest times
-        return times[:tokens]
-    per, extra = divmod(tokens, chunks)
-    out: list[float] = []
-    for i, t in enumerate(times):
-        out.extend([t] * (per + (1 if i < extra else 0)))
-    return out
 
 
 def _watched(
