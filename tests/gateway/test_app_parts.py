@@ -8,7 +8,7 @@ import asyncio
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from hypothesis import given
@@ -30,6 +30,7 @@ from gateway.app.upstream import Upstream
 from gateway.db import crud
 from gateway.db.identity import EffectivePolicy
 from gateway.db.models import Base
+from gateway.db.security import hash_key
 from gateway.db.seed import seed_defaults
 from gateway.db.session import make_engine, make_session_factory
 from gateway.embedded import Listening
@@ -184,6 +185,17 @@ def test_auth_cache_coalesces_concurrent_misses(tmp_path: Path) -> None:
     assert loads == 2
     assert cache.flush_last_used() == 1
     engine.dispose()
+
+
+@given(
+    secret=st.one_of(st.text(max_size=64), st.binary(max_size=64)),
+    key=st.text(st.characters(blacklist_categories=("Cs",)), max_size=80),
+)
+def test_auth_cache_hashes_a_key_as_the_database_stores_it(secret: str | bytes, key: str) -> None:
+    # the cache's entries and the preloaded keys (by their stored hash) must meet
+    cache = AuthCache(cast(Any, None), secret)
+    assert cache._digest(key) == hash_key(secret, key)
+    assert cache._digest(key) == hash_key(secret, key)  # the keyed state is copied, not used up
 
 
 class _StepClock:
