@@ -221,6 +221,10 @@ PREFILL_SHARE_FLOOR = 0.1
 the engine-order fallback still credits prefill with this share of it (the engine's decodes
 finish and its minimum chunks go through)."""
 
+_FEW_ON_TIME = 32
+"""An engine-order snapshot with at most this many requests on time sums the first tokens a
+newcomer pushes late in Python (numpy's per-call cost is more than such a loop)."""
+
 CALIBRATION_THETA = 0.9
 """The engine-order fallback's pace correction keeps this share of itself per first token (the
 estimator's momentum, in log space)."""
@@ -661,12 +665,15 @@ class _EngineOrder:
     __slots__ = (
         "built_s",
         "cum",
+        "few",
         "neg_density",
         "on_time_at",
         "on_time_slack",
         "on_time_value",
         "rate_suffix",
         "size",
+        "slack_list",
+        "value_list",
     )
 
     def __init__(
@@ -687,7 +694,7 @@ class _EngineOrder:
         tpots = np.frombuffer(order.tpots, dtype=np.float64)
         cum = np.zeros(self.size + 1)
         np.cumsum(np.frombuffer(order.works, dtype=np.float64), out=cum[1:])
-        self.cum = cum
+        self.cum: list[float] = cum.tolist()
         """``cum[i]``: raw work of the first ``i`` requests in that order."""
         late = cum[1:] * pace
         late += now
@@ -700,7 +707,7 @@ class _EngineOrder:
         outputs = np.frombuffer(order.outputs, dtype=np.float64)
         hopeful = live & (late < outputs * np.where(live, gap, 0.0))
         np.divide(decode_value * weights, gap, out=rate, where=hopeful)
-        self.rate_suffix = _suffix_sums(rate)
+        self.rate_suffix: list[float] = _suffix_sums(rate).tolist()
         """``rate_suffix[i]``: loss rate (value per second of delay) of the requests from
         position ``i`` on."""
         on_time = (late < 0.0).nonzero()[0]
@@ -710,7 +717,21 @@ class _EngineOrder:
         """Their slack to the first-token deadline, at the build."""
         self.on_time_value = first_value * weights[on_time]
         """Their first token's value."""
+        self.few = len(on_time) <= _FEW_ON_TIME
+        self.slack_list: list[float] = self.on_time_slack.tolist() if self.few else []
+        self.value_list: list[float] = self.on_time_value.tolist() if self.few else []
         del weights, tpots, outputs
+
+    def pushed_value(self, start: int, delay_s: float) -> float:
+        """First-token value of the on-time requests from ``on_time_at[start]`` on whose slack
+        is shorter than ``delay_s`` (a few: a Python loop, cheaper than numpy's calls)."""
+        if self.few:
+            values = self.value_list
+            return sum(
+                [values[i] for i in range(start, len(values)) if self.slack_list[i] < delay_s]
+            )
+        pushed = self.on_time_slack[start:] < delay_s
+        return float(self.on_time_value[start:][pushed].sum())
 
 
 class GoRouter(Router):
@@ -1128,25 +1149,40 @@ class GoRouter(Router):
             own_s += np.where(
                 cols.prefill, cols.t_c * np.array([works[g][1] for g in group_of]), 0.0
             )
-        ahead = np.zeros(n)
-        harm_rate = np.zeros(n)
-        harm_first = np.zeros(n)
+        ahead = [0.0] * n
+        harm_rate = [0.0] * n
+        harm_first = [0.0] * n
         pace_list = pace.tolist()
+        own_list = own_s.tolist()
         keys = [-request.weight / slide_rank_work(c, request.prompt_tokens) for c, _ in cols.groups]
+        orders, instances = self._orders, self.instances
+        bisect_right, bisect_left = bisect.bisect_right, bisect.bisect_left
         for k, (index, group) in enumerate(zip(cols.indices, group_of, strict=True)):
-            order = self._engine_order(self.instances[index], now, pace_list[k], step, k)
-            if order.size:
-                at = bisect.bisect_right(order.neg_density, keys[group])
-                if at:  # the prefill done since the order was read went to its head
-                    wait = float(order.cum[at]) * pace_list[k] - (now - order.built_s)
-                    ahead[k] = max(0.0, wait)
-                harm_rate[k] = order.rate_suffix[at]
-                if order.on_time_at:  # first tokens it pushes past their deadline
-                    start = bisect.bisect_left(order.on_time_at, at)
-                    if start < len(order.on_time_at):
-                        pushed = order.on_time_slack[start:] < own_s[k]
-                        harm_first[k] = float(order.on_time_value[start:][pushed].sum())
-        first_s = now + ahead + own_s
+            # the kept snapshot while fresh enough (_engine_order's test, inlined: per decision
+            # this loop is the fallback's cost)
+            cached = orders.get(index)
+            queue = instances[index].prefill_queue
+            if cached is not None and cached[0][0] is queue:
+                order = cached[1]
+                mutations = getattr(queue, "mutations", None)
+                if mutations is None or mutations - cached[0][1] > ORDER_STALENESS * order.size:
+                    order = self._engine_order(instances[index], now, pace_list[k], step, k)
+            else:
+                order = self._engine_order(instances[index], now, pace_list[k], step, k)
+            if not order.size:
+                continue
+            at = bisect_right(order.neg_density, keys[group])
+            if at:  # the prefill done since the order was read went to its head
+                wait = order.cum[at] * pace_list[k] - (now - order.built_s)
+                if wait > 0.0:
+                    ahead[k] = wait
+            harm_rate[k] = order.rate_suffix[at]
+            on_time = order.on_time_at
+            if on_time:  # first tokens it pushes past their deadline
+                start = bisect_left(on_time, at)
+                if start < len(on_time):
+                    harm_first[k] = order.pushed_value(start, own_list[k])
+        first_s = now + np.array(ahead) + own_s
         deadline_slack = None
         if slo.deadline_s is not None:
             deadline_slack = request.arrival_s + slo.deadline_s - first_s
@@ -1155,7 +1191,7 @@ class GoRouter(Router):
         )
         own = weights.token_value(request.weight, 1) * (first_s < due_first)
         own = own + weights.token_value(request.weight, 2) * own_decode
-        result: np.ndarray = own - own_s * harm_rate - harm_first
+        result: np.ndarray = own - own_s * np.array(harm_rate) - np.array(harm_first)
         tpot = slo.tpot_s
         if decode is None and tpot is not None:  # the running decodes it slows past TPOT
             result -= weights.token_value(1.0, 2) * self._decode_hurt(step, tpot, tokens, request)
