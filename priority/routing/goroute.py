@@ -666,6 +666,7 @@ class _EngineOrder:
         "built_s",
         "cum",
         "few",
+        "least_slack",
         "neg_density",
         "on_time_at",
         "on_time_slack",
@@ -717,6 +718,12 @@ class _EngineOrder:
         """Their slack to the first-token deadline, at the build."""
         self.on_time_value = first_value * weights[on_time]
         """Their first token's value."""
+        slack = self.on_time_slack
+        self.least_slack: list[float] = (
+            np.minimum.accumulate(slack[::-1])[::-1].tolist() if len(slack) else []
+        )
+        """``min(on_time_slack[j:])``: a newcomer whose prefill is shorter pushes no one from
+        there on past their deadline (most decisions: no scan)."""
         self.few = len(on_time) <= _FEW_ON_TIME
         self.slack_list: list[float] = self.on_time_slack.tolist() if self.few else []
         self.value_list: list[float] = self.on_time_value.tolist() if self.few else []
@@ -725,6 +732,8 @@ class _EngineOrder:
     def pushed_value(self, start: int, delay_s: float) -> float:
         """First-token value of the on-time requests from ``on_time_at[start]`` on whose slack
         is shorter than ``delay_s`` (a few: a Python loop, cheaper than numpy's calls)."""
+        if self.least_slack[start] >= delay_s:
+            return 0.0
         if self.few:
             values = self.value_list
             return sum(
