@@ -5,6 +5,14 @@ gauges (:meth:`LoadScrapes.reconcile`), learns what the engine says it is (its s
 refitted estimator: :meth:`~gateway.app.backends.BackendPool.learn_facts`) and exports the
 backend's gauges. Health is not judged here: a failed scrape leaves the last numbers in place
 (:mod:`gateway.app.backend_health` decides whether the backend is up).
+
+The first scrape also reads the engine's model card (``GET /v1/models``: its ``max_model_len``,
+and whether it is the emulated engine, which counts prompt tokens as :mod:`gateway.tokens`
+does); the card is the pool's only reader of ``/v1/models``, kept on the backend
+(:class:`ModelCard`) for the context-length check (:mod:`gateway.app.context`). It is read again
+every :data:`CARD_REFRESH_S` (an engine restarted with another ``--max-model-len`` under the same
+address), or :data:`CARD_RETRY_S` after a read that gave no length, always in the scrape, never
+on a request's path.
 """
 
 from __future__ import annotations
@@ -14,11 +22,12 @@ import contextlib
 import json
 import logging
 import time
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Final
 
 from gateway.app.breaker import breaker_state
 from gateway.app.engine_facts import parse_engine_facts
-from gateway.app.upstream import UpstreamError
+from gateway.app.upstream import Upstream, UpstreamError
 
 if TYPE_CHECKING:
     from gateway.app.backends import Backend, BackendPool
@@ -38,6 +47,63 @@ over 0.5 s in the real-engine suite)."""
 
 def scrape_timeout_s(interval_s: float) -> float:
     return max(1.0, SCRAPE_TIMEOUT_INTERVALS * interval_s)
+
+
+CARD_REFRESH_S: Final = 300.0
+"""How old a card with a length may be before a scrape reads it again."""
+CARD_RETRY_S: Final = 30.0
+"""How long a card that gave no length (unreadable, or no entry for the model) is kept before
+a scrape asks again: until then the backend's window is unknown and the engine alone decides."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelCard:
+    """The backend's model as the engine's ``/v1/models`` lists it (vLLM's shape)."""
+
+    max_model_len: int | None
+    """None: no card, or none with a length for this model."""
+    emulated: bool
+    """The card's ``tiergate.emulated``: the engine counts prompt tokens as the gateway does."""
+    read_at: float
+    """Monotonic time of the read (a failed refresh of a known card moves it too)."""
+
+    def due(self, now: float) -> bool:
+        """Whether a scrape should read the card again."""
+        age = now - self.read_at
+        return age >= (CARD_REFRESH_S if self.max_model_len is not None else CARD_RETRY_S)
+
+
+def parse_model_card(document: Any, model: str, now: float) -> ModelCard:
+    """The card of ``model`` in a ``/v1/models`` answer."""
+    entries = document.get("data") if isinstance(document, dict) else None
+    entry = next(
+        (e for e in entries or () if isinstance(e, dict) and e.get("id") == model),
+        None,
+    )
+    length = entry.get("max_model_len") if entry is not None else None
+    if not isinstance(length, int) or isinstance(length, bool) or length < 1:
+        return ModelCard(None, False, now)
+    extension = entry.get("tiergate") if entry is not None else None
+    emulated = isinstance(extension, dict) and extension.get("emulated") is True
+    return ModelCard(length, emulated, now)
+
+
+async def read_card(backend: Backend, upstream: Upstream, timeout_s: float) -> ModelCard:
+    """Read the backend's model card and keep it on the backend; a refresh that fails keeps
+    the length already known."""
+    try:
+        document = json.loads(await upstream.get_text(backend.models_url, timeout_s))
+    except (UpstreamError, ValueError) as exc:
+        log.info("backend %s: /v1/models unreadable (%s)", backend.name, exc)
+        previous, now = backend.card, time.monotonic()
+        if previous is not None and previous.max_model_len is not None:
+            card = replace(previous, read_at=now)
+        else:
+            card = ModelCard(None, False, now)
+    else:
+        card = parse_model_card(document, backend.spec.model, time.monotonic())
+    backend.card = card
+    return card
 
 
 class LoadScrapes:
@@ -76,10 +142,13 @@ class LoadScrapes:
         await asyncio.gather(*(self.probe(b) for b in backends), return_exceptions=True)
 
     async def probe(self, backend: Backend) -> bool:
-        """Scrape one backend's ``/metrics`` to correct the router's view of its load. Health is
-        the liveness probe's business: a failed scrape only leaves the last numbers in place."""
+        """Scrape one backend's ``/metrics`` to correct the router's view of its load, reading
+        its model card first when it is due. Health is the liveness probe's business: a failed
+        scrape only leaves the last numbers in place."""
         pool = self.pool
         timeout = scrape_timeout_s(pool.settings.scrape_interval_s)
+        if backend.card is None or backend.card.due(time.monotonic()):
+            await read_card(backend, pool.upstream, timeout)
         try:
             text = await pool.upstream.get_text(backend.metrics_url, timeout)
             gauges = parse_vllm_gauges(text)
@@ -87,24 +156,9 @@ class LoadScrapes:
             log.info("backend %s: metrics scrape failed (%s)", backend.name, exc)
             return False
         self.reconcile(backend, gauges)
-        facts = parse_engine_facts(text)
-        if facts.max_model_len is None and backend.max_model_len is None:
-            backend.max_model_len = await self._model_len(backend, timeout)
-        pool.learn_facts(backend, facts)
+        pool.learn_facts(backend, parse_engine_facts(text))
         self.export(backend)
         return True
-
-    async def _model_len(self, backend: Backend, timeout: float) -> int | None:
-        """``max_model_len`` of the backend's model from its ``/v1/models`` (vLLM lists it)."""
-        try:
-            body = json.loads(await self.pool.upstream.get_text(backend.models_url, timeout))
-            for model in body.get("data") or ():
-                if model.get("id") == backend.spec.model:
-                    value = model.get("max_model_len")
-                    return int(value) if isinstance(value, int) and value > 0 else None
-        except (UpstreamError, ValueError, AttributeError, TypeError) as exc:
-            log.info("backend %s: /v1/models unreadable (%s)", backend.name, exc)
-        return None
 
     def reconcile(self, backend: Backend, gauges: dict[str, float]) -> None:
         """Correct the router's decoding count with the engine's own numbers.

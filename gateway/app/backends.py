@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from sqlalchemy.orm import Session, sessionmaker
 
 from gateway.app.backend_health import BackendHealth
-from gateway.app.backend_scrapes import LoadScrapes
+from gateway.app.backend_scrapes import LoadScrapes, ModelCard
 from gateway.app.breaker import Breaker, OpenReason
 from gateway.app.engine_facts import EngineFacts, effective_engine
 from gateway.app.metrics import GatewayMetrics
@@ -97,8 +97,16 @@ class Backend:
     mismatches: dict[str, str] = field(default_factory=dict)
     """Where the registered profile disagrees with the engine, by field (the engine's value is
     used), each worded for an operator."""
-    max_model_len: int | None = None
-    """The engine's context length (its config info, else ``/v1/models``)."""
+    card: ModelCard | None = None
+    """The engine's model card (``/v1/models``), read by the load scrapes; None before the
+    first read."""
+
+    @property
+    def max_model_len(self) -> int | None:
+        """The engine's context length: its config info, else its model card."""
+        if self.facts is not None and self.facts.max_model_len is not None:
+            return self.facts.max_model_len
+        return self.card.max_model_len if self.card is not None else None
 
     @property
     def name(self) -> str:
@@ -290,8 +298,6 @@ class BackendPool:
         configured = backend.configured or backend.profile
         backend.configured = configured
         backend.facts = facts
-        if facts.max_model_len is not None:
-            backend.max_model_len = facts.max_model_len
         engine, mismatches = effective_engine(configured.engine, facts)
         if engine != backend.profile.engine:
             backend.profile = replace(backend.profile, engine=engine)

@@ -5,12 +5,14 @@ not retry) before limits are reserved or the SLO's feasibility is judged — wha
 Without it, a long prompt under a tight default SLO was shed as ``503 slo_infeasible`` (which
 clients retry) and got its 400 only from the engine under a loose one.
 
-**The window.** Each backend's ``max_model_len``, from its model card (``GET /v1/models``; vLLM
-and the emulated engine both publish it), read the first time a request for its model needs it,
-then re-read in the background every :data:`REFRESH_S` (a pool reload builds new backends,
-which are asked afresh). A card that cannot be read is asked for again after :data:`RETRY_S`;
-until then the window is unknown and the engine alone decides, as before. A model's window is
-the largest of its healthy backends' (the router may pick any of them).
+**The window.** Each backend's ``max_model_len``, as the pool learned it from the engine: its
+config info on ``/metrics``, else its model card (``GET /v1/models``; vLLM and the emulated
+engine both publish it), which the load scrapes read at a backend's first scrape and again
+now and then (:mod:`gateway.app.backend_scrapes`). Nothing is read on a request's path. Until
+a backend's card has been read (the first scrape after start or a pool reload), or while
+neither its config info nor its card gives a length, its window is unknown and the engine
+alone decides, as before. A model's
+window is the largest of its healthy backends' (the router may pick any of them).
 
 **Certain or not.** The gateway counts prompt tokens without the engine's tokenizer
 (:mod:`gateway.tokens`). The count is exact for token-id prompts, and for engines that count
@@ -23,30 +25,14 @@ tokenizer decides, and its own 400 passes through.
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
-import json
-import logging
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Final
-from weakref import WeakKeyDictionary
+from typing import Final
 
-from gateway.app.backends import Backend, ModelGroup
-from gateway.app.upstream import Upstream, UpstreamError
+from gateway.app.backends import ModelGroup
 from gateway.errors import ApiError
 
-log = logging.getLogger(__name__)
-
 CONTEXT_LENGTH_EXCEEDED: Final = "context_length_exceeded"
-CARD_TIMEOUT_S: Final = 2.0
-RETRY_S: Final = 30.0
-"""How long a backend whose card could not be read goes without the check before it is asked
-again (one request then waits for the answer, at most :data:`CARD_TIMEOUT_S`)."""
-REFRESH_S: Final = 300.0
-"""How old a known card may be before it is read again, in the background (an engine restarted
-with another ``--max-model-len`` under the same address is seen within this time)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,96 +45,20 @@ class ContextWindow:
     """Every one of them counts prompt tokens as :mod:`gateway.tokens` does."""
 
 
-@dataclass(frozen=True, slots=True)
-class _Card:
-    max_model_len: int | None  # None: unknown (no card, or none for this model)
-    exact: bool
-    read_at: float
-
-    @property
-    def known(self) -> bool:
-        return self.max_model_len is not None
-
-    def fresh(self, now: float) -> bool:
-        return now - self.read_at < (REFRESH_S if self.known else RETRY_S)
-
-
-_cards: WeakKeyDictionary[Backend, _Card] = WeakKeyDictionary()
-_reading: WeakKeyDictionary[Backend, asyncio.Future[_Card]] = WeakKeyDictionary()
-
-
-async def context_window(group: ModelGroup, upstream: Upstream) -> ContextWindow | None:
-    """The window of ``group``'s healthy backends; None when any of theirs is unknown."""
-    backends = [b for b in group.backends if b.view.healthy]
-    if not backends:
-        return None  # routing answers this one (503 no_healthy_backend)
-    now = time.monotonic()
-    cards = [_cards.get(b) for b in backends]
-    if any(c is None or not c.fresh(now) for c in cards):
-        cards = list(await asyncio.gather(*(_card(b, upstream, now) for b in backends)))
-    known = [c for c in cards if c is not None and c.known]
-    if len(known) < len(backends):
-        return None
-    return ContextWindow(max(c.max_model_len or 0 for c in known), all(c.exact for c in known))
-
-
-async def _card(backend: Backend, upstream: Upstream, now: float) -> _Card:
-    """The backend's card: a known one at once (re-read in the background once stale), an
-    unknown one after reading it (again, once :data:`RETRY_S` has passed)."""
-    card = _cards.get(backend)
-    if card is not None and card.known:
-        if not card.fresh(now):
-            _read(backend, upstream)
-        return card
-    if card is not None and card.fresh(now):
-        return card
-    # shielded: a client that leaves must not cancel the read the others wait for
-    return await asyncio.shield(_read(backend, upstream))
-
-
-def _read(backend: Backend, upstream: Upstream) -> asyncio.Future[_Card]:
-    """The read of the backend's card under way, started if none is: one per backend, however
-    many requests wait for it (``_reading`` holds the task until it is done)."""
-    reading = _reading.get(backend)
-    if reading is None:
-        reading = asyncio.ensure_future(_read_card(backend, upstream))
-        _reading[backend] = reading
-    return reading
-
-
-async def _read_card(backend: Backend, upstream: Upstream) -> _Card:
-    try:
-        url = f"{backend.spec.root_url}/v1/models"
-        try:
-            document = json.loads(await upstream.get_text(url, CARD_TIMEOUT_S))
-        except (UpstreamError, ValueError) as exc:
-            log.info("backend %s: no model card, context length unknown (%s)", backend.name, exc)
-            previous = _cards.get(backend)
-            if previous is not None and previous.known:  # a refresh that failed: keep it
-                card = dataclasses.replace(previous, read_at=time.monotonic())
-                _cards[backend] = card
-                return card
-            document = None
-        card = _parse_card(document, backend)
-        _cards[backend] = card
-        return card
-    finally:
-        _reading.pop(backend, None)
-
-
-def _parse_card(document: Any, backend: Backend) -> _Card:
-    """The card of ``backend``'s model in a ``/v1/models`` answer (vLLM's shape)."""
-    entries = document.get("data") if isinstance(document, dict) else None
-    entry = next(
-        (e for e in entries or () if isinstance(e, dict) and e.get("id") == backend.spec.model),
-        None,
-    )
-    length = entry.get("max_model_len") if entry is not None else None
-    if not isinstance(length, int) or isinstance(length, bool) or length < 1:
-        return _Card(None, False, time.monotonic())
-    extension = entry.get("tiergate") if entry is not None else None
-    emulated = isinstance(extension, dict) and extension.get("emulated") is True
-    return _Card(length, backend.spec.kind == "emulated" or emulated, time.monotonic())
+def context_window(group: ModelGroup) -> ContextWindow | None:
+    """The window of ``group``'s healthy backends, from what the pool knows of them; None when
+    any of theirs is unknown (a card not read yet, or no length in it)."""
+    tokens, exact, healthy = 0, True, False
+    for backend in group.backends:
+        if not backend.view.healthy:
+            continue
+        healthy = True
+        length, card = backend.max_model_len, backend.card
+        if length is None or card is None:  # no card yet: whether it counts exactly is unknown
+            return None
+        tokens = max(tokens, length)
+        exact = exact and (card.emulated or backend.spec.kind == "emulated")
+    return ContextWindow(tokens, exact) if healthy else None  # none healthy: routing's 503
 
 
 def check_context(

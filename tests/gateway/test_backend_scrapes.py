@@ -9,9 +9,10 @@ never has two scrapes in flight.
 from __future__ import annotations
 
 import asyncio
+import json
 
 from gateway.app.backend_scrapes import scrape_timeout_s
-from gateway.app.backends import BackendPool, BackendSpec
+from gateway.app.backends import Backend, BackendPool, BackendSpec
 from gateway.app.metrics import GatewayMetrics
 from gateway.app.upstream import Upstream
 from gateway.settings import Settings
@@ -78,3 +79,46 @@ def test_a_slow_metrics_answer_holds_up_only_its_own_backend() -> None:
 def test_a_scrape_may_take_longer_than_its_interval() -> None:
     assert scrape_timeout_s(0.5) == 2.0
     assert scrape_timeout_s(0.1) == 1.0
+
+
+class _Engine(Upstream):
+    """An engine's ``/metrics`` (``metrics``) and ``/v1/models`` (a card of 4096 tokens)."""
+
+    def __init__(self, metrics: str) -> None:
+        super().__init__(read_timeout_s=5, connect_timeout_s=1)
+        self.metrics = metrics
+        self.cards = 0
+
+    async def get_text(self, url: str, timeout_s: float) -> str:
+        if url.endswith("/v1/models"):
+            self.cards += 1
+            card = {"id": "m", "max_model_len": 4096, "tiergate": {"emulated": True}}
+            return json.dumps({"object": "list", "data": [card]})
+        return self.metrics
+
+
+def _scraped(metrics: str) -> tuple[_Engine, Backend]:
+    async def scrape() -> tuple[_Engine, Backend]:
+        engine = _Engine(metrics)
+        pool = BackendPool(Settings(), engine, GatewayMetrics())
+        pool.configure([BackendSpec("b", "http://b:8000", "m", "a100-qwen2-7b")])
+        backend = pool.backends[0]
+        assert backend.card is None and backend.max_model_len is None
+        for _ in range(3):
+            assert await pool.scrapes.probe(backend)
+        return engine, backend
+
+    return asyncio.run(scrape())
+
+
+def test_the_first_scrape_reads_the_model_card_once() -> None:
+    engine, backend = _scraped(GAUGES)
+    assert engine.cards == 1  # fresh for CARD_REFRESH_S: the next scrapes do not ask
+    assert backend.card is not None and backend.card.emulated
+    assert backend.max_model_len == 4096  # no config info: the card's length
+
+
+def test_the_engines_config_info_says_the_length_over_the_card() -> None:
+    info = 'tiergate:engine_config_info{engine="0",max_model_len="2048"} 1.0\n'
+    engine, backend = _scraped(GAUGES + info)
+    assert engine.cards == 1 and backend.max_model_len == 2048

@@ -37,7 +37,7 @@ from typer.testing import CliRunner
 
 from engine_emulated import EngineSpec, EngineThread, RunningEngine
 from gateway.app import BackendSpec, create_app
-from gateway.app import context as context_module
+from gateway.app.backend_scrapes import CARD_REFRESH_S, ModelCard, read_card
 from gateway.app.backends import Backend, ModelGroup
 from gateway.app.context import ContextWindow, check_context, context_window
 from gateway.app.schemas import ChatBody
@@ -108,8 +108,18 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     with EngineThread([spec]) as engines:
         backends = [BackendSpec("engine-0", engines[0].url, MODEL, spec.profile)]
         with GatewayThread(create_app(settings, backends=backends)) as gateway:
+            _await_cards(gateway)
             yield Env(gateway, engines[0], keys)
     engine.dispose()
+
+
+def _await_cards(gateway: GatewayThread) -> None:
+    """Until the first scrape has read each engine's model card, the engine alone judges the
+    context (no check before the window is known)."""
+    deadline = time.monotonic() + 30  # bounds only a failing test
+    while any(b.card is None for b in gateway.state.pool.backends):
+        assert time.monotonic() < deadline, "no model card read"
+        time.sleep(0.01)
 
 
 def _error(response: httpx.Response, status: int) -> dict[str, Any]:
@@ -330,9 +340,9 @@ def test_an_estimated_overflow_is_left_to_the_engine_not_shed(
     """Against a real engine a text prompt's count is an estimate: beyond the context by the
     estimate, the request is neither refused by the gateway nor shed as SLO-infeasible; the
     engine's tokenizer decides (here the emulated engine, taken for a real one)."""
-    for backend in env.gateway.state.pool.backends:
-        estimated = context_module._Card(CONTEXT, exact=False, read_at=time.monotonic())
-        monkeypatch.setitem(context_module._cards, backend, estimated)
+    for backend in env.gateway.state.pool.backends:  # a real engine's card: no emulated flag
+        assert backend.card is not None and backend.card.emulated
+        monkeypatch.setattr(backend, "card", ModelCard(CONTEXT, False, time.monotonic()))
     with pytest.raises(openai.BadRequestError) as info:
         env.client("strict").chat.completions.create(
             model=MODEL, messages=_chat_of(CONTEXT + 500), max_tokens=2
@@ -376,20 +386,20 @@ def _models(max_model_len: int, *, emulated: bool = False, model: str = MODEL) -
     return json.dumps({"object": "list", "data": [card]})
 
 
-def test_model_cards_are_read_once_then_refreshed_in_the_background() -> None:
+def test_a_card_gives_the_window_and_a_failed_refresh_keeps_it() -> None:
     async def scenario() -> None:
         group = _group("a")
+        backend = group.backends[0]
+        assert context_window(group) is None  # no card read yet: the engine decides
         fake = FakeUpstream(_models(8192), UpstreamError("down"))
         upstream = cast(Upstream, fake)
-        windows = await asyncio.gather(*(context_window(group, upstream) for _ in range(5)))
-        assert set(windows) == {ContextWindow(8192, exact=False)} and fake.calls == 1
-        backend = group.backends[0]
-        context_module._cards[backend] = context_module._Card(8192, False, read_at=0.0)  # stale
-        assert await context_window(group, upstream) == ContextWindow(8192, exact=False)
-        await asyncio.sleep(0.05)  # the refresh failed: the known window is kept
-        assert fake.calls == 2 and context_module._cards[backend].max_model_len == 8192
-        assert await context_window(group, upstream) == ContextWindow(8192, exact=False)
-        assert fake.calls == 2
+        card = await read_card(backend, upstream, 1.0)
+        assert context_window(group) == ContextWindow(8192, exact=False)
+        assert not card.due(card.read_at + CARD_REFRESH_S - 1)
+        assert card.due(card.read_at + CARD_REFRESH_S)
+        await read_card(backend, upstream, 1.0)  # the refresh fails: the known length is kept
+        assert fake.calls == 2 and backend.card is not None and backend.card.max_model_len == 8192
+        assert context_window(group) == ContextWindow(8192, exact=False)
 
     asyncio.run(scenario())
 
@@ -399,11 +409,14 @@ def test_a_window_needs_every_healthy_backends_card() -> None:
         group = _group("a", "b")
         fake = FakeUpstream(_models(4096, emulated=True), _models(8192, model="other"))
         upstream = cast(Upstream, fake)
-        assert await context_window(group, upstream) is None  # b serves no card for the model
-        assert await context_window(group, upstream) is None  # and is not asked again at once
-        assert fake.calls == 2
-        group.backends[1].view.healthy = False  # out of routing: its window does not count
-        assert await context_window(group, upstream) == ContextWindow(4096, exact=True)
+        a, b = group.backends
+        await read_card(a, upstream, 1.0)
+        assert context_window(group) is None  # b's card is not read yet
+        card = await read_card(b, upstream, 1.0)
+        assert context_window(group) is None  # b serves no card for the model
+        assert card.max_model_len is None and not card.due(card.read_at + 1)  # asked again later
+        b.view.healthy = False  # out of routing: its window does not count
+        assert context_window(group) == ContextWindow(4096, exact=True)
 
     asyncio.run(scenario())
 

@@ -29,12 +29,12 @@ def group(job: Job, http: Request) -> None:
     job.group = found
 
 
-async def context(job: Job, http: Request) -> None:
+def context(job: Job, http: Request) -> None:
     """400 ``context_length_exceeded`` for a request that certainly exceeds the backends'
     context, before any limit or SLO is considered; ``job.fits`` False when only the gateway's
     estimate says it does (shedding then leaves the verdict to the engine's tokenizer)."""
     assert job.group is not None and job.parsed is not None
-    window = await context_window(job.group, job.state.pool.upstream)
+    window = context_window(job.group)  # what the pool's scrapes learned: nothing to wait for
     if window is None:
         return  # unknown: the engine decides, as it always did (``job.fits`` stays True)
     body = job.parsed
