@@ -60,9 +60,6 @@ from gateway.dataplane.answers import (
     read_usage,
     well_formed,
 )
-from gateway.dataplane.answers import EngineRefused as EngineRefused  # tests name it from here
-from gateway.dataplane.answers import has_output as _has_output  # noqa: F401 (tests)
-from gateway.dataplane.answers import well_formed as _well_formed  # noqa: F401 (tests)
 from gateway.dataplane.dispatch import dispatch as run_dispatch
 from gateway.db.identity import KeyIdentity
 from gateway.errors import ApiError

@@ -36,10 +36,10 @@ from gateway.app.backends import BackendPool
 from gateway.app.breaker import Breaker, OpenReason
 from gateway.app.deadlines import attempt_budget, stall_timeout
 from gateway.app.metrics import GatewayMetrics
-from gateway.app.proxy import EngineRefused, UpstreamFailed, _has_output, _well_formed
 from gateway.app.server import GatewayThread
 from gateway.app.upstream import Upstream, UpstreamError, UpstreamTimeout
 from gateway.app.watchdog import StreamWatch, stalled_backends
+from gateway.dataplane.answers import EngineRefused, UpstreamFailed, has_output, well_formed
 from gateway.db import crud
 from gateway.db.models import UsageRecord
 from gateway.db.seed import seed_defaults
@@ -641,22 +641,22 @@ def test_the_hang_threshold_follows_the_longest_step_the_engine_may_be_running()
 )
 def test_garbage_before_the_first_token_is_a_failed_attempt(event: bytes) -> None:
     with pytest.raises(UpstreamFailed):
-        _has_output(event)
+        has_output(event)
 
 
 def test_events_before_the_first_token_that_are_not_garbage() -> None:
-    assert not _has_output(b": keep-alive\n\n")
-    assert not _has_output(b"data: [DONE]\n\n")
-    assert not _has_output(b'data: {"choices": [{"delta": {"role": "assistant"}}]}\n\n')
-    assert _has_output(b'data: {"choices": [{"delta": {"content": "Hi"}}]}\n\n')
+    assert not has_output(b": keep-alive\n\n")
+    assert not has_output(b"data: [DONE]\n\n")
+    assert not has_output(b'data: {"choices": [{"delta": {"role": "assistant"}}]}\n\n')
+    assert has_output(b'data: {"choices": [{"delta": {"content": "Hi"}}]}\n\n')
     with pytest.raises(EngineRefused):
-        _has_output(b'data: {"error": {"message": "too long", "code": 400}}\n\n')
+        has_output(b'data: {"error": {"message": "too long", "code": 400}}\n\n')
 
 
 def test_relayed_events_are_checked_for_shape() -> None:
-    assert _well_formed(b'data: {"choices": []}\n\n')
+    assert well_formed(b'data: {"choices": []}\n\n')
     for garbage in (b"data: nope\n\n", b"data: {\n\n", b'data: {"a": 1}\ndata: {}\n\n', b"{}\n\n"):
-        assert not _well_formed(garbage)
+        assert not well_formed(garbage)
 
 
 def test_an_engine_that_breaks_every_stream_after_its_first_token_is_taken_out(

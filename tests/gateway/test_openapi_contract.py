@@ -47,11 +47,11 @@ from engine_emulated import EngineSpec, EngineThread
 from gateway.app import BackendSpec, create_app
 from gateway.app.app import V1_SCHEMAS, V1_SECURITY
 from gateway.app.kinds import WORKFLOW_DEADLINE_HEADER, WORKFLOW_ID_HEADER, WORKFLOW_ID_PATTERN
-from gateway.app.proxy import engine_error
 from gateway.app.schemas import ROLES, ChatBody, CompletionBody
 from gateway.app.server import GatewayThread
 from gateway.app.slo import DEADLINE_HEADER, TPOT_HEADER, TTFT_HEADER
 from gateway.bounds import MAX_SLO_MS, MIN_SLO_MS
+from gateway.dataplane.answers import engine_error
 from gateway.db import crud
 from gateway.db.crud._common import NAME_PATTERN
 from gateway.db.models import BACKEND_KINDS, TENANT_STATUSES, Base, UsageRecord
