@@ -86,18 +86,65 @@ def tdg(
     first_token_buffered: bool = True,
 ) -> float:
     """PROSERVE's f_TDG(r) for the tokens emitted at ``token_times`` (strict ``<``)."""
-    times = np.asarray(token_times, dtype=np.float64)
-    n = times.size
-    if n == 0:
+    if len(token_times) == 0:
         return 0.0
+    if len(token_times) <= SCALAR_TOKENS:
+        first, decode = _on_time_scalar(arrival_s, slo, token_times, first_token_buffered)
+    else:
+        first, decode = _on_time_vector(arrival_s, slo, token_times, first_token_buffered)
+    return tier_weight * (weights.first_token * float(first) + weights.decode_token * decode)
+
+
+SCALAR_TOKENS = 64
+"""Up to this many tokens :func:`tdg` counts in plain Python: the gateway scores every request
+it finishes, most are short, and numpy's fixed cost per call (several calls, ~10 µs) is more
+than the loop. Both counts are the same arithmetic in the same order, so the same floats
+(a test compares them)."""
+
+
+def _on_time_vector(
+    arrival_s: float,
+    slo: SLO,
+    token_times: Sequence[float] | FloatArray,
+    first_token_buffered: bool,
+) -> tuple[bool, int]:
+    """Whether the first token was on time, and how many of the others were (numpy)."""
+    times = np.asarray(token_times, dtype=np.float64)
     due = token_deadlines(
-        arrival_s, slo, n, first_token_buffered=first_token_buffered, first_token_s=float(times[0])
+        arrival_s,
+        slo,
+        times.size,
+        first_token_buffered=first_token_buffered,
+        first_token_s=float(times[0]),
     )
     on_time = times < due
-    gain = weights.first_token * float(on_time[0]) + weights.decode_token * float(
-        np.count_nonzero(on_time[1:])
-    )
-    return tier_weight * gain
+    return bool(on_time[0]), int(np.count_nonzero(on_time[1:]))
+
+
+def _on_time_scalar(
+    arrival_s: float,
+    slo: SLO,
+    token_times: Sequence[float] | FloatArray,
+    first_token_buffered: bool,
+) -> tuple[bool, int]:
+    """:func:`_on_time_vector` in plain Python, for a few tokens."""
+    times = token_times.tolist() if isinstance(token_times, np.ndarray) else token_times
+    ttft, tpot, deadline = slo.ttft_s, slo.tpot_s, slo.deadline_s
+    if ttft is None or tpot is None:  # no pace: every token is due at infinity (or the deadline)
+        ttft, tpot = math.inf, 0.0
+    elif not first_token_buffered:
+        ttft = min(float(times[0]) - arrival_s, ttft)
+    first, decode = False, 0
+    for i, t in enumerate(times):
+        due = ttft + i * tpot
+        if deadline is not None:
+            due = min(due, deadline)
+        if t < arrival_s + due:
+            if i:
+                decode += 1
+            else:
+                first = True
+    return first, decode
 
 
 def ttft_s(arrival_s: float, token_times: Sequence[float] | FloatArray) -> float:
