@@ -22,11 +22,11 @@ from gateway.app.auth import AuthCache
 from gateway.app.backend_scrapes import parse_vllm_gauges
 from gateway.app.backends import BackendPool, BackendSpec
 from gateway.app.metrics import OTHER_TENANT, GatewayMetrics, TenantLabels
-from gateway.app.proxy import _token_times
 from gateway.app.schemas import ChatBody
 from gateway.app.server import GatewayThread
 from gateway.app.slo import engine_priority, resolve_slo
 from gateway.app.upstream import Upstream
+from gateway.dataplane.accounting import per_token_times
 from gateway.db import crud
 from gateway.db.identity import EffectivePolicy
 from gateway.db.models import Base
@@ -43,7 +43,7 @@ times_st = st.lists(st.floats(0, 1e3, allow_nan=False), min_size=1, max_size=40)
 
 @given(times=times_st, tokens=st.integers(0, 200))
 def test_token_times_attribute_every_token_to_a_chunk(times: list[float], tokens: int) -> None:
-    out = _token_times(times, tokens)
+    out = per_token_times(times, tokens)
     assert len(out) == tokens
     assert out == sorted(out)
     assert set(out) <= set(times)
