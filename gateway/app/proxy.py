@@ -52,6 +52,7 @@ from gateway.app.watchdog import StreamWatch
 from gateway.dataplane import routing
 from gateway.dataplane.accounting import finish as run_finish
 from gateway.dataplane.accounting import per_token_times as _token_times  # noqa: F401 (tests)
+from gateway.dataplane.accounting import release_engine
 from gateway.dataplane.admission import admit as run_admission
 from gateway.dataplane.answers import (
     MALFORMED,
@@ -136,6 +137,9 @@ class Job:
         self.granted_at = 0.0
         self.overhead_s = 0.0
         self.finished = False
+        self.engine_released = False
+        """The router's count, the dispatch slot and the SLO planner's entry given back
+        (:func:`~gateway.dataplane.accounting.release_engine`): never twice."""
         self.attempts = 0
         self.verdict: Verdict | None = None
         """Admission's, kept for the request log."""
@@ -415,6 +419,7 @@ class RelayStream(Response):
         self.init_headers(_SSE_HEADERS)
         self.job = job
         self.upstream = upstream
+        self.upstream_open = True
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         outcome = CLIENT_GONE
@@ -439,8 +444,20 @@ class RelayStream(Response):
             await asyncio.shield(self._close(outcome))
 
     async def _close(self, outcome: End) -> None:
-        self.upstream.close()
+        self._close_upstream()
         await self.job.finish(*outcome)
+
+    def _close_upstream(self) -> None:
+        """Once: a second close would pool the connection twice."""
+        if self.upstream_open:
+            self.upstream_open = False
+            self.upstream.close()
+
+    def _engine_done(self) -> None:
+        """The upstream has ended (or failed): closed (an unfinished request aborted), and what
+        the request held of the engine given back before the client's last write."""
+        self._close_upstream()
+        release_engine(self.job, time.monotonic())
 
     async def _pump(self, send: Send) -> End:
         await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
@@ -472,6 +489,7 @@ class RelayStream(Response):
             recorded = isinstance(exc, UpstreamFailed) and exc.recorded  # a stall timeout
             if job.backend is not None and not recorded:
                 job.state.pool.record_failure(job.backend)
+            self._engine_done()
             error = ApiError(
                 502,
                 f"the backend failed mid-stream: {type(exc).__name__}: {exc}",
@@ -479,6 +497,7 @@ class RelayStream(Response):
             )
             await end(error.sse_event())
             return End(Outcome.FAILED, 502)
+        self._engine_done()  # a client slow to take the tail holds no slot meanwhile
         if not await end(tail):
             return CLIENT_GONE
         return _relayed(job)

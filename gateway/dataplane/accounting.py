@@ -48,12 +48,7 @@ async def finish(job: Job, outcome: Outcome, http_status: int, reason: str | Non
         return
     job.finished = True
     state, now = job.state, time.monotonic()
-    if job.backend is not None and job.group is not None and job.core is not None:
-        released(job, now)
-    if job.slot:
-        job.slot = False
-        state.queue.release()
-    state.slo_admission.release(job.request_id)
+    release_engine(job, now)
     # what reached the client: a non-streamed answer only when it is returned
     times = job.chunk_times if job.stream else ([now] if outcome is Outcome.OK else [])
     delivered = job.completion_tokens if job.completion_tokens is not None else len(times)
@@ -97,6 +92,23 @@ async def finish(job: Job, outcome: Outcome, http_status: int, reason: str | Non
             ok=outcome is Outcome.OK and result.accepted,
         )
         state.kinds.call_ended(end)
+
+
+def release_engine(job: Job, now: float) -> None:
+    """Give back what the request holds of an engine, once: the router's count of it on its
+    backend (:func:`~gateway.dataplane.routing.released`), its dispatch slot and its SLO
+    planner entry. A stream calls it as soon as its upstream has ended, before its last write:
+    a client slow to take the last bytes must not hold a slot the engine is done with (for up
+    to ``client_write_timeout_s``); :func:`finish` calls it for every other request."""
+    if job.engine_released:
+        return
+    job.engine_released = True
+    if job.backend is not None and job.group is not None and job.core is not None:
+        released(job, now)
+    if job.slot:
+        job.slot = False
+        job.state.queue.release()
+    job.state.slo_admission.release(job.request_id)
 
 
 def _account(
