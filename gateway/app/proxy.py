@@ -51,7 +51,6 @@ from gateway.app.upstream import UpstreamError, UpstreamResponse
 from gateway.app.watchdog import StreamWatch
 from gateway.dataplane import routing
 from gateway.dataplane.accounting import finish as run_finish
-from gateway.dataplane.accounting import per_token_times as _token_times  # noqa: F401 (tests)
 from gateway.dataplane.accounting import release_engine
 from gateway.dataplane.admission import admit as run_admission
 from gateway.dataplane.answers import (
