@@ -326,8 +326,8 @@ def test_overload_sheds_lower_tiers_first_and_what_is_admitted_meets_its_slo(
         with GatewayThread(create_app(settings, backends=[backend])) as gateway:
             shots = asyncio.run(_overload(gateway.base_url, keys))
             queue = gateway.state.queue
-            # everything ended, nothing leaked: a stream's slot is given back just after its
-            # last byte is sent, so the client may see the end first
+            # everything ended, nothing leaked (the queue belongs to the gateway's thread: its
+            # state is waited for, not raced)
             wait_for(lambda: (queue.in_flight, queue.queued) == (0, 0), "the queue to empty")
             metrics = gateway.state.metrics.render().decode()
     with factory() as session:
