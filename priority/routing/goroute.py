@@ -1304,7 +1304,9 @@ class GoRouter(Router):
             if budget >= rest:
                 queue.progress(request_id, entry.prompt_tokens)
                 budget -= rest
-                start = 0  # it moved to the front, among the finished
+                # it moved forward among the finished (everything before it): the next with
+                # work left is past its old place
+                start = head + 1
                 continue
             left = entry.prompt_tokens - entry.computed
             queue.progress(request_id, entry.computed + int(left * budget / rest))
