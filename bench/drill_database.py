@@ -381,7 +381,13 @@ class Answer:
 class Timeline:
     down_at: float | None = None
     up_at: float | None = None
+    stopped_at: float | None = None
+    """When the database's stop had taken effect (``down_at`` is when it began)."""
+    restarting_at: float | None = None
+    """When its restart began (``up_at`` is when it had taken effect)."""
     readiness: list[tuple[float, int, str, bool]] = field(default_factory=list)
+    """(sent at, status, database, degraded): stamped when the check was sent, so that one
+    answered before the cut is not counted as during the outage."""
     t0: float = 0.0
     """``time.perf_counter()`` at the start of the run: the times above are relative to it."""
 
@@ -482,7 +488,9 @@ async def drive(
             await asyncio.sleep(max(0.0, down_at - now()))
             timeline.down_at = now()
             await asyncio.to_thread(outage.stop)
+            timeline.stopped_at = now()
             await asyncio.sleep(max(0.0, timeline.down_at + outage_s - now()))
+            timeline.restarting_at = now()
             await asyncio.to_thread(outage.start)
             timeline.up_at = now()
 
@@ -498,11 +506,12 @@ async def drive(
         async def readiness() -> None:
             while True:
                 await asyncio.sleep(PROBE_INTERVAL_S)
+                sent = now()
                 with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError, ValueError):
                     async with session.get(f"{servers.gateway_url}/health/readiness") as resp:
                         data = await resp.json()
                     timeline.readiness.append(
-                        (now(), resp.status, str(data.get("database")), bool(data.get("degraded")))
+                        (sent, resp.status, str(data.get("database")), bool(data.get("degraded")))
                     )
 
         helpers = [
@@ -691,10 +700,9 @@ def report(
             out[phase] = dict(Counter(f"{a.status} {a.code or ''}".strip() for a in group))
         return out
 
-    during = [
-        r
-        for r in timeline.readiness
-        if timeline.down_at and timeline.up_at and timeline.down_at <= r[0] < timeline.up_at
+    stopped, restarting = timeline.stopped_at, timeline.restarting_at
+    during = [  # checks sent once the stop had taken effect, before the restart began
+        r for r in timeline.readiness if stopped and restarting and stopped <= r[0] < restarting
     ]
     return {
         "outage_mode": mode,

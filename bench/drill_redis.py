@@ -419,6 +419,7 @@ def report(
         "limited_admitted_per_minute": per_minute,
         "limited_admitted_max_any_60s": _max_in_window(admitted, 60.0),
         "readiness_during_outage": dict(Counter(f"{s} {m}" for _, s, m in during)),
+        "readiness_last_during_outage": f"{during[-1][1]} {during[-1][2]}" if during else None,
         "readiness_degraded_after_kill_s": None
         if degraded_at is None
         else round(degraded_at - down, 2),
