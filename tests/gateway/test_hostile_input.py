@@ -38,7 +38,7 @@ from typer.testing import CliRunner
 from engine_emulated import EngineSpec, EngineThread, RunningEngine
 from gateway.app import BackendSpec, create_app
 from gateway.app.backend_scrapes import CARD_REFRESH_S, ModelCard, read_card
-from gateway.app.backends import Backend, ModelGroup
+from gateway.app.backends import ModelGroup
 from gateway.app.context import ContextWindow, check_context, context_window
 from gateway.app.schemas import ChatBody
 from gateway.app.server import GatewayThread
@@ -52,8 +52,8 @@ from gateway.errors import ApiError
 from gateway.jsonbody import MAX_JSON_DEPTH, json_depth_exceeds
 from gateway.settings import Settings, get_settings
 from gateway.tokens import count_chat_tokens
-from priority.profiles import load_profile
-from priority.routing import InstanceView, make_router
+from priority.routing import make_router
+from tests.gateway.offline_backends import offline_backends
 
 MODEL = "qwen2-7b"
 SECRET = "hostile-test-secret"
@@ -369,13 +369,7 @@ class FakeUpstream:
 
 
 def _group(*names: str) -> ModelGroup:
-    profile = load_profile("a100-qwen2-7b")
-    backends = []
-    for index, name in enumerate(names):
-        view = InstanceView(index, name, profile, profile.estimator())
-        backends.append(
-            Backend(BackendSpec(name, f"http://{name}:8000", MODEL, profile), profile, view)
-        )
+    backends = offline_backends(MODEL, *names)
     return ModelGroup(MODEL, backends, make_router("round-robin", [b.view for b in backends]))
 
 

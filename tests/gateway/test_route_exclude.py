@@ -9,14 +9,13 @@ from typing import Any
 
 import pytest
 
-from gateway.app.backends import Backend, BackendSpec, ModelGroup
+from gateway.app.backends import ModelGroup
 from gateway.app.metrics import GatewayMetrics
 from gateway.app.proxy import Job
 from gateway.errors import ApiError
-from priority.profiles import load_profile
 from priority.request import SLO, Request
 from priority.routing import RouteDecision, make_router
-from priority.routing.base import InstanceView
+from tests.gateway.offline_backends import offline_backends
 
 MODEL = "m"
 
@@ -27,13 +26,7 @@ class _Pool:
 
 
 def _job(names: list[str]) -> tuple[Job, list[tuple[frozenset[int], list[bool]]]]:
-    profile = load_profile("a100-qwen2-7b")
-    backends = []
-    for index, name in enumerate(names):
-        view = InstanceView(index, name, profile, profile.estimator())
-        backends.append(
-            Backend(BackendSpec(name, f"http://{name}:8000", MODEL, profile), profile, view)
-        )
+    backends = offline_backends(MODEL, *names)
     router = make_router("round-robin", [b.view for b in backends])
     seen: list[tuple[frozenset[int], list[bool]]] = []
     route = router.route

@@ -12,17 +12,16 @@ from typing import Any
 
 import pytest
 
-from gateway.app.backends import Backend, BackendSpec, ModelGroup
+from gateway.app.backends import Backend, ModelGroup
 from gateway.app.metrics import GatewayMetrics
 from gateway.app.proxy import Job
 from gateway.app.upstream import UpstreamError
 from gateway.dataplane.dispatch import dispatch
 from gateway.errors import ApiError
 from gateway.settings import Settings
-from priority.profiles import load_profile
 from priority.request import SLO, Request, RequestMeta
 from priority.routing import RouteDecision, make_router
-from priority.routing.base import InstanceView
+from tests.gateway.offline_backends import offline_backends
 
 MODEL = "m"
 ANSWER = {"choices": [{"message": {"content": "hi"}}], "usage": {"completion_tokens": 1}}
@@ -71,13 +70,7 @@ class _Pool:
 
 
 def _job(names: list[str], failing: set[str]) -> tuple[Job, _Pool, list[Any]]:
-    profile = load_profile("a100-qwen2-7b")
-    backends = []
-    for index, name in enumerate(names):
-        view = InstanceView(index, name, profile, profile.estimator())
-        backends.append(
-            Backend(BackendSpec(name, f"http://{name}:8000", MODEL, profile), profile, view)
-        )
+    backends = offline_backends(MODEL, *names)
     router = make_router("round-robin", [b.view for b in backends])
     seen: list[Any] = []
     route, on_dispatch, on_finish = router.route, router.on_dispatch, router.on_finish
